@@ -1,0 +1,114 @@
+"""Preview a mid-training mixture: rendered conversations, sizes per task, token statistics, steps per epoch.
+
+    python scripts/preview_data.py [--mixture configs/mixtures/demo.yaml] [--split train] [-n 5]
+        [--tokenizer DIR] [--max-seq-len 2048 --device-batch-size 32 --total-batch-size 524288 --world-size 1]
+
+Without --mixture it previews the offline demo mixture; without --tokenizer it uses the demo tokenizer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+
+GREEN, RESET = "\033[32m", "\033[0m"
+OPEN, CLOSE = "[[", "]]"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--mixture", default=None, help="mixture YAML (default: the offline demo mixture)")
+    p.add_argument("--split", default="train", help="split of a split-keyed mixture file (train, val, ...)")
+    p.add_argument("-n", type=int, default=5, help="conversations to print")
+    p.add_argument("--tokenizer", default=None, help="HF tokenizer dir, or nanochat tokenizer dir (tokenizer.pkl)")
+    p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a nanochat tokenizer.pkl")
+    p.add_argument("--max-seq-len", type=int, default=2048)
+    p.add_argument("--device-batch-size", type=int, default=32)
+    p.add_argument("--total-batch-size", type=int, default=524288, help="tokens per optimizer step")
+    p.add_argument("--world-size", type=int, default=1)
+    p.add_argument("--max-tokens", type=int, default=2048, help="truncation of each rendered conversation")
+    p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
+    p.add_argument("--strict", action="store_true", help="fail on the first malformed row")
+    return p.parse_args(argv)
+
+
+def load_tokenizer(path: str | None, trust_pickle: bool):
+    from nanochat_hf.data import demo_tokenizer
+
+    if path is None:
+        return demo_tokenizer()
+    if os.path.isfile(os.path.join(path, "tokenizer.pkl")) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        from nanochat_hf.tokenizer import load_nanochat_tokenizer
+
+        return load_nanochat_tokenizer(path, trust_pickle=trust_pickle)
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
+def show(tokenizer, conversation: dict, max_tokens: int, color: bool) -> str:
+    """The rendered conversation with assistant-trained tokens (mask 1) highlighted."""
+    from nanochat_hf.tokenizer import render_conversation
+
+    ids, mask = render_conversation(tokenizer, conversation, max_tokens=max_tokens)
+    out, start = [], 0
+    for i in range(1, len(ids) + 1):
+        if i == len(ids) or mask[i] != mask[start]:
+            text = tokenizer.decode(ids[start:i])
+            if mask[start]:
+                text = f"{GREEN}{text}{RESET}" if color else f"{OPEN}{text}{CLOSE}"
+            out.append(text)
+            start = i
+    return "".join(out) + f"\n({len(ids)} tokens, {sum(mask)} assistant-trained)"
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from nanochat_hf.data import PackedStream, load_mixture, loads, tokenize_conversations
+
+    B, T, W = args.device_batch_size, args.max_seq_len, args.world_size
+    if args.total_batch_size % (B * T * W):
+        raise SystemExit(f"error: total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
+                         f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}")
+    grad_accum = args.total_batch_size // (B * T * W)
+    ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
+    tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
+    color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
+    name = args.mixture or "offline demo mixture"
+    marked = "green" if color else f"between {OPEN} and {CLOSE}"
+    print(f"Mixture: {name} [{args.split}], {len(ds):,} conversations")
+    print(f"Assistant tokens (mask 1) are shown {marked}. nanochat mid-training trains on EVERY token; "
+          "with assistant_only=True only on these.\n")
+    for i in range(min(args.n, len(ds))):
+        print(f"--- conversation {i} (task {ds[i]['task']}) ---")
+        print(show(tokenizer, loads(ds[i]), args.max_tokens, color))
+        print()
+
+    tds = tokenize_conversations(ds, tokenizer, max_tokens=args.max_tokens)
+    lengths, tasks = tds["num_tokens"], tds["task"]
+    by_task: dict[str, list[int]] = {}
+    for n, task in zip(lengths, tasks):
+        by_task.setdefault(task, []).append(n)
+    print("Conversations and tokens per task:")
+    print(f"  {'task':<18}{'conversations':>14}{'tokens':>14}{'mean tok/conv':>15}")
+    for task, n_tok in sorted(by_task.items(), key=lambda kv: -len(kv[1])):
+        print(f"  {task:<18}{len(n_tok):>14,}{sum(n_tok):>14,}{statistics.mean(n_tok):>15.1f}")
+    total = sum(lengths)
+    print(f"  {'total':<18}{len(lengths):>14,}{total:>14,}{total / len(lengths):>15.1f}")
+    print(f"Tokens per conversation: min {min(lengths)}, median {statistics.median(lengths):g}, "
+          f"mean {statistics.mean(lengths):.1f}, max {max(lengths)} (truncated at {args.max_tokens})")
+    micro = PackedStream(tds, max_seq_len=T, device_batch_size=B, rank=0, world_size=W).num_micro_batches()
+    steps = micro // grad_accum
+    print(f"\nBatching: {W} rank(s) x {B} rows x {T} tokens, grad_accum {grad_accum} "
+          f"-> {args.total_batch_size:,} tokens per optimizer step")
+    print(f"One epoch: {micro:,} micro-batches per rank -> {steps:,} optimizer steps "
+          f"({steps * args.total_batch_size:,} of {total:,} tokens trained)")
+    if steps == 0:
+        print("warning: the mixture is smaller than one optimizer step at these batch settings")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

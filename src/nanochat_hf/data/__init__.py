@@ -1,0 +1,34 @@
+"""Mid-training data: task mixtures on `datasets`, tokenization, packing per rank, and the offline demo.
+
+Mixture rows: ``{"conversation": str (JSON of nanochat's {"messages": [...]}), "task": str}``;
+tokenized rows: ``{"input_ids", "labels", "num_tokens", "task"}``.
+"""
+
+from .conversation import check_messages, conversation_texts, dumps, loads
+from .demo import demo_tokenizer
+from .mixture import DEMO_MIXTURE, load_mixture, parse_mixture, read_mixture, task_sizes
+from .packing import PackedStream
+from .tasks import TASK_NAMES, TaskSpec, gsm8k_parts, render_mc
+from .tokenization import tokenize_conversations
+from .words import WORD_LIST_NAME, english_words
+
+__all__ = [
+    "DEMO_MIXTURE",
+    "PackedStream",
+    "TASK_NAMES",
+    "TaskSpec",
+    "WORD_LIST_NAME",
+    "check_messages",
+    "conversation_texts",
+    "demo_tokenizer",
+    "dumps",
+    "english_words",
+    "gsm8k_parts",
+    "load_mixture",
+    "loads",
+    "parse_mixture",
+    "read_mixture",
+    "render_mc",
+    "task_sizes",
+    "tokenize_conversations",
+]

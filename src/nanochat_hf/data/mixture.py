@@ -1,0 +1,198 @@
+"""Task mixtures declared in YAML, and the embedded offline demo mixture.
+
+A mixture file is either one mixture::
+
+    seed: 42                 # shuffle seed (default 42)
+    tasks:
+      - {task: smoltalk, split: train}
+      - {task: mmlu, split: train, config: auxiliary_train}
+      - {task: gsm8k, split: test, stop: 420}
+      - {task: identity, path: ~/.cache/nanochat/identity_conversations.jsonl, repeat: 2}
+      - {task: simple_spelling, split: train, size: 200000}
+
+or several, keyed by split name (``train: {seed, tasks}``, ``val: {...}``), chosen with ``split``.
+Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config, data_files (see TaskSpec).
+In a single-mixture file, a task without ``split`` uses "train" when loading split "train", else "test".
+Relative paths are resolved against the YAML file's folder; ``~`` and ``$VARS`` are expanded.
+
+The rows of all tasks are concatenated in the file's order (repeats adjacent) and shuffled with
+``random.Random(seed).shuffle`` over the row indices, which is the order nanochat's TaskMixture produces
+for the same task lengths.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import yaml
+from datasets import Dataset, concatenate_datasets
+
+from .tasks import (FILE_TASKS, HUB_TASKS, SYNTHETIC_TASKS, TASK_NAMES, TaskSpec, canonical_task_name, identity_file,
+                    load_task)
+
+logger = logging.getLogger("nanochat_hf.data")
+
+DEFAULT_SEED = 42
+MIXTURE_KEYS = {"seed", "tasks", "name", "description"}
+TASK_KEYS = {f.name for f in dataclasses.fields(TaskSpec)}
+
+# The offline demo: everything generated or shipped, nothing downloaded. ~15K train conversations.
+DEMO_MIXTURE: dict[str, Any] = {
+    "name": "offline demo mixture",
+    "train": {"seed": DEFAULT_SEED, "tasks": [
+        {"task": "simple_spelling", "split": "train", "size": 5000},
+        {"task": "spelling_bee", "split": "train", "size": 3000},
+        {"task": "arithmetic", "split": "train", "size": 3000},
+        {"task": "multiple_choice", "split": "train", "size": 3000},
+        {"task": "demo_identity", "repeat": 8},
+    ]},
+    "val": {"seed": DEFAULT_SEED, "tasks": [
+        {"task": "simple_spelling", "split": "test", "size": 100},
+        {"task": "spelling_bee", "split": "test", "size": 100},
+        {"task": "arithmetic", "split": "test", "size": 100},
+        {"task": "multiple_choice", "split": "test", "size": 100},
+    ]},
+    # held-out SimpleSpelling rows (test seeds, disjoint from val's) for exact-match accuracy
+    "spelling_eval": {"seed": DEFAULT_SEED, "tasks": [
+        {"task": "simple_spelling", "split": "test", "start": 1000, "size": 1200},
+    ]},
+}
+
+
+def _expand(value: str, base: Path | None) -> str:
+    p = Path(os.path.expandvars(os.path.expanduser(value)))
+    return str(p if p.is_absolute() or base is None else base / p)
+
+
+def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSpec:
+    if not isinstance(entry, dict) or "task" not in entry:
+        raise ValueError(f"{where}: each task entry must be a mapping with a 'task' key, got {entry!r}")
+    unknown = sorted(set(entry) - TASK_KEYS)
+    if unknown:
+        raise ValueError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(TASK_KEYS))})")
+    task = canonical_task_name(entry["task"])
+    if task is None:
+        raise ValueError(f"{where}: unknown task {entry['task']!r} (known: {', '.join(TASK_NAMES)})")
+    where = f"{where} ({task})"
+    spec = TaskSpec(**{**entry, "task": task})
+    if "split" not in entry:
+        spec.split = "train" if split == "train" else "test"
+    for key, minimum in (("start", 0), ("stop", 0), ("repeat", 1), ("size", 1)):
+        value = getattr(spec, key)
+        if value is None and key in ("stop", "size"):
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+            kind = "positive" if minimum else "non-negative"
+            raise ValueError(f"{where}: {key} must be a {kind} integer, got {value!r}")
+    if task in SYNTHETIC_TASKS and spec.size is None:
+        raise ValueError(f"{where}: synthetic task needs 'size' (number of rows)")
+    if task not in SYNTHETIC_TASKS and spec.size is not None:
+        raise ValueError(f"{where}: 'size' only applies to synthetic tasks ({', '.join(SYNTHETIC_TASKS)})")
+    if spec.data_files and task not in HUB_TASKS:
+        raise ValueError(f"{where}: 'data_files' only applies to hub tasks ({', '.join(HUB_TASKS)})")
+    files = [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files or [])
+    spec.data_files = [_expand(f, base) for f in files]
+    for f in spec.data_files:
+        if not f.endswith((".json", ".jsonl", ".parquet")):
+            raise ValueError(f"{where}: data file {f} must be .json, .jsonl or .parquet")
+        if not os.path.isfile(f):
+            raise FileNotFoundError(f"{where}: data file not found: {f}")
+    if spec.path is not None:
+        local = _expand(spec.path, base)
+        if task in FILE_TASKS or os.path.exists(local):  # otherwise a hub name like "cais/mmlu"
+            spec.path = local
+    if task in FILE_TASKS:
+        path = spec.path or str(identity_file(task))
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{where}: conversation file not found: {path}")
+    return spec
+
+
+def parse_mixture(config: dict, split: str = "train", source: str = "<mixture>",
+                  base: Path | None = None) -> tuple[int, list[TaskSpec]]:
+    """Validate a mixture mapping (already read from YAML); returns (seed, task specs). Raises on any error."""
+    if not isinstance(config, dict):
+        raise ValueError(f"{source}: a mixture must be a mapping with 'tasks', got {type(config).__name__}")
+    if "tasks" not in config:  # keyed by split
+        if split not in config or split in MIXTURE_KEYS:
+            splits = sorted(k for k in config if k not in MIXTURE_KEYS)
+            raise ValueError(f"{source}: no 'tasks' and no split {split!r} "
+                             f"(splits in file: {', '.join(splits) or 'none'})")
+        config, source = config[split], f"{source} [{split}]"
+        if not isinstance(config, dict) or "tasks" not in config:
+            raise ValueError(f"{source}: each split must be a mapping with 'tasks'")
+    unknown = sorted(set(config) - MIXTURE_KEYS)
+    if unknown:
+        raise ValueError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(MIXTURE_KEYS))})")
+    seed = config.get("seed", DEFAULT_SEED)
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise ValueError(f"{source}: seed must be an integer, got {seed!r}")
+    tasks = config["tasks"]
+    if not isinstance(tasks, list) or not tasks:
+        raise ValueError(f"{source}: empty mixture ('tasks' must be a non-empty list)")
+    return seed, [_parse_task(t, f"{source} task #{i}", split, base) for i, t in enumerate(tasks)]
+
+
+def read_mixture(path: str | os.PathLike | None, split: str = "train") -> tuple[int, list[TaskSpec], str]:
+    """Parse and validate a mixture file (None = the demo); (seed, specs, name). Touches no dataset."""
+    if path is None:
+        seed, specs = parse_mixture(DEMO_MIXTURE, split, "offline demo mixture")
+        return seed, specs, "offline demo mixture"
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"mixture file not found: {path}")
+    try:
+        config = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from e
+    seed, specs = parse_mixture(config, split, str(path), path.parent)
+    return seed, specs, str(path)
+
+
+def load_mixture(path: str | os.PathLike | None = None, split: str = "train", strict: bool = False,
+                 cache_dir: str | None = None, num_proc: int | None = None) -> Dataset:
+    """Load a mixture of conversations: a Dataset with columns ``conversation`` (JSON of nanochat's
+    ``{"messages": [...]}``; decode with ``nanochat_hf.data.loads(row)``) and ``task``.
+
+    ``path=None`` loads the embedded offline demo mixture (``DEMO_MIXTURE``: splits train, val, spelling_eval).
+    Malformed source rows are skipped and summarised in one warning; ``strict=True`` raises on the first.
+    Every entry is validated (unknown task/key, missing file, empty mixture) before any data is read.
+    """
+    seed, specs, name = read_mixture(path, split)
+    if path is None:
+        logger.info("No mixture given: using the offline demo mixture (synthetic tasks + shipped identity "
+                    "file, no download), split %s", split)
+    parts, skipped = [], []
+    for spec in specs:
+        result = load_task(spec, cache_dir=cache_dir, num_proc=num_proc)
+        if result.bad and strict:
+            row, reason = result.bad[0]
+            raise ValueError(f"task {spec.label} ({result.source}) row {row}: {reason}")
+        skipped += [(spec.label, result.source, row, reason) for row, reason in result.bad]
+        parts += [result.dataset] * spec.repeat
+    if skipped:
+        counts: dict[str, int] = {}
+        for label, *_ in skipped:
+            counts[label] = counts.get(label, 0) + 1
+        first = "; ".join(f"{t} ({s}) row {r}: {why}" for t, s, r, why in skipped[:5])
+        logger.warning("%s: skipped %d malformed row(s) (%s); first: %s", name, len(skipped),
+                       ", ".join(f"{t}: {n}" for t, n in counts.items()), first)
+    ds = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    if len(ds) == 0:
+        raise ValueError(f"{name} [{split}]: empty mixture (no valid conversation in any task)")
+    order = list(range(len(ds)))
+    random.Random(seed).shuffle(order)
+    return ds.select(order)
+
+
+def task_sizes(ds: Dataset) -> dict[str, int]:
+    """Number of conversations per task in a mixture (or tokenized) dataset."""
+    sizes: dict[str, int] = {}
+    for task in ds["task"]:
+        sizes[task] = sizes.get(task, 0) + 1
+    return sizes

@@ -1,0 +1,255 @@
+"""Tasks: each turns its source rows into conversation rows ``{"conversation": json, "task": name}``.
+
+Hub-backed tasks (SmolTalk, MMLU, GSM8K) load through ``datasets.load_dataset`` with the real dataset name, or,
+with ``data_files`` (json / jsonl / parquet in the hub dataset's column layout) or ``path`` (a local dataset
+folder), from local files; the rows then go through the same conversion either way. Malformed rows are
+skipped and reported by the mixture loader (or raise with ``strict``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from datasets import Dataset, Features, Value, load_dataset
+
+from . import synthetic
+from .conversation import check_messages, dumps
+
+LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
+CONVERT_VERSION = 1
+DEMO_IDENTITY_FILE = Path(__file__).with_name("identity_demo.jsonl")
+
+
+# ---------------------------------------------------------------- row -> conversation
+
+
+def render_mc(question: str, choices: list[str]) -> str:
+    """Spec's multiple-choice user message (no space between '=' and the letter)."""
+    lines = "".join(f"- {choice}={letter}\n" for letter, choice in zip(LETTERS, choices))
+    return f"Multiple Choice question: {question}\n{lines}\nRespond only with the letter of the correct answer."
+
+
+def mmlu_conversation(row: dict) -> dict:
+    row = row["train"] if "train" in row else row  # auxiliary_train wraps each row in a `train` column
+    question, choices, answer = row["question"], row["choices"], row["answer"]
+    if not isinstance(question, str) or not isinstance(choices, list) or not all(isinstance(c, str) for c in choices):
+        raise ValueError("question must be a string and choices a list of strings")
+    if not isinstance(answer, int) or not 0 <= answer < len(choices):
+        raise ValueError(f"answer {answer!r} is not an index into {len(choices)} choices")
+    return {"messages": [
+        {"role": "user", "content": render_mc(question, choices)},
+        {"role": "assistant", "content": LETTERS[answer]},
+    ]}
+
+
+_CALC = re.compile(r"<<([^>]*)>>")
+
+
+def gsm8k_parts(answer: str) -> list[dict]:
+    """GSM8K answer -> assistant parts: `<<expr=result>>` becomes python(expr) + python_output(result)."""
+    parts: list[dict] = []
+    pos = 0
+    for m in _CALC.finditer(answer):
+        if m.start() > pos:
+            parts.append({"type": "text", "text": answer[pos:m.start()]})
+        expr, _, result = m.group(1).rpartition("=")
+        if not _:  # no '=': the whole annotation is the expression
+            expr, result = m.group(1), ""
+        parts.append({"type": "python", "text": expr})
+        parts.append({"type": "python_output", "text": result})
+        pos = m.end()
+    if pos < len(answer):
+        parts.append({"type": "text", "text": answer[pos:]})
+    return parts
+
+
+def gsm8k_conversation(row: dict) -> dict:
+    question, answer = row["question"], row["answer"]
+    if not isinstance(question, str) or not isinstance(answer, str):
+        raise ValueError("question and answer must be strings")
+    if "#### " not in answer:
+        raise ValueError("answer has no final '#### ' line")
+    return {"messages": [{"role": "user", "content": question},
+                         {"role": "assistant", "content": gsm8k_parts(answer)}]}
+
+
+def smoltalk_conversation(row: dict) -> dict:
+    return {"messages": row["messages"]}
+
+
+# ---------------------------------------------------------------- task registry
+
+
+@dataclass(frozen=True)
+class HubTask:
+    dataset: str
+    convert: Callable[[dict], dict]
+    config: Callable[[str], str | None] = lambda split: None
+
+
+def arithmetic_conversation(index: int, split: str) -> dict:
+    return gsm8k_conversation(synthetic.arithmetic_row(index, split))
+
+
+def multiple_choice_conversation(index: int, split: str) -> dict:
+    return mmlu_conversation(synthetic.multiple_choice_row(index, split))
+
+
+HUB_TASKS = {
+    "smoltalk": HubTask("HuggingFaceTB/smol-smoltalk", smoltalk_conversation),
+    "mmlu": HubTask("cais/mmlu", mmlu_conversation, lambda split: "auxiliary_train" if split == "train" else "all"),
+    "gsm8k": HubTask("openai/gsm8k", gsm8k_conversation, lambda split: "main"),
+}
+SYNTHETIC_TASKS: dict[str, Callable[[int, str], dict]] = {  # (index, split) -> conversation
+    "simple_spelling": synthetic.simple_spelling,
+    "spelling_bee": synthetic.spelling_bee,
+    "arithmetic": arithmetic_conversation,
+    "multiple_choice": multiple_choice_conversation,
+}
+FILE_TASKS = ("identity", "demo_identity")  # JSONL, one JSON array of messages per line
+ALIASES = {"customjson": "identity"}  # nanochat's class name for the identity task
+TASK_NAMES = sorted([*HUB_TASKS, *SYNTHETIC_TASKS, *FILE_TASKS])
+
+
+def canonical_task_name(name: str) -> str | None:
+    key = re.sub(r"[^a-z0-9]", "", str(name).lower())  # "SpellingBee", "spelling-bee" -> "spellingbee"
+    return ALIASES.get(key) or next((t for t in TASK_NAMES if t.replace("_", "") == key), None)
+
+
+def identity_file(task: str) -> Path:
+    """Default file of a JSONL task: the shipped demo file, or nanochat's identity file."""
+    return DEMO_IDENTITY_FILE if task == "demo_identity" else default_identity_path()
+
+
+def default_identity_path() -> Path:
+    """nanochat's identity file: $NANOCHAT_BASE_DIR (or ~/.cache/nanochat)/identity_conversations.jsonl."""
+    base = os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
+    return Path(base) / "identity_conversations.jsonl"
+
+
+@dataclass
+class TaskSpec:
+    """One entry of a mixture (see configs/mixtures/*.yaml)."""
+
+    task: str
+    split: str = "train"
+    start: int = 0
+    stop: int | None = None
+    repeat: int = 1
+    size: int | None = None  # synthetic tasks: number of rows
+    path: str | None = None  # hub dataset name / local dataset folder / identity JSONL file
+    config: str | None = None  # hub dataset config ("auxiliary_train", "all", "main")
+    data_files: list[str] = field(default_factory=list)  # local json/jsonl/parquet files (hub tasks)
+
+    @property
+    def label(self) -> str:
+        return f"{self.task}[{self.split}]"
+
+
+@dataclass
+class TaskResult:
+    dataset: Dataset  # columns conversation, task
+    source: str  # file(s) or hub name, for messages
+    bad: list[tuple[int, str]]  # (row index in the source, reason) of skipped rows
+
+
+_ROW_FEATURES = Features({"conversation": Value("string"), "task": Value("string"), "error": Value("string")})
+
+
+def _convert_batch(batch: dict, indices: list[int], task: str, version: int) -> dict:
+    # `version` only feeds datasets' cache fingerprint: bump it when a converter changes
+    convert = HUB_TASKS[task].convert
+    out = {"conversation": [], "task": [], "error": []}
+    for i in range(len(indices)):
+        row = {k: v[i] for k, v in batch.items()}
+        try:
+            conversation = convert(row)
+            reason = check_messages(conversation["messages"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"missing field {e}"
+        out["conversation"].append("" if reason else dumps(conversation))
+        out["task"].append(task)
+        out["error"].append(reason or "")
+    return out
+
+
+def _split_errors(ds: Dataset, offset: int) -> tuple[Dataset, list[tuple[int, str]]]:
+    errors = ds["error"]
+    bad = [(offset + i, e) for i, e in enumerate(errors) if e]
+    if bad:
+        ds = ds.select([i for i, e in enumerate(errors) if not e])
+    return ds.remove_columns("error"), bad
+
+
+def _slice(n: int, spec: TaskSpec) -> range:
+    return range(n)[spec.start:spec.stop]
+
+
+def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> TaskResult:
+    hub = HUB_TASKS[spec.task]
+    if spec.data_files:
+        builder = "parquet" if all(f.endswith(".parquet") for f in spec.data_files) else "json"
+        source = ", ".join(spec.data_files)
+        ds = load_dataset(builder, data_files={spec.split: spec.data_files}, split=spec.split, cache_dir=cache_dir)
+    else:
+        name = spec.path or hub.dataset
+        config = spec.config or (None if os.path.isdir(name) else hub.config(spec.split))
+        source = name + (f"/{config}" if config else "")
+        try:
+            ds = load_dataset(name, config, split=spec.split, cache_dir=cache_dir)
+        except (ConnectionError, OSError) as e:
+            raise RuntimeError(f"task {spec.task}: could not load {source} split {spec.split!r} ({e}); "
+                               "offline? point `data_files` at local files of the same layout") from e
+    rows = _slice(len(ds), spec)
+    if len(rows) != len(ds):
+        ds = ds.select(rows)
+    kwargs = {"task": spec.task, "version": CONVERT_VERSION}
+    ds = ds.map(_convert_batch, batched=True, with_indices=True, fn_kwargs=kwargs, remove_columns=ds.column_names,
+                features=_ROW_FEATURES, num_proc=num_proc, desc=f"Converting {spec.label}")
+    ds, bad = _split_errors(ds, rows.start)
+    return TaskResult(ds, source, bad)
+
+
+def _load_jsonl(spec: TaskSpec) -> TaskResult:
+    path = Path(spec.path) if spec.path else identity_file(spec.task)
+    lines = path.read_text(encoding="utf-8").splitlines()
+    convs, bad = [], []
+    for i in _slice(len(lines), spec):
+        if not lines[i].strip():
+            continue
+        try:
+            messages = json.loads(lines[i])
+        except json.JSONDecodeError as e:
+            bad.append((i, f"invalid JSON ({e.msg} at column {e.colno})"))
+            continue
+        reason = check_messages(messages)
+        if reason is None and any(m["role"] == "system" or not isinstance(m["content"], str) for m in messages):
+            reason = "identity conversations must alternate user/assistant with string contents"
+        if reason:
+            bad.append((i, reason))
+        else:
+            convs.append(dumps({"messages": messages}))
+    ds = Dataset.from_dict({"conversation": convs, "task": [spec.task] * len(convs)})
+    return TaskResult(ds, str(path), bad)
+
+
+def _load_synthetic(spec: TaskSpec) -> TaskResult:
+    generate = SYNTHETIC_TASKS[spec.task]
+    rows = _slice(spec.size, spec)
+    convs = [dumps(generate(i, spec.split)) for i in rows]
+    ds = Dataset.from_dict({"conversation": convs, "task": [spec.task] * len(convs)})
+    return TaskResult(ds, f"synthetic {spec.split} seeds", [])
+
+
+def load_task(spec: TaskSpec, cache_dir: str | None = None, num_proc: int | None = None) -> TaskResult:
+    """Load one (already validated) task entry; repeats are applied by the mixture."""
+    if spec.task in HUB_TASKS:
+        return _load_hub(spec, cache_dir, num_proc)
+    if spec.task in SYNTHETIC_TASKS:
+        return _load_synthetic(spec)
+    return _load_jsonl(spec)

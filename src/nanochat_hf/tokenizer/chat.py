@@ -1,0 +1,204 @@
+"""Python renderer of conversations to (ids, mask), exactly as nanochat does it for training (spec section 3).
+
+Each piece of text is encoded on its own and as ordinary text: a literal "<|bos|>" typed inside a message is
+encoded as the characters it is made of, never as the special token (as tiktoken's `encode_ordinary`).
+
+The chat template (`CHAT_TEMPLATE`) renders the same token sequence and mask, with two exceptions that follow
+from rendering one string and tokenizing it as a whole:
+- two adjacent assistant text parts are concatenated before tokenization, so tokens may merge across the
+  boundary (the renderer keeps them apart, as nanochat does);
+- a special-token string typed inside a message becomes the special token.
+Everywhere else (system merge, tool parts, outputs) special tokens sit between pieces and the pre-tokenizer
+cannot merge across them, so both agree; the tests check it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from tokenizers import Tokenizer
+from transformers import PreTrainedTokenizerFast
+
+from .tokenizer import SPECIAL_TOKENS
+
+PART_TYPES = ("text", "python", "python_output")
+
+# tokenizer -> (len(tokenizer), ordinary-text backend, special token ids); built once per tokenizer object.
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _renderer(tokenizer: PreTrainedTokenizerFast) -> tuple[Tokenizer, dict[str, int]]:
+    hit = _CACHE.get(tokenizer)
+    if hit is not None and hit[0] == len(tokenizer):
+        return hit[1], hit[2]
+    backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
+    backend.encode_special_tokens = True  # special-token strings in text are plain text
+    backend.no_padding()
+    backend.no_truncation()
+    ids = {}
+    for name in SPECIAL_TOKENS:
+        idx = tokenizer.convert_tokens_to_ids(name)
+        if idx is None or idx == tokenizer.unk_token_id:
+            raise ValueError(f"tokenizer has no special token {name}: not a nanochat tokenizer")
+        ids[name] = idx
+    _CACHE[tokenizer] = (len(tokenizer), backend, ids)
+    return backend, ids
+
+
+def _check_text(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        raise ValueError(f"{where} must be a string, got {type(value).__name__}")
+    return value
+
+
+def normalize_messages(conversation: Mapping | Sequence) -> list[dict]:
+    """Validate a conversation and merge a leading system message into the first user message.
+
+    Returns messages alternating user, assistant, ... (new dicts; the input is not modified). Raises ValueError
+    naming the message and what is wrong.
+    """
+    if isinstance(conversation, Mapping):
+        if "messages" not in conversation:
+            raise ValueError("conversation must have a 'messages' list")
+        messages = conversation["messages"]
+    else:
+        messages = conversation
+    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
+        raise ValueError(f"conversation 'messages' must be a list, got {type(messages).__name__}")
+    if len(messages) == 0:
+        raise ValueError("conversation is empty: 'messages' has no message")
+    for i, m in enumerate(messages):
+        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
+            raise ValueError(f"message {i} must be a dict with 'role' and 'content'")
+    out = [dict(m) for m in messages]
+    system = ""
+    if out[0]["role"] == "system":
+        system = _check_text(out[0]["content"], "message 0 (system) content") + "\n\n"
+        if len(out) < 2 or out[1]["role"] != "user":
+            raise ValueError("a system message must be followed by a user message")
+        out = out[1:]
+    offset = len(messages) - len(out)
+    for i, m in enumerate(out):
+        expected = "user" if i % 2 == 0 else "assistant"
+        if m["role"] != expected:
+            raise ValueError(f"message {i + offset} has role {m['role']!r}, expected {expected!r} (roles alternate)")
+        where = f"message {i + offset} ({expected}) content"
+        if expected == "user":
+            m["content"] = _check_text(m["content"], where)
+            continue
+        content = m["content"]
+        if isinstance(content, str):
+            continue
+        if isinstance(content, Mapping) or not isinstance(content, Sequence):
+            raise ValueError(f"{where} must be a string or a list of parts, got {type(content).__name__}")
+        for j, part in enumerate(content):
+            if not isinstance(part, Mapping) or part.get("type") not in PART_TYPES:
+                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+                raise ValueError(f"{where} part {j}: unknown part type {kind!r}, expected one of {PART_TYPES}")
+            _check_text(part.get("text"), f"{where} part {j} text")
+    if system:
+        out[0]["content"] = system + out[0]["content"]
+    return out
+
+
+def _plan(messages: list[dict], ids: dict[str, int], texts: list[str]) -> list[tuple[int, int, int]]:
+    """Rendering plan: (token id or -1, text index into `texts` or -1, mask) in order; appends to `texts`."""
+    plan = [(ids["<|bos|>"], -1, 0)]
+
+    def text(value: str, mask: int) -> None:
+        plan.append((-1, len(texts), mask))
+        texts.append(value)
+
+    for m in messages:
+        if m["role"] == "user":
+            plan.append((ids["<|user_start|>"], -1, 0))
+            text(m["content"], 0)
+            plan.append((ids["<|user_end|>"], -1, 0))
+            continue
+        plan.append((ids["<|assistant_start|>"], -1, 0))
+        content = m["content"]
+        if isinstance(content, str):
+            text(content, 1)
+        else:
+            for part in content:
+                if part["type"] == "text":
+                    text(part["text"], 1)
+                elif part["type"] == "python":
+                    plan.append((ids["<|python_start|>"], -1, 1))
+                    text(part["text"], 1)
+                    plan.append((ids["<|python_end|>"], -1, 1))
+                else:  # python_output: written by the tool at inference, not trained on
+                    plan.append((ids["<|output_start|>"], -1, 0))
+                    text(part["text"], 0)
+                    plan.append((ids["<|output_end|>"], -1, 0))
+        plan.append((ids["<|assistant_end|>"], -1, 1))
+    return plan
+
+
+def _assemble(plan: list[tuple[int, int, int]], encoded: list[list[int]], max_tokens: int | None):
+    out_ids: list[int] = []
+    out_mask: list[int] = []
+    for token, text_idx, mask in plan:
+        if token >= 0:
+            out_ids.append(token)
+            out_mask.append(mask)
+        else:
+            piece = encoded[text_idx]
+            out_ids.extend(piece)
+            out_mask.extend([mask] * len(piece))
+        if max_tokens is not None and len(out_ids) >= max_tokens:
+            break
+    if max_tokens is not None:
+        del out_ids[max_tokens:], out_mask[max_tokens:]
+    return out_ids, out_mask
+
+
+def _encode(backend: Tokenizer, texts: list[str]) -> list[list[int]]:
+    return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+
+
+def render_conversations(
+    tokenizer: PreTrainedTokenizerFast, conversations: Sequence[Mapping], max_tokens: int | None = 2048
+) -> tuple[list[list[int]], list[list[int]]]:
+    """Batched `render_conversation` (one tokenizer call for all texts): for `datasets.map(batched=True)`."""
+    backend, ids = _renderer(tokenizer)
+    texts: list[str] = []
+    plans = []
+    for i, conv in enumerate(conversations):
+        try:
+            plans.append(_plan(normalize_messages(conv), ids, texts))
+        except ValueError as e:
+            raise ValueError(f"conversation {i} of the batch: {e}") from None
+    encoded = _encode(backend, texts)
+    rendered = [_assemble(plan, encoded, max_tokens) for plan in plans]
+    return [r[0] for r in rendered], [r[1] for r in rendered]
+
+
+def render_conversation(
+    tokenizer: PreTrainedTokenizerFast, conversation: Mapping, max_tokens: int | None = 2048
+) -> tuple[list[int], list[int]]:
+    """(ids, mask) of one conversation as nanochat renders it for training; mask 1 = trained assistant token.
+
+    Truncated to `max_tokens` (None: no truncation). Raises ValueError for a malformed conversation.
+    """
+    backend, ids = _renderer(tokenizer)
+    texts: list[str] = []
+    plan = _plan(normalize_messages(conversation), ids, texts)
+    return _assemble(plan, _encode(backend, texts), max_tokens)
+
+
+def render_for_completion(tokenizer: PreTrainedTokenizerFast, conversation: Mapping) -> list[int]:
+    """Prompt ids for generation: the conversation without its last assistant message, then <|assistant_start|>.
+
+    Not truncated (nanochat truncates the prompt to 2048 tokens first; a cut prompt is of no use for generation).
+    """
+    messages = normalize_messages(conversation)
+    if messages[-1]["role"] == "assistant":
+        messages = messages[:-1]
+    backend, ids = _renderer(tokenizer)
+    texts: list[str] = []
+    plan = _plan(messages, ids, texts)
+    prompt, _ = _assemble(plan, _encode(backend, texts), None)
+    return prompt + [ids["<|assistant_start|>"]]

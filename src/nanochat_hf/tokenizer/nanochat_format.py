@@ -1,0 +1,167 @@
+"""nanochat's tokenizer directory (`tokenizer.pkl` + `token_bytes.pt`) <-> our fast tokenizer.
+
+`tokenizer.pkl` is a pickled `tiktoken.Encoding`. Unpickling can run arbitrary code, so loading needs the
+caller's explicit `trust_pickle=True`; even then the unpickler only accepts tiktoken's Encoding (read as
+plain data, so tiktoken need not be installed) and refuses any other object.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import PreTrainedTokenizerFast
+
+from .tokenizer import SPECIAL_TOKENS, build_tokenizer, bytes_to_token, to_mergeable_ranks, token_bytes
+
+
+class _EncodingState:
+    """Stands in for tiktoken.Encoding while unpickling: keeps the pickled state as a dict."""
+
+    def __setstate__(self, state: object) -> None:
+        self.state = state
+
+
+class _EncodingUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str):
+        if (module, name) in {("tiktoken.core", "Encoding"), ("tiktoken", "Encoding")}:
+            return _EncodingState
+        if (module, name) == ("copyreg", "_reconstructor"):  # pickle protocols 0/1
+            import copyreg
+
+            return copyreg._reconstructor
+        if (module, name) == ("builtins", "object"):
+            return object
+        raise pickle.UnpicklingError(f"refusing to unpickle {module}.{name}: only tiktoken.Encoding is expected")
+
+
+def read_tiktoken_pickle(path: str | os.PathLike) -> dict:
+    """{pat_str, mergeable_ranks, special_tokens} of a pickled tiktoken.Encoding (caller has opted in)."""
+    path = Path(path)
+    try:
+        obj = _EncodingUnpickler(io.BytesIO(path.read_bytes())).load()
+    except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
+        raise ValueError(f"{path}: not a pickled tiktoken.Encoding ({e})") from None
+    state = getattr(obj, "state", None)
+    if isinstance(state, str):
+        raise ValueError(f"{path}: pickles tiktoken's registered encoding {state!r} by name, not a nanochat vocab")
+    if not isinstance(state, dict) or not {"pat_str", "mergeable_ranks", "special_tokens"} <= state.keys():
+        raise ValueError(f"{path}: not a pickled tiktoken.Encoding (no pat_str/mergeable_ranks/special_tokens)")
+    return state
+
+
+def _merge_for(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
+    """The pair tiktoken merges last to build `token`: its byte-pair encoding with only lower-ranked merges."""
+    rank = ranks[token]
+    parts = [token[i : i + 1] for i in range(len(token))]
+    while len(parts) > 2:
+        best, best_rank = -1, rank
+        for i in range(len(parts) - 1):
+            r = ranks.get(parts[i] + parts[i + 1])
+            if r is not None and r < best_rank:
+                best, best_rank = i, r
+        if best < 0:
+            break
+        parts[best : best + 2] = [parts[best] + parts[best + 1]]
+    if len(parts) != 2:
+        raise ValueError(f"token {token!r} (rank {rank}) cannot be built by merging lower-ranked tokens")
+    return parts[0], parts[1]
+
+
+def tokenizer_from_tiktoken(
+    mergeable_ranks: dict[bytes, int], special_tokens: dict[str, int], pat_str: str
+) -> PreTrainedTokenizerFast:
+    """Fast tokenizer giving the same ids as `tiktoken.Encoding(pat_str, mergeable_ranks, special_tokens)`."""
+    missing = [t for t in SPECIAL_TOKENS if t not in special_tokens]
+    if missing:
+        raise ValueError(f"special_tokens lacks nanochat's {missing}")
+    singles = [bytes([b]) for b in range(256) if bytes([b]) not in mergeable_ranks]
+    if singles:
+        raise ValueError(f"mergeable_ranks lacks {len(singles)} single bytes (e.g. {singles[0]!r})")
+    vocab = {bytes_to_token(t): r for t, r in mergeable_ranks.items()}
+    ids = list(vocab.values()) + list(special_tokens.values())
+    if len(set(ids)) != len(ids):
+        raise ValueError("mergeable_ranks and special_tokens reuse some ids")
+    # Merges in rank order: the BPE model then applies them with the same priority as tiktoken.
+    merges = [
+        (bytes_to_token(a), bytes_to_token(b))
+        for t, _ in sorted(mergeable_ranks.items(), key=lambda kv: kv[1])
+        if len(t) > 1
+        for a, b in [_merge_for(t, mergeable_ranks)]
+    ]
+    vocab.update(special_tokens)  # specials keep their ids; build_tokenizer marks them special
+    return build_tokenizer(vocab, merges, pattern=pat_str)
+
+
+def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool = False) -> PreTrainedTokenizerFast:
+    """Convert nanochat's tokenizer directory (tokenizer.pkl + token_bytes.pt) to our fast tokenizer.
+
+    Ids are identical to nanochat's tiktoken encoding. `trust_pickle=True` is required: tokenizer.pkl is a pickle.
+    """
+    tokenizer_dir = Path(tokenizer_dir)
+    pkl = tokenizer_dir / "tokenizer.pkl"
+    if not pkl.is_file():
+        raise FileNotFoundError(f"{pkl}: no such file (expected nanochat's tokenizer directory)")
+    if not trust_pickle:
+        raise ValueError(
+            f"{pkl} is a pickle, and unpickling a file can run arbitrary code: load it only from a source you "
+            "trust, by passing trust_pickle=True (command line: --trust-pickle)"
+        )
+    state = read_tiktoken_pickle(pkl)
+    tokenizer = tokenizer_from_tiktoken(state["mergeable_ranks"], state["special_tokens"], state["pat_str"])
+    tb_path = tokenizer_dir / "token_bytes.pt"
+    if not tb_path.is_file():
+        warnings.warn(f"{tb_path} not found: token byte lengths are computed from the vocab", stacklevel=2)
+        return tokenizer
+    try:
+        expected = torch.load(tb_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure here means a corrupt or foreign file
+        raise ValueError(f"{tb_path}: cannot be read as a tensor ({e})") from None
+    ours = token_bytes(tokenizer)
+    if not isinstance(expected, torch.Tensor) or expected.shape != ours.shape:
+        shape = tuple(expected.shape) if isinstance(expected, torch.Tensor) else type(expected).__name__
+        raise ValueError(f"{tb_path}: expected a tensor of shape ({len(ours)},) for the vocab, got {shape}")
+    if not torch.equal(expected.long(), ours):
+        bad = int((expected.long() != ours).nonzero()[0, 0])
+        raise ValueError(f"{tb_path}: token {bad} has {int(expected[bad])} bytes, tokenizer.pkl says {int(ours[bad])}")
+    return tokenizer
+
+
+def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: str | os.PathLike) -> Path:
+    """Write nanochat's tokenizer directory (tokenizer.pkl as a tiktoken.Encoding + token_bytes.pt).
+
+    Needs tiktoken. Files are written to temporaries then renamed into place.
+    """
+    try:
+        import tiktoken
+    except ImportError as e:
+        raise ImportError("writing tokenizer.pkl needs tiktoken: pip install 'nanochat-hf[tiktoken]'") from e
+    ranks, specials = to_mergeable_ranks(tokenizer)
+    pattern = _split_pattern(tokenizer)
+    enc = tiktoken.Encoding(name="nanochat", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
+    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for name, write in (
+        ("tokenizer.pkl", lambda f: pickle.dump(enc, f)),
+        ("token_bytes.pt", lambda f: torch.save(token_bytes(tokenizer).to(torch.int32), f)),
+    ):
+        fd, tmp = tempfile.mkstemp(dir=tokenizer_dir, prefix=f".{name}.")
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+        os.replace(tmp, tokenizer_dir / name)
+    return tokenizer_dir
+
+
+def _split_pattern(tokenizer: PreTrainedTokenizerFast) -> str:
+    """The Split regex of our pre-tokenizer, read back from the serialized tokenizer."""
+    pre = json.loads(tokenizer.backend_tokenizer.to_str())["pre_tokenizer"]
+    for p in pre.get("pretokenizers", [pre]):
+        if p.get("type") == "Split":
+            return p["pattern"]["Regex"]
+    raise ValueError("tokenizer has no Split regex pre-tokenizer: not a nanochat tokenizer")

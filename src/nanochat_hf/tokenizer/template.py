@@ -1,0 +1,46 @@
+"""The Jinja chat template: nanochat's conversation rendering (spec section 3) for `apply_chat_template`.
+
+`{% generation %}` blocks cover exactly the tokens nanochat trains on (mask 1): the assistant's string content,
+its text parts, its python parts with their tool tokens, and `<|assistant_end|>`. Tool output is not trained on.
+A block is never empty (an empty block would make transformers mark the token before it).
+"""
+
+CHAT_TEMPLATE = (
+    "{%- if messages | length == 0 -%}{{ raise_exception('conversation is empty') }}{%- endif -%}"
+    "{%- set ns = namespace(start=0, system='') -%}"
+    "{%- if messages[0]['role'] == 'system' -%}"
+    "{%- if messages | length < 2 or messages[1]['role'] != 'user' -%}"
+    "{{ raise_exception('a system message must be followed by a user message') }}"
+    "{%- endif -%}"
+    "{%- set ns.start = 1 -%}{%- set ns.system = messages[0]['content'] + '\\n\\n' -%}"
+    "{%- endif -%}"
+    "<|bos|>"
+    "{%- for message in messages[ns.start:] -%}"
+    "{%- set expected = 'user' if loop.index0 % 2 == 0 else 'assistant' -%}"
+    "{%- if message['role'] != expected -%}"
+    "{{ raise_exception('message ' ~ (loop.index0 + ns.start) ~ ' has role ' ~ message['role'] ~ ', expected ' ~ expected) }}"
+    "{%- endif -%}"
+    "{%- if expected == 'user' -%}"
+    "<|user_start|>{{ (ns.system if loop.first else '') + message['content'] }}<|user_end|>"
+    "{%- else -%}"
+    "<|assistant_start|>"
+    "{%- if message['content'] is string -%}"
+    "{%- generation -%}{{ message['content'] }}<|assistant_end|>{%- endgeneration -%}"
+    "{%- else -%}"
+    "{%- for part in message['content'] -%}"
+    "{%- if part['type'] == 'text' -%}"
+    "{%- if part['text'] -%}{%- generation -%}{{ part['text'] }}{%- endgeneration -%}{%- endif -%}"
+    "{%- elif part['type'] == 'python' -%}"
+    "{%- generation -%}<|python_start|>{{ part['text'] }}<|python_end|>{%- endgeneration -%}"
+    "{%- elif part['type'] == 'python_output' -%}"
+    "<|output_start|>{{ part['text'] }}<|output_end|>"
+    "{%- else -%}"
+    "{{ raise_exception('unknown assistant part type ' ~ part['type']) }}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- generation -%}<|assistant_end|>{%- endgeneration -%}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant_start|>{%- endif -%}"
+)

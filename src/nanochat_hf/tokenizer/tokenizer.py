@@ -1,0 +1,169 @@
+"""nanochat's byte-level BPE tokenizer as a `PreTrainedTokenizerFast` (spec section 2): build, train, token_bytes."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from functools import lru_cache
+
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import PreTrainedTokenizerFast
+
+from .template import CHAT_TEMPLATE
+
+SPECIAL_TOKENS: list[str] = [
+    "<|bos|>",
+    "<|user_start|>",
+    "<|user_end|>",
+    "<|assistant_start|>",
+    "<|assistant_end|>",
+    "<|python_start|>",
+    "<|python_end|>",
+    "<|output_start|>",
+    "<|output_end|>",
+]
+
+# GPT-4's pattern with numbers split in runs of at most 2 digits. The onig engine of `tokenizers` supports the
+# possessive quantifiers (?+, ++); tests check the split against the `regex` module on varied text.
+SPLIT_PATTERN: str = (
+    r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
+)
+
+BOS_TOKEN = "<|bos|>"
+EOS_TOKEN = "<|assistant_end|>"  # generation stops at the end of the assistant turn
+# Padding uses bos, not eos: generic collators set labels == pad_token_id to -100, which must not hide
+# <|assistant_end|> (the model has to learn to stop). Padding is on the left for batched generation.
+PAD_TOKEN = BOS_TOKEN
+
+
+@lru_cache(maxsize=1)
+def bytes_to_unicode() -> dict[int, str]:
+    """GPT-2/GPT-4 byte -> printable unicode char map used by byte-level BPE vocabularies."""
+    printable = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    mapping = {b: chr(b) for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in mapping:  # control chars, space, etc. move above 255 in byte order
+            mapping[b] = chr(256 + extra)
+            extra += 1
+    return mapping
+
+
+@lru_cache(maxsize=1)
+def unicode_to_bytes() -> dict[str, int]:
+    return {c: b for b, c in bytes_to_unicode().items()}
+
+
+def bytes_to_token(data: bytes) -> str:
+    """Byte string -> its byte-level BPE vocabulary entry."""
+    table = bytes_to_unicode()
+    return "".join(table[b] for b in data)
+
+
+def token_to_bytes(token: str) -> bytes:
+    """Byte-level BPE vocabulary entry -> the bytes it stands for."""
+    table = unicode_to_bytes()
+    return bytes(table[c] for c in token)
+
+
+def _pre_tokenizer(pattern: str) -> pre_tokenizers.PreTokenizer:
+    return pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Split(Regex(pattern), behavior="isolated", invert=False),
+            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+        ]
+    )
+
+
+def _bare_backend(model: models.BPE, pattern: str = SPLIT_PATTERN) -> Tokenizer:
+    tok = Tokenizer(model)
+    tok.pre_tokenizer = _pre_tokenizer(pattern)
+    tok.decoder = decoders.ByteLevel()
+    return tok
+
+
+def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
+    """Wrap a backend that already holds the nine special tokens into the transformers tokenizer."""
+    missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
+    if missing:
+        raise ValueError(f"tokenizer lacks nanochat special tokens {missing}")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=backend,
+        bos_token=BOS_TOKEN,
+        eos_token=EOS_TOKEN,
+        pad_token=PAD_TOKEN,
+        extra_special_tokens=SPECIAL_TOKENS[1:],
+        padding_side="left",
+        clean_up_tokenization_spaces=False,
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def build_tokenizer(
+    vocab: dict[str, int], merges: list[tuple[str, str]], pattern: str = SPLIT_PATTERN
+) -> PreTrainedTokenizerFast:
+    """Fast tokenizer from a byte-level vocab (may already hold the special tokens at their ids) and merges.
+
+    Special tokens missing from `vocab` are appended after it in nanochat's order.
+    """
+    # ignore_merges: a pre-token that is itself in the vocab maps straight to its id, as tiktoken does.
+    model = models.BPE(vocab=vocab, merges=merges, ignore_merges=True, byte_fallback=False, fuse_unk=False)
+    backend = _bare_backend(model, pattern)
+    backend.add_special_tokens(SPECIAL_TOKENS)
+    return wrap_backend(backend)
+
+
+def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenizerFast:
+    """Train nanochat's tokenizer: byte-level BPE on `texts`, then the nine special tokens as the last ids.
+
+    The result has at most `vocab_size` tokens (fewer if the texts run out of pairs to merge). Training is
+    deterministic: same texts, same vocab_size -> same vocab and merges.
+    """
+    n_special = len(SPECIAL_TOKENS)
+    if vocab_size < 256 + n_special:
+        raise ValueError(f"vocab_size={vocab_size} is too small: need at least 256 bytes + {n_special} specials")
+    backend = _bare_backend(models.BPE(byte_fallback=False, fuse_unk=False, ignore_merges=True))
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - n_special,
+        min_frequency=0,
+        show_progress=False,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # every byte is a token: nothing is unknown
+        special_tokens=[],  # the trainer would put them first; nanochat has them last
+    )
+    backend.train_from_iterator(texts, trainer=trainer)
+    # The trainer numbers the 256 byte tokens by their unicode stand-ins; renumber them by byte value, as
+    # nanochat does (id b = byte b). Merged tokens keep their ids (>= 256, in merge order).
+    model = json.loads(backend.to_str())["model"]
+    table = unicode_to_bytes()
+    vocab = {t: (table[t] if i < 256 else i) for t, i in model["vocab"].items()}
+    return build_tokenizer(vocab, [tuple(m) for m in model["merges"]])
+
+
+def _special_ids(tokenizer: PreTrainedTokenizerFast) -> set[int]:
+    return {i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special}
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
+    """int64 tensor, one entry per token id: the number of UTF-8 bytes the token decodes to, 0 for specials."""
+    special = _special_ids(tokenizer)
+    added = tokenizer.added_tokens_decoder
+    vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
+    sizes = torch.zeros(len(tokenizer), dtype=torch.int64)
+    for token, idx in vocab.items():
+        if idx in special:
+            continue
+        if idx in added:  # a non-special added token is plain text, not byte-level encoded
+            sizes[idx] = len(token.encode("utf-8"))
+        else:
+            sizes[idx] = len(token)  # byte-level vocab: one char per byte
+    return sizes
+
+
+def to_mergeable_ranks(tokenizer: PreTrainedTokenizerFast) -> tuple[dict[bytes, int], dict[str, int]]:
+    """tiktoken-style (mergeable_ranks bytes->id, special_tokens name->id) with the tokenizer's own ids."""
+    special = _special_ids(tokenizer)
+    vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
+    ranks = {token_to_bytes(t): i for t, i in vocab.items() if i not in special}
+    specials = {t: i for t, i in vocab.items() if i in special}
+    return ranks, specials

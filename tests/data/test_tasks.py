@@ -1,0 +1,147 @@
+"""Tasks: fixture files in each hub dataset's layout go through the hub loading code and render per the spec."""
+
+import json
+import random
+import re
+
+import pytest
+from datasets import Dataset
+
+import nanochat_hf.data.tasks as tasks_mod
+from nanochat_hf.data import english_words, load_mixture, loads
+from nanochat_hf.data.synthetic import simple_spelling, spelling_bee
+from nanochat_hf.tokenizer import render_conversation
+
+
+def mixture_file(tmp_path, tasks, seed=42):
+    path = tmp_path / "mix.yaml"
+    path.write_text(json.dumps({"seed": seed, "tasks": tasks}))  # JSON is valid YAML
+    return path
+
+
+MMLU_PROMPT_0 = ("Multiple Choice question: What is 2 + 2?\n- 3=A\n- 4=B\n- 5=C\n- 22=D\n\n"
+                 "Respond only with the letter of the correct answer.")
+
+
+@pytest.mark.parametrize("layout", ["auxiliary_train_jsonl", "all_parquet"])
+def test_mmlu_fixture_renders_byte_for_byte(tmp_path, hf_cache, layout, fx):
+    MMLU_ROWS = fx.MMLU_ROWS
+    if layout == "auxiliary_train_jsonl":  # auxiliary_train wraps every row in a `train` column
+        f = fx.write_jsonl(tmp_path / "aux.jsonl", [{"train": r} for r in MMLU_ROWS])
+    else:
+        f = tmp_path / "test.parquet"
+        Dataset.from_list(MMLU_ROWS).to_parquet(str(f))
+    ds = load_mixture(mixture_file(tmp_path, [{"task": "mmlu", "split": "train", "data_files": [str(f)]}]),
+                      cache_dir=hf_cache)
+    convs = {loads(r)["messages"][0]["content"]: loads(r)["messages"] for r in ds}
+    assert convs[MMLU_PROMPT_0] == [{"role": "user", "content": MMLU_PROMPT_0}, {"role": "assistant", "content": "B"}]
+    last = [m for p, m in convs.items() if "Pick the last" in p][0]
+    assert last[0]["content"].encode() == (b"Multiple Choice question: Pick the last\n- a b=A\n- c=B\n- d=C\n- e=f=D\n"
+                                           b"\nRespond only with the letter of the correct answer.")
+    assert last[1]["content"] == "D"
+    assert set(ds["task"]) == {"mmlu"}
+
+
+def test_gsm8k_fixture_becomes_tool_parts(tmp_path, hf_cache, fx):
+    GSM8K_ROWS = fx.GSM8K_ROWS
+    f = tmp_path / "train.parquet"
+    Dataset.from_list(GSM8K_ROWS).to_parquet(str(f))
+    ds = load_mixture(mixture_file(tmp_path, [{"task": "gsm8k", "split": "train", "data_files": [str(f)]}]),
+                      cache_dir=hf_cache)
+    convs = {loads(r)["messages"][0]["content"]: loads(r)["messages"][1]["content"] for r in ds}
+    assert convs[GSM8K_ROWS[0]["question"]] == [
+        {"type": "text", "text": "Natalia sold 48/2 = "},
+        {"type": "python", "text": "48/2"},
+        {"type": "python_output", "text": "24"},
+        {"type": "text", "text": "24 clips in May.\nNatalia sold 48+24 = "},
+        {"type": "python", "text": "48+24"},
+        {"type": "python_output", "text": "72"},
+        {"type": "text", "text": "72 clips altogether in April and May.\n#### 72"},
+    ]
+    assert convs["What is 3 times 4?"][-1]["text"].endswith("#### 12")
+
+
+def test_smoltalk_fixture_keeps_system_and_turns(tmp_path, hf_cache, tokenizer, fx):
+    SMOLTALK_ROWS = fx.SMOLTALK_ROWS
+    f = tmp_path / "train.parquet"
+    Dataset.from_list(SMOLTALK_ROWS).to_parquet(str(f))
+    ds = load_mixture(mixture_file(tmp_path, [{"task": "SmolTalk", "split": "train", "data_files": [str(f)]}]),
+                      cache_dir=hf_cache)
+    convs = sorted((loads(r) for r in ds), key=lambda c: len(c["messages"]))
+    assert convs[0]["messages"] == SMOLTALK_ROWS[0]["messages"]
+    assert convs[1]["messages"] == SMOLTALK_ROWS[1]["messages"]
+    ids, _ = render_conversation(tokenizer, convs[1])
+    assert "Be brief.\n\nCapital of France?" in tokenizer.decode(ids)  # system merged by the renderer
+
+
+def test_hub_path_uses_real_names(monkeypatch, tmp_path, hf_cache, fx):
+    MMLU_ROWS, GSM8K_ROWS, SMOLTALK_ROWS = fx.MMLU_ROWS, fx.GSM8K_ROWS, fx.SMOLTALK_ROWS
+    calls = []
+    layouts = {"cais/mmlu": [{"train": r} for r in MMLU_ROWS], "openai/gsm8k": GSM8K_ROWS,
+               "HuggingFaceTB/smol-smoltalk": SMOLTALK_ROWS}
+
+    def fake_load_dataset(name, config=None, split=None, cache_dir=None):
+        calls.append((name, config, split))
+        return Dataset.from_list(layouts[name])
+
+    monkeypatch.setattr(tasks_mod, "load_dataset", fake_load_dataset)
+    ds = load_mixture(mixture_file(tmp_path, [{"task": "smoltalk", "split": "train"},
+                                              {"task": "mmlu", "split": "train", "config": "auxiliary_train"},
+                                              {"task": "gsm8k", "split": "train", "stop": 1}]), cache_dir=hf_cache)
+    assert calls == [("HuggingFaceTB/smol-smoltalk", None, "train"), ("cais/mmlu", "auxiliary_train", "train"),
+                     ("openai/gsm8k", "main", "train")]
+    assert sorted(ds["task"]) == ["gsm8k"] + ["mmlu"] * 3 + ["smoltalk"] * 2
+    assert MMLU_PROMPT_0 in [loads(r)["messages"][0]["content"] for r in ds]
+
+
+def test_identity_rows(tmp_path, fx):
+    IDENTITY_ROWS = fx.IDENTITY_ROWS
+    f = fx.write_jsonl(tmp_path / "identity.jsonl", IDENTITY_ROWS)
+    ds = load_mixture(mixture_file(tmp_path, [{"task": "identity", "path": str(f), "repeat": 2}]))
+    assert len(ds) == 4
+    assert sorted(json.dumps(loads(r)["messages"]) for r in ds) == sorted(json.dumps(r) for r in IDENTITY_ROWS * 2)
+
+
+def test_shipped_demo_identity_is_about_nanochat_hf():
+    ds = load_mixture(None, split="train")
+    ident = [loads(r) for r in ds if r["task"] == "demo_identity"]
+    assert len(ident) >= 8 * 40
+    assert any("nanochat-hf" in m["content"] for c in ident for m in c["messages"] if m["role"] == "assistant")
+
+
+def test_word_list():
+    words = english_words()
+    assert len(words) > 200_000
+    assert list(words) == sorted(words) and all(re.fullmatch("[a-z]+", w) for w in words[:: 1000])
+
+
+def test_simple_spelling_format_and_seeds():
+    for split, seed in (("train", 7), ("test", 10_000_007)):
+        word = random.Random(seed).choice(english_words())
+        assert simple_spelling(7, split)["messages"] == [
+            {"role": "user", "content": f"Spell the word: {word}"},
+            {"role": "assistant", "content": f"{word}:{','.join(word)}"}]
+
+
+def test_spelling_bee_counts_and_final_answer():
+    prompts = set()
+    for split in ("train", "test"):
+        for i in range(150):
+            conv = spelling_bee(i, split)
+            assert conv == spelling_bee(i, split)  # seeded per row
+            user, parts = conv["messages"][0]["content"], conv["messages"][1]["content"]
+            prompts.add(user)
+            word = random.Random(i if split == "train" else 10_000_000 + i).choice(english_words())
+            assert [p["type"] for p in parts] == ["text", "python", "python_output", "text"]
+            m = re.fullmatch(r"'([a-z]+)'\.count\('([a-z])'\)", parts[1]["text"])
+            assert m and m.group(1) == word
+            count = word.count(m.group(2))
+            assert parts[2]["text"] == str(count)
+            assert parts[3]["text"].endswith(f"My final answer is:\n\n#### {count}")
+            assert f"{word}:{','.join(word)}" in parts[0]["text"]
+            for j, ch in enumerate(word, 1):
+                assert re.search(rf"^{j}:{ch}( hit! count=\d+)?$", parts[0]["text"], re.M)
+            hits = re.findall(r"hit! count=(\d+)", parts[0]["text"])
+            assert [int(h) for h in hits] == list(range(1, count + 1))
+    assert len(prompts) > 250
+    assert sum(any(ord(c) > 127 for c in p) for p in prompts) > 20  # several languages

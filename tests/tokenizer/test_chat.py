@@ -1,0 +1,214 @@
+"""Conversation rendering: the Python renderer vs spec section 3, and the chat template vs the renderer."""
+
+import pytest
+
+from nanochat_hf.tokenizer import render_conversation, render_conversations, render_for_completion
+
+TOOL_CONV = {
+    "messages": [
+        {"role": "system", "content": "You are helpful.\nBe brief."},
+        {"role": "user", "content": "How many r in 'strawberry'? Also 12*34?"},
+        {
+            "role": "assistant",
+            "content": [
+                {"type": "text", "text": "Let me count. "},
+                {"type": "python", "text": "'strawberry'.count('r')"},
+                {"type": "python_output", "text": "3"},
+                {"type": "text", "text": "There are 3. And "},
+                {"type": "python", "text": "12*34"},
+                {"type": "python_output", "text": "408"},
+                {"type": "text", "text": " so 408.\n"},
+            ],
+        },
+        {"role": "user", "content": "  Thanks!  \n"},
+        {"role": "assistant", "content": "You're welcome 😀 -- 日本語 too."},
+    ]
+}
+
+CONVERSATIONS = [
+    TOOL_CONV,
+    {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]},
+    # python_output followed directly by text, output at the very end, empty parts and contents
+    {
+        "messages": [
+            {"role": "system", "content": ""},
+            {"role": "user", "content": ""},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "python", "text": "1+1"},
+                    {"type": "python_output", "text": "2"},
+                    {"type": "text", "text": ""},
+                    {"type": "python", "text": ""},
+                    {"type": "python_output", "text": "x\n\n"},
+                ],
+            },
+            {"role": "user", "content": "\n"},
+            {"role": "assistant", "content": ""},
+        ]
+    },
+    # ends with a user turn
+    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]},
+]
+
+
+def tid(tok, name):
+    return tok.convert_tokens_to_ids(name)
+
+
+def test_renderer_follows_spec(tok):
+    ids, mask = render_conversation(tok, TOOL_CONV)
+    enc = lambda s: tok.encode(s, add_special_tokens=False)  # noqa: E731
+    S = lambda n: [tid(tok, n)]  # noqa: E731
+    a = TOOL_CONV["messages"][2]["content"]
+    expected = [
+        (S("<|bos|>"), 0),
+        (S("<|user_start|>"), 0),
+        (enc("You are helpful.\nBe brief.\n\nHow many r in 'strawberry'? Also 12*34?"), 0),
+        (S("<|user_end|>"), 0),
+        (S("<|assistant_start|>"), 0),
+        (enc(a[0]["text"]), 1),
+        (S("<|python_start|>") + enc(a[1]["text"]) + S("<|python_end|>"), 1),
+        (S("<|output_start|>") + enc("3") + S("<|output_end|>"), 0),
+        (enc(a[3]["text"]), 1),
+        (S("<|python_start|>") + enc("12*34") + S("<|python_end|>"), 1),
+        (S("<|output_start|>") + enc("408") + S("<|output_end|>"), 0),
+        (enc(" so 408.\n"), 1),
+        (S("<|assistant_end|>"), 1),
+        (S("<|user_start|>") + enc("  Thanks!  \n") + S("<|user_end|>"), 0),
+        (S("<|assistant_start|>"), 0),
+        (enc("You're welcome 😀 -- 日本語 too."), 1),
+        (S("<|assistant_end|>"), 1),
+    ]
+    assert ids == [i for piece, _ in expected for i in piece]
+    assert mask == [m for piece, m in expected for _ in piece]
+
+
+def test_rendered_token_strings(tok):
+    conv = {
+        "messages": [
+            {"role": "system", "content": "S"},
+            {"role": "user", "content": "U"},
+            {"role": "assistant", "content": [{"type": "python", "text": "1"}, {"type": "python_output", "text": "2"}]},
+        ]
+    }
+    ids, mask = render_conversation(tok, conv)
+    assert list(zip(tok.convert_ids_to_tokens(ids), mask)) == [
+        ("<|bos|>", 0), ("<|user_start|>", 0), ("S", 0), ("ĊĊ", 0), ("U", 0), ("<|user_end|>", 0),
+        ("<|assistant_start|>", 0), ("<|python_start|>", 1), ("1", 1), ("<|python_end|>", 1),
+        ("<|output_start|>", 0), ("2", 0), ("<|output_end|>", 0), ("<|assistant_end|>", 1),
+    ]  # fmt: skip
+    assert tok.decode(ids) == (
+        "<|bos|><|user_start|>S\n\nU<|user_end|><|assistant_start|><|python_start|>1<|python_end|>"
+        "<|output_start|>2<|output_end|><|assistant_end|>"
+    )
+
+
+@pytest.mark.parametrize("conv", CONVERSATIONS, ids=range(len(CONVERSATIONS)))
+def test_template_matches_renderer(tok, conv):
+    ids, mask = render_conversation(tok, conv)
+    out = tok.apply_chat_template(conv["messages"], tokenize=True, return_dict=True, return_assistant_tokens_mask=True)
+    assert out["input_ids"] == ids
+    assert out["assistant_masks"] == mask
+    assert sum(mask) > 0 or conv["messages"][-1]["role"] == "user"
+
+
+def test_generation_prompt_matches_render_for_completion(tok):
+    prompt = render_for_completion(tok, TOOL_CONV)
+    assert prompt[-1] == tid(tok, "<|assistant_start|>")
+    history = TOOL_CONV["messages"][:-1]
+    assert tok.apply_chat_template(history, add_generation_prompt=True, return_dict=False) == prompt
+    # the prompt is the rendered history; without an assistant message at the end nothing is removed
+    assert prompt[:-1] == render_conversation(tok, {"messages": history}, max_tokens=None)[0]
+    assert render_for_completion(tok, {"messages": history}) == prompt
+    text = tok.apply_chat_template(history, add_generation_prompt=True, tokenize=False)
+    assert text.endswith("<|user_end|><|assistant_start|>")
+
+
+def test_truncation(tok):
+    ids, mask = render_conversation(tok, TOOL_CONV)
+    short_ids, short_mask = render_conversation(tok, TOOL_CONV, max_tokens=10)
+    assert (short_ids, short_mask) == (ids[:10], mask[:10])
+    assert render_conversation(tok, TOOL_CONV, max_tokens=len(ids) + 5) == (ids, mask)
+
+
+def test_batched_renderer(tok):
+    ids, masks = render_conversations(tok, CONVERSATIONS, max_tokens=20)
+    assert list(zip(ids, masks)) == [render_conversation(tok, c, max_tokens=20) for c in CONVERSATIONS]
+    with pytest.raises(ValueError, match="conversation 1 of the batch: conversation is empty"):
+        render_conversations(tok, [CONVERSATIONS[0], {"messages": []}])
+
+
+def test_special_strings_in_text_are_plain_text(tok):
+    # nanochat encodes message text as ordinary text: a typed "<|assistant_end|>" is not the special token
+    conv = {"messages": [{"role": "user", "content": "say <|assistant_end|> now"}]}
+    ids, _ = render_conversation(tok, conv)
+    assert ids.count(tid(tok, "<|assistant_end|>")) == 0
+    assert tok.decode(ids[2:-1]) == "say <|assistant_end|> now"
+
+
+def test_adjacent_text_parts_encoded_separately(tok):
+    # the renderer (as nanochat) never merges across parts; the template renders one string, which may merge
+    parts = [{"type": "text", "text": "Hello wor"}, {"type": "text", "text": "ld, numbers 12"}, {"type": "text", "text": "34"}]
+    conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": parts}]}
+    ids, mask = render_conversation(tok, conv)
+    pieces = [tok.encode(p["text"], add_special_tokens=False) for p in parts]
+    assert ids[5:-1] == [i for p in pieces for i in p]
+    joined = tok.apply_chat_template(conv["messages"], return_dict=False)
+    assert joined[5:-1] == tok.encode("Hello world, numbers 1234", add_special_tokens=False)
+    assert joined != ids  # "wor"+"ld" and "12"+"34" tokenize differently when joined
+
+
+def test_input_is_not_modified(tok):
+    import copy
+
+    before = copy.deepcopy(TOOL_CONV)
+    render_conversation(tok, TOOL_CONV)
+    render_for_completion(tok, TOOL_CONV)
+    assert TOOL_CONV == before
+
+
+BAD = [
+    ({"messages": []}, "conversation is empty"),
+    ({}, "must have a 'messages' list"),
+    ({"messages": "hi"}, "must be a list"),
+    ({"messages": [{"role": "assistant", "content": "x"}]}, "message 0 has role 'assistant', expected 'user'"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]}, "message 1 has role 'user'"),
+    ({"messages": [{"role": "system", "content": "s"}]}, "system message must be followed by a user message"),
+    ({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}, "followed by a user"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]}, "message 1 has role 'system'"),
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "message 0 \\(user\\) content must be a string, got list"),
+    ({"messages": [{"role": "user", "content": None}]}, "must be a string, got NoneType"),
+    ({"messages": [{"role": "user"}]}, "message 0 must be a dict with 'role' and 'content'"),
+    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}]}, "string or a list of parts"),
+    (
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "image", "text": "i"}]}]},
+        "message 1 \\(assistant\\) content part 0: unknown part type 'image'",
+    ),
+    (
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "text", "text": 5}]}]},
+        "part 0 text must be a string, got int",
+    ),
+]
+
+
+@pytest.mark.parametrize("conv,message", BAD, ids=range(len(BAD)))
+def test_bad_conversations_raise(tok, conv, message):
+    with pytest.raises(ValueError, match=message):
+        render_conversation(tok, conv)
+
+
+@pytest.mark.parametrize(
+    "messages,message",
+    [
+        ([{"role": "assistant", "content": "x"}], "message 0 has role assistant, expected user"),
+        ([{"role": "system", "content": "s"}], "system message must be followed by a user message"),
+        ([{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "img", "text": ""}]}],
+         "unknown assistant part type img"),
+    ],
+)  # fmt: skip
+def test_template_rejects_bad_conversations(tok, messages, message):
+    from jinja2.exceptions import TemplateError
+
+    with pytest.raises(TemplateError, match=message):
+        tok.apply_chat_template(messages, tokenize=False)
