@@ -1,0 +1,16 @@
+"""nanochat's GPT and mid-training on the Hugging Face stack.
+
+Importing the package registers the model with the transformers Auto classes, and marks it for remote code so
+``save_pretrained`` writes an ``auto_map`` plus the (standalone) configuration and modeling files.
+"""
+
+from transformers import AutoConfig, AutoModelForCausalLM
+
+from .model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+
+AutoConfig.register(NanoChatGPTConfig.model_type, NanoChatGPTConfig, exist_ok=True)
+AutoModelForCausalLM.register(NanoChatGPTConfig, NanoChatGPTForCausalLM, exist_ok=True)
+NanoChatGPTConfig.register_for_auto_class()
+NanoChatGPTForCausalLM.register_for_auto_class("AutoModelForCausalLM")
+
+__all__ = ["NanoChatGPTConfig", "NanoChatGPTForCausalLM"]

@@ -1,0 +1,22 @@
+"""Checkpoint conversion: nanochat <-> our Hugging Face model -> transformers' native NanoChat."""
+
+from .nanochat import (
+    find_nanochat_checkpoint,
+    from_nanochat,
+    load_from_nanochat,
+    read_hf_model,
+    read_nanochat_checkpoint,
+    to_nanochat,
+)
+from .native import native_config, to_native
+
+__all__ = [
+    "find_nanochat_checkpoint",
+    "from_nanochat",
+    "load_from_nanochat",
+    "native_config",
+    "read_hf_model",
+    "read_nanochat_checkpoint",
+    "to_nanochat",
+    "to_native",
+]

@@ -1,0 +1,274 @@
+"""nanochat checkpoints (model_<step>.pt + meta_<step>.json) <-> Hugging Face directories of our model."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+
+import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file
+from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
+
+from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from .files import (
+    check_state_dict,
+    commit_dir,
+    common_dtype,
+    merge_into_dir,
+    parse_dtype,
+    read_json,
+    staging_dir,
+)
+
+NANOCHAT_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+SOURCE_FOLDERS = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
+                  "rl": "chatrl_checkpoints"}
+NANOCHAT_META_FILE = "nanochat_meta.json"  # the source meta, kept beside a converted model (step, user_config...)
+_MODEL_FILE = re.compile(r"model_(\d+)\.pt")
+
+
+# ---------------------------------------------------------------- locating and reading nanochat checkpoints
+
+def nanochat_base_dir() -> Path:
+    return Path(os.environ.get("NANOCHAT_BASE_DIR") or Path.home() / ".cache" / "nanochat")
+
+
+def available_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
+    checkpoint_dir = Path(checkpoint_dir)
+    if not checkpoint_dir.is_dir():
+        raise FileNotFoundError(f"{checkpoint_dir}: checkpoint directory not found")
+    return sorted(int(m.group(1)) for p in checkpoint_dir.iterdir() if (m := _MODEL_FILE.fullmatch(p.name)))
+
+
+def find_nanochat_checkpoint(base_dir: str | os.PathLike | None = None, source: str = "base",
+                             model_tag: str | None = None, step: int | None = None) -> tuple[Path, int]:
+    """(checkpoint_dir, step) in nanochat's layout: ``<base>/<source>_checkpoints/<tag>/model_<step:06d>.pt``.
+
+    Defaults as nanochat: base ``$NANOCHAT_BASE_DIR`` or ``~/.cache/nanochat``, the largest ``d<N>`` model tag
+    (else the most recently modified), the latest step. The tokenizer lives in ``<base>/tokenizer``.
+    """
+    if source not in SOURCE_FOLDERS:
+        raise ValueError(f"source must be one of {sorted(SOURCE_FOLDERS)}, got {source!r}")
+    root = Path(base_dir) if base_dir is not None else nanochat_base_dir()
+    folder = root / SOURCE_FOLDERS[source]
+    if model_tag is None:
+        tags = [p for p in folder.iterdir() if p.is_dir()] if folder.is_dir() else []
+        if not tags:
+            raise FileNotFoundError(f"{folder}: no model tag folders (expected e.g. {folder / 'd20'})")
+        depth = {p: int(m.group(1)) for p in tags if (m := re.fullmatch(r"d(\d+)", p.name))}
+        checkpoint_dir = max(depth, key=depth.get) if depth else max(tags, key=lambda p: p.stat().st_mtime)
+    else:
+        checkpoint_dir = folder / model_tag
+    steps = available_steps(checkpoint_dir)
+    if not steps:
+        raise FileNotFoundError(f"{checkpoint_dir}: no model_<step>.pt checkpoint in this directory")
+    if step is not None and step not in steps:
+        raise FileNotFoundError(f"{checkpoint_dir / f'model_{step:06d}.pt'}: no such file (steps available: {steps})")
+    return checkpoint_dir, steps[-1] if step is None else step
+
+
+def config_from_meta(meta: dict, meta_path: Path, **kwargs) -> NanoChatGPTConfig:
+    model_config = meta.get("model_config")
+    if not isinstance(model_config, dict):
+        raise ValueError(f"{meta_path}: no 'model_config' object (nanochat's meta JSON has one)")
+    missing = [k for k in NANOCHAT_CONFIG_KEYS if k not in model_config]
+    if missing:
+        raise ValueError(f"{meta_path}: model_config lacks {missing}")
+    bad = [k for k in NANOCHAT_CONFIG_KEYS if not isinstance(model_config[k], int) or model_config[k] <= 0]
+    if bad:
+        raise ValueError(f"{meta_path}: model_config {bad[0]} must be a positive integer, got {model_config[bad[0]]!r}")
+    try:
+        return NanoChatGPTConfig(**{k: model_config[k] for k in NANOCHAT_CONFIG_KEYS}, **kwargs)
+    except ValueError as e:
+        raise ValueError(f"{meta_path}: {e}") from None
+
+
+def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None = None
+                             ) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig, dict, int]:
+    """(state_dict without ``_orig_mod.``, config, meta, step), validated: keys and shapes fit meta's config."""
+    checkpoint_dir = Path(checkpoint_dir)
+    steps = available_steps(checkpoint_dir)
+    if not steps:
+        raise FileNotFoundError(f"{checkpoint_dir}: no model_<step>.pt checkpoint in this directory")
+    step = steps[-1] if step is None else int(step)
+    model_path = checkpoint_dir / f"model_{step:06d}.pt"
+    if step not in steps:
+        raise FileNotFoundError(f"{model_path}: no such file (steps available: {steps})")
+    meta_path = checkpoint_dir / f"meta_{step:06d}.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{meta_path}: no such file (nanochat writes it beside {model_path.name})")
+    meta = read_json(meta_path)
+    config = config_from_meta(meta, meta_path)
+    try:
+        state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- any failure here means a corrupt or foreign file
+        raise ValueError(f"{model_path}: cannot be read by torch.load(weights_only=True) ({type(e).__name__}: "
+                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+    if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
+        raise ValueError(f"{model_path}: expected a state dict of tensors, got {type(state_dict).__name__}")
+    state_dict = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
+    check_state_dict(state_dict, config, model_path, meta_path)
+    return state_dict, config, meta, step
+
+
+def _load_tokenizer(tokenizer_dir: str | os.PathLike, config: NanoChatGPTConfig, trust_pickle: bool):
+    from ..tokenizer import load_nanochat_tokenizer  # the tokenizer part is only needed here
+
+    tokenizer = load_nanochat_tokenizer(tokenizer_dir, trust_pickle=trust_pickle)
+    if len(tokenizer) != config.vocab_size:
+        raise ValueError(f"{Path(tokenizer_dir) / 'tokenizer.pkl'}: tokenizer has {len(tokenizer)} tokens but the "
+                         f"model's vocab_size is {config.vocab_size}")
+    return tokenizer
+
+
+def _set_special_ids(config: NanoChatGPTConfig, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
+    """bos = <|bos|>, eos = <|assistant_end|> (where a chat turn ends), pad = the tokenizer's pad."""
+    from ..tokenizer import BOS_TOKEN, EOS_TOKEN
+
+    config.bos_token_id = tokenizer.convert_tokens_to_ids(BOS_TOKEN)
+    config.eos_token_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
+    config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.bos_token_id
+    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
+                            pad_token_id=config.pad_token_id)
+
+
+# ---------------------------------------------------------------- nanochat -> Hugging Face
+
+def load_from_nanochat(checkpoint_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, step: int | None = None,
+                       trust_pickle: bool = False, dtype: str | torch.dtype | None = torch.float32
+                       ) -> tuple[NanoChatGPTForCausalLM, PreTrainedTokenizerBase]:
+    """A nanochat checkpoint as an in-memory (model, tokenizer); weights cast to `dtype` (None: as stored, or
+    float32 when mixed)."""
+    state_dict, config, _, _ = read_nanochat_checkpoint(checkpoint_dir, step)
+    tokenizer = _load_tokenizer(tokenizer_dir, config, trust_pickle)
+    generation_config = _set_special_ids(config, tokenizer)
+    dtype = parse_dtype(dtype) or common_dtype(state_dict)
+    with torch.device("meta"):
+        model = NanoChatGPTForCausalLM(config)
+    model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
+    model.generation_config = generation_config
+    return model.eval(), tokenizer  # eval mode, as from_pretrained returns it
+
+
+def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike,
+                  step: int | None = None, dtype: str | torch.dtype | None = None, trust_pickle: bool = False) -> Path:
+    """Convert a nanochat checkpoint + tokenizer to a Hugging Face directory (safetensors, config with auto_map and
+    code files, tokenizer with chat template, generation config). `dtype` None keeps the stored dtypes."""
+    state_dict, config, meta, step = read_nanochat_checkpoint(checkpoint_dir, step)
+    tokenizer = _load_tokenizer(tokenizer_dir, config, trust_pickle)
+    generation_config = _set_special_ids(config, tokenizer)
+    if (dtype := parse_dtype(dtype)) is not None:
+        state_dict = {k: v.to(dtype) for k, v in state_dict.items()}
+    state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    with torch.device("meta"):  # only for save_pretrained's config + code files; weights come from state_dict
+        model = NanoChatGPTForCausalLM(config).to(common_dtype(state_dict))
+    model.generation_config = generation_config
+    with staging_dir(Path(output_dir)) as tmp:
+        model.save_pretrained(tmp, state_dict=state_dict)
+        tokenizer.save_pretrained(tmp)
+        (tmp / NANOCHAT_META_FILE).write_text(json.dumps({**meta, "step": step}, indent=2))
+        return commit_dir(tmp, Path(output_dir))
+
+
+# ---------------------------------------------------------------- Hugging Face -> nanochat
+
+def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a Hugging Face directory (model.safetensors, or shards listed in the index)."""
+    single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object")
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise FileNotFoundError(f"{single}: no such file (nor {index.name})")
+    state_dict = {}
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (listed in {index.name})")
+        try:
+            state_dict.update(load_file(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot be read as safetensors ({e})") from None
+    return state_dict
+
+
+def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig]:
+    """(nanochat-named state dict, config) of a directory holding our model or transformers' native NanoChat."""
+    from .native import config_from_native, native_to_nanochat_names
+
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model directory not found")
+    config_path = model_dir / "config.json"
+    raw = read_json(config_path)
+    model_type = raw.get("model_type")
+    try:
+        if model_type == NanoChatGPTConfig.model_type:
+            config = NanoChatGPTConfig.from_dict(
+                {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")})
+        elif model_type == "nanochat":
+            config = config_from_native(raw, config_path)
+        else:
+            raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"{config_path}: {e}") from None
+    state_dict = read_hf_weights(model_dir)
+    if model_type == "nanochat":
+        state_dict = native_to_nanochat_names(state_dict)
+    check_state_dict(state_dict, config, model_dir / "model.safetensors", config_path)
+    return state_dict, config
+
+
+def _default_step(model_dir: Path) -> int:
+    """The step to name a nanochat checkpoint after: the Trainer's global_step, else the source nanochat step."""
+    for name, key in (("trainer_state.json", "global_step"), (NANOCHAT_META_FILE, "step")):
+        path = model_dir / name
+        if path.is_file() and isinstance(step := read_json(path).get(key), int):
+            return step
+    return 0
+
+
+def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, step: int | None = None,
+                tokenizer_output_dir: str | os.PathLike | None = None) -> Path:
+    """Write ``model_<step:06d>.pt`` + ``meta_<step:06d>.json`` into `output_dir` (other files there are kept), and
+    the tokenizer as nanochat's ``tokenizer.pkl`` + ``token_bytes.pt`` into `tokenizer_output_dir` (default
+    ``output_dir/tokenizer``; nanochat reads it from ``$NANOCHAT_BASE_DIR/tokenizer``). Tensors are written as
+    stored (names and dtypes unchanged), so from_nanochat -> to_nanochat is bit-identical."""
+    model_dir, output_dir = Path(model_dir), Path(output_dir)
+    state_dict, config = read_hf_model(model_dir)
+    step = _default_step(model_dir) if step is None else int(step)
+    tokenizer = None
+    if (model_dir / "tokenizer.json").is_file():
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        if len(tokenizer) != config.vocab_size:
+            raise ValueError(f"{model_dir / 'tokenizer.json'}: tokenizer has {len(tokenizer)} tokens but the "
+                             f"model's vocab_size is {config.vocab_size}")
+    with staging_dir(output_dir) as tmp:
+        torch.save(state_dict, tmp / f"model_{step:06d}.pt")
+        meta = {"step": step, "model_config": config.to_nanochat_dict()}
+        (tmp / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2))
+        if tokenizer is not None and tokenizer_output_dir is None:
+            _write_nanochat_tokenizer(tokenizer, tmp / "tokenizer")
+        elif tokenizer is not None:
+            with staging_dir(Path(tokenizer_output_dir)) as tok_tmp:
+                _write_nanochat_tokenizer(tokenizer, tok_tmp)
+                merge_into_dir(tok_tmp, Path(tokenizer_output_dir))
+        return merge_into_dir(tmp, output_dir)
+
+
+def _write_nanochat_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
+    from ..tokenizer import save_nanochat_tokenizer, token_bytes
+
+    try:
+        save_nanochat_tokenizer(tokenizer, directory)
+    except ImportError:  # tiktoken is optional: token_bytes.pt (used by nanochat's bpb evaluation) still helps
+        warnings.warn("tiktoken is not installed: writing token_bytes.pt only, no tokenizer.pkl", stacklevel=3)
+        directory.mkdir(parents=True, exist_ok=True)
+        torch.save(token_bytes(tokenizer).to(torch.int32), directory / "token_bytes.pt")

@@ -1,0 +1,108 @@
+"""Export to transformers' built-in NanoChat (``model_type "nanochat"``), which loads with no custom code.
+
+What differs between the two implementations, and how the export keeps outputs equal:
+- Names: ``transformer.wte`` -> ``model.embed_tokens``, ``attn.c_q/c_k/c_v/c_proj`` -> ``self_attn.q/k/v/o_proj``,
+  ``mlp.c_fc/c_proj`` -> ``mlp.fc1/fc2``; ``lm_head`` unchanged. No tensor needs permuting: transformers' NanoChat
+  uses nanochat's rotary convention (its ``rotate_half`` is ``cat(x2, -x1)``, i.e. rotation by -theta on halves).
+- RMSNorm: both are parameter-free. ``F.rms_norm`` with the default eps computes in float32 with
+  ``torch.finfo(torch.float32).eps`` (also for bf16 inputs, checked on torch 2.x), and transformers' NanoChatRMSNorm
+  also computes in float32 with a fixed eps, so ``rms_norm_eps = torch.finfo(torch.float32).eps`` (1.19e-7) matches
+  exactly; transformers' default 1e-6 would not.
+- Rotary tables: transformers' NanoChat computes cos/sin in float32 and casts them to the activation dtype. It
+  therefore equals our model with ``rotary_dtype="float32"``; with nanochat's bf16-rounded tables (our default) the
+  native model differs by the table rounding (about 1e-3 relative), which no native setting can express.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ..model import NanoChatGPTConfig
+from .files import commit_dir, staging_dir
+
+NATIVE_RMS_NORM_EPS = torch.finfo(torch.float32).eps
+# (nanochat name, native name); {i} is the layer index
+_NAME_MAP = [
+    ("transformer.wte.weight", "model.embed_tokens.weight"),
+    ("transformer.h.{i}.attn.c_q.weight", "model.layers.{i}.self_attn.q_proj.weight"),
+    ("transformer.h.{i}.attn.c_k.weight", "model.layers.{i}.self_attn.k_proj.weight"),
+    ("transformer.h.{i}.attn.c_v.weight", "model.layers.{i}.self_attn.v_proj.weight"),
+    ("transformer.h.{i}.attn.c_proj.weight", "model.layers.{i}.self_attn.o_proj.weight"),
+    ("transformer.h.{i}.mlp.c_fc.weight", "model.layers.{i}.mlp.fc1.weight"),
+    ("transformer.h.{i}.mlp.c_proj.weight", "model.layers.{i}.mlp.fc2.weight"),
+    ("lm_head.weight", "lm_head.weight"),
+]
+# files of a model directory that carry over unchanged (tokenizer, chat template, generation settings)
+_CARRIED_FILES = re.compile(r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|"
+                            r"generation_config\.json")
+
+
+def _rename(state_dict: dict[str, torch.Tensor], pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
+    rules = [(re.compile(re.escape(src).replace(r"\{i\}", r"(?P<i>\d+)")), dst) for src, dst in pairs]
+    out = {}
+    for key, tensor in state_dict.items():
+        match = next(((m, dst) for rule, dst in rules if (m := rule.fullmatch(key))), None)
+        # unknown names are kept as they are, for the shape check to report
+        out[match[1].format(**match[0].groupdict()) if match else key] = tensor
+    return out
+
+
+def nanochat_to_native_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return _rename(state_dict, _NAME_MAP)
+
+
+def native_to_nanochat_names(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    return _rename(state_dict, [(native, ours) for ours, native in _NAME_MAP])
+
+
+def native_config(config: NanoChatGPTConfig):
+    """transformers' NanoChatConfig with the same architecture and the eps that keeps outputs equal."""
+    from transformers import NanoChatConfig
+
+    return NanoChatConfig(
+        vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=4 * config.n_embd,
+        num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head,
+        max_position_embeddings=config.sequence_len, hidden_act="relu2", rms_norm_eps=NATIVE_RMS_NORM_EPS,
+        rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
+        final_logit_softcapping=config.logit_softcap, attention_bias=False, tie_word_embeddings=False,
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
+        architectures=["NanoChatForCausalLM"], dtype=config.dtype,
+    )
+
+
+def config_from_native(raw: dict, config_path: Path) -> NanoChatGPTConfig:
+    """Our config from a native NanoChat config.json (rotary tables in float32, as the native model computes them)."""
+    if raw.get("intermediate_size", 4 * raw.get("hidden_size", 0)) != 4 * raw.get("hidden_size", 0):
+        raise ValueError(f"intermediate_size {raw.get('intermediate_size')} is not 4 * hidden_size")
+    rope = raw.get("rope_parameters") or {}
+    return NanoChatGPTConfig(
+        vocab_size=raw["vocab_size"], n_embd=raw["hidden_size"], n_layer=raw["num_hidden_layers"],
+        n_head=raw["num_attention_heads"], n_kv_head=raw.get("num_key_value_heads") or raw["num_attention_heads"],
+        sequence_len=raw.get("max_position_embeddings", 2048), rope_theta=rope.get("rope_theta", 10000.0),
+        logit_softcap=raw.get("final_logit_softcapping") or 15.0, rotary_dtype="float32",
+        bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
+        pad_token_id=raw.get("pad_token_id"), dtype=raw.get("dtype"),
+    )
+
+
+def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
+    """Export our model directory to transformers' NanoChatForCausalLM (no custom code needed to load it)."""
+    from .nanochat import read_hf_model
+
+    model_dir, output_dir = Path(model_dir), Path(output_dir)
+    state_dict, config = read_hf_model(model_dir)
+    native = native_config(config)
+    with staging_dir(output_dir) as tmp:
+        save_file({k: v.contiguous() for k, v in nanochat_to_native_names(state_dict).items()},
+                  tmp / "model.safetensors", metadata={"format": "pt"})
+        native.save_pretrained(tmp)
+        for path in model_dir.iterdir():
+            if path.is_file() and _CARRIED_FILES.fullmatch(path.name):
+                shutil.copy2(path, tmp / path.name)
+        return commit_dir(tmp, output_dir)

@@ -1,0 +1,239 @@
+"""nanochat's GPT as a transformers model.
+
+Standalone (only torch, transformers and the sibling configuration file), so it ships as remote code.
+Parameter names are exactly nanochat's, so a nanochat state dict loads with ``strict=True``.
+"""
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from transformers import initialization as init
+from transformers.cache_utils import Cache, DynamicCache
+from transformers.generation import GenerationMixin
+from transformers.masking_utils import create_causal_mask
+from transformers.modeling_layers import GradientCheckpointingLayer
+from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+
+from .configuration_nanochat_gpt import NanoChatGPTConfig
+
+
+def rms_norm(x: torch.Tensor) -> torch.Tensor:
+    # parameter-free, default eps (torch computes it in float32 with float32's eps, also for bf16 inputs)
+    return F.rms_norm(x, (x.size(-1),))
+
+
+def rotary_cos_sin(config: NanoChatGPTConfig, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin of shape (B, T, head_dim/2) for the given positions, computed in float32 then rounded to
+    ``config.rotary_dtype``. Computed for the positions in use, so there is no maximum length."""
+    hd = config.head_dim
+    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32,
+                                                          device=position_ids.device) / hd))
+    angles = position_ids.to(torch.float32)[..., None] * inv_freq
+    dtype = getattr(torch, config.rotary_dtype)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (B, H, T, hd); cos/sin: (B, T, hd/2). nanochat's convention (rotation by -theta on halves)."""
+    cos, sin = cos[:, None], sin[:, None]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
+
+
+def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+    """Plain matmul-softmax attention (``attn_implementation="eager"``), returns (B, T, H, hd) and the weights."""
+    n_rep = module.num_key_value_groups
+    key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
+    scores = torch.matmul(query, key.transpose(2, 3)) * scaling
+    if attention_mask is None:  # no mask given: plain causal (query i is the last T_q keys' i-th)
+        q_len, k_len = query.shape[2], key.shape[2]
+        causal = torch.ones(q_len, k_len, dtype=torch.bool, device=query.device).tril(k_len - q_len)
+        scores = scores.masked_fill(~causal, float("-inf"))
+    elif attention_mask.dtype == torch.bool:
+        scores = scores.masked_fill(~attention_mask, float("-inf"))
+    else:
+        scores = scores + attention_mask
+    weights = F.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+    weights = F.dropout(weights, p=dropout, training=module.training)
+    return torch.matmul(weights, value).transpose(1, 2).contiguous(), weights
+
+
+class NanoChatGPTAttention(nn.Module):
+    def __init__(self, config: NanoChatGPTConfig, layer_idx: int):
+        super().__init__()
+        self.config = config
+        self.layer_idx = layer_idx
+        self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
+        self.num_key_value_groups = config.n_head // config.n_kv_head  # read by transformers' attention functions
+        self.scaling = self.head_dim ** -0.5
+        self.is_causal = True
+        self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
+        self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
+        self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
+        self.c_proj.zero_init = True
+
+    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
+                attention_mask: torch.Tensor | None, past_key_values: Cache | None, **kwargs) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
+        k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
+        q, k = rms_norm(q), rms_norm(k)  # QK-norm after RoPE
+        if past_key_values is not None:
+            k, v = past_key_values.update(k, v, self.layer_idx)
+        attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
+        y, _ = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+        return self.c_proj(y.reshape(B, T, -1))
+
+
+class NanoChatGPTMLP(nn.Module):
+    def __init__(self, config: NanoChatGPTConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
+        self.c_proj.zero_init = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c_proj(F.relu(self.c_fc(x)).square())
+
+
+class NanoChatGPTBlock(GradientCheckpointingLayer):
+    def __init__(self, config: NanoChatGPTConfig, layer_idx: int):
+        super().__init__()
+        self.attn = NanoChatGPTAttention(config, layer_idx)
+        self.mlp = NanoChatGPTMLP(config)
+
+    def forward(self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, **kwargs) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, **kwargs)
+        return x + self.mlp(rms_norm(x))
+
+
+class NanoChatGPTPreTrainedModel(PreTrainedModel):
+    config_class = NanoChatGPTConfig
+    config: NanoChatGPTConfig
+    base_model_prefix = ""
+    supports_gradient_checkpointing = True
+    _no_split_modules = ["NanoChatGPTBlock"]
+    _skip_keys_device_placement = ["past_key_values"]
+    _supports_sdpa = True
+    _supports_flash_attn = True
+    _supports_flex_attn = False
+    _supports_attention_backend = True
+
+    @torch.no_grad()
+    def _init_weights(self, module: nn.Module) -> None:
+        # nanochat's init. transformers.initialization functions skip tensors already loaded by from_pretrained.
+        if isinstance(module, nn.Linear):
+            if getattr(module, "zero_init", False):  # lm_head, attn.c_proj, mlp.c_proj
+                init.zeros_(module.weight)
+            else:
+                fan_out, fan_in = module.weight.shape
+                std = fan_in ** -0.5 * min(1.0, (fan_out / fan_in) ** 0.5)
+                init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=1.0)
+
+
+class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
+    """nanochat GPT with an LM head: soft-capped float32 logits, HF label convention for the loss."""
+
+    def __init__(self, config: NanoChatGPTConfig):
+        super().__init__(config)
+        self.transformer = nn.ModuleDict({
+            "wte": nn.Embedding(config.vocab_size, config.n_embd),
+            "h": nn.ModuleList([NanoChatGPTBlock(config, i) for i in range(config.n_layer)]),
+        })
+        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head.zero_init = True
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.transformer.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.transformer.wte = value
+
+    def get_output_embeddings(self) -> nn.Linear:
+        return self.lm_head
+
+    def set_output_embeddings(self, value: nn.Linear) -> None:
+        self.lm_head = value
+
+    def num_flops_per_token(self) -> int:
+        """Training FLOPs per token (nanochat's estimate): 6 * non-embedding params + attention term."""
+        c = self.config
+        n_params = sum(p.numel() for p in self.parameters())
+        attention = 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
+        return 6 * (n_params - self.transformer.wte.weight.numel()) + attention
+
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        logits_to_keep: int | torch.Tensor = 0,
+        loss_reduction: str = "mean",
+        inputs_embeds: torch.Tensor | None = None,
+        num_items_in_batch: int | torch.Tensor | None = None,
+        **kwargs,
+    ) -> CausalLMOutputWithPast:
+        """Labels are aligned with input_ids (shifted inside), -100 ignored. ``loss_reduction``: "mean" (or
+        sum / ``num_items_in_batch`` when given), "sum", or "none" -> (B, L-1) per-token nats, 0 where ignored."""
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if use_cache is None:  # a cache only helps decoding: not when training or scoring labels
+            use_cache = self.config.use_cache and not self.training and labels is None
+        x = self.transformer.wte(input_ids) if inputs_embeds is None else inputs_embeds
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=attention_mask,
+                                  past_key_values=past_key_values, position_ids=position_ids)
+        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            # left padding: each row counts positions from its first real token (as generate() does)
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
+        elif position_ids is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
+        cos_sin = rotary_cos_sin(self.config, position_ids.expand(x.shape[0], -1))
+        x = rms_norm(x)  # norm right after the embedding
+        for block in self.transformer.h:
+            x = block(x, cos_sin, attention_mask=mask, past_key_values=past_key_values, **kwargs)
+        x = rms_norm(x)
+        keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
+        logits = self.lm_head(x[:, keep]).float()
+        cap = self.config.logit_softcap
+        logits = cap * torch.tanh(logits / cap)
+
+        loss = None
+        if labels is not None:
+            loss = self._loss(logits, labels.to(logits.device), loss_reduction, num_items_in_batch)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None)
+
+    @staticmethod
+    def _loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str, num_items_in_batch) -> torch.Tensor:
+        if logits.shape[1] != labels.shape[1]:
+            raise ValueError(f"labels length {labels.shape[1]} != logits length {logits.shape[1]} "
+                             "(logits_to_keep must be 0 when computing a loss)")
+        logits, targets = logits[:, :-1], labels[:, 1:]
+        if reduction == "none":
+            return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
+        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
+                                reduction="sum")
+        if reduction == "sum":
+            return total
+        if reduction != "mean":
+            raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+        if num_items_in_batch is not None:  # gradient accumulation: normalise by the tokens of the whole step
+            return total / torch.as_tensor(num_items_in_batch, device=total.device)
+        return total / (targets != -100).sum()
+
+
+__all__ = ["NanoChatGPTForCausalLM", "NanoChatGPTPreTrainedModel"]
