@@ -1,0 +1,142 @@
+"""Chat with a nanochat-hf model, calculator tool included.
+
+    python scripts/chat.py --model DIR_OR_REPO --prompt "What is 12*7+3?"     # one reply, then exit
+    python scripts/chat.py --model DIR_OR_REPO                                # REPL: 'clear' resets, 'quit' ends
+
+Tool calls are shown on their own lines: "[calculator] 12*7+3" then "[result] 87".
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory or Hub repo id (tokenizer alongside)")
+    parser.add_argument("--prompt", default=None, help="answer this one message and exit (default: interactive)")
+    parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
+    parser.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
+    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
+    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                        help="default: bfloat16 on cuda, float32 on cpu")
+    return parser.parse_args(argv)
+
+
+class ReplyPrinter:
+    """Prints reply tokens as they come: text streamed, tool calls and results on lines of their own."""
+
+    def __init__(self, tokenizer, at_line_start: bool = True, out=None):
+        self.tokenizer, self.out = tokenizer, out or sys.stdout
+        tok_id = tokenizer.convert_tokens_to_ids
+        self.openers = {tok_id("<|python_start|>"): "  [calculator] ", tok_id("<|output_start|>"): "  [result] "}
+        self.closers = {tok_id("<|python_end|>"), tok_id("<|output_end|>")}
+        self.stops = {tok_id("<|assistant_end|>"), tok_id("<|bos|>")}
+        self.run: list[int] = []
+        self.shown = ""
+        self.line_start = at_line_start
+
+    def __call__(self, token: int) -> None:
+        if token in self.stops:
+            self.flush()
+            return
+        if token in self.openers or token in self.closers:
+            self.flush()
+            self.run, self.shown = [], ""
+            if token in self.closers:
+                self.write("\n")
+            else:  # a tool line starts on a line of its own
+                self.write(("" if self.line_start else "\n") + self.openers[token])
+            return
+        self.run.append(token)
+        text = self.tokenizer.decode(self.run)
+        if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
+            self.write(text[len(self.shown):])
+            self.shown = text
+
+    def flush(self) -> None:
+        text = self.tokenizer.decode(self.run)
+        self.write(text[len(self.shown):])
+        self.shown = text
+
+    def write(self, s: str) -> None:
+        if s:
+            self.out.write(s)
+            self.out.flush()
+            self.line_start = s.endswith("\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0:
+        print("error: --max-new-tokens must be >= 1, --temperature >= 0, --top-k >= 0", file=sys.stderr)
+        return 2
+    local = Path(args.model).expanduser()
+    if (local.is_absolute() or args.model.startswith((".", "~"))) and not local.is_dir():
+        print(f"error: --model {args.model}: no such model directory", file=sys.stderr)
+        return 2
+    source = str(local) if local.is_dir() else args.model  # else a Hub repo id
+
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
+    from nanochat_hf.inference import iter_reply_tokens, parts_from_tokens
+
+    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else
+                                                           torch.float32)
+    top_k = args.top_k or None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+    def reply(messages: list[dict], at_line_start: bool) -> dict:
+        printer = ReplyPrinter(tokenizer, at_line_start)
+        tokens = []
+        for token, _forced in iter_reply_tokens(model, tokenizer, {"messages": messages}, args.max_new_tokens,
+                                                args.temperature, top_k, args.seed):
+            tokens.append(token)
+            printer(token)
+        if not printer.line_start:
+            printer.write("\n")
+        return {"role": "assistant", "content": parts_from_tokens(tokenizer, tokens)}
+
+    if args.prompt is not None:
+        reply([{"role": "user", "content": args.prompt}], at_line_start=True)
+        return 0
+
+    print("nanochat-hf chat. 'clear' starts a new conversation, 'quit' or Ctrl-D ends.")
+    messages: list[dict] = []
+    while True:
+        try:
+            line = input("\nUser: ").strip()
+        except (EOFError, KeyboardInterrupt):
+            print()
+            return 0
+        if line.lower() in ("quit", "exit"):
+            return 0
+        if line.lower() == "clear":
+            messages = []
+            print("(conversation cleared)")
+            continue
+        if not line:
+            continue
+        messages.append({"role": "user", "content": line})
+        print("Assistant: ", end="", flush=True)
+        try:
+            messages.append(reply(messages, at_line_start=False))
+        except KeyboardInterrupt:  # Ctrl-C stops the reply; the unanswered message is dropped
+            messages.pop()
+            print("\n(interrupted)")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chat.py"
+CHAINS = (["<|assistant_start|>", "<|python_start|>", "2", "+", "3", "<|python_end|>", "?", "<|assistant_end|>"],
+          ["<|output_end|>", " ", "!", "<|assistant_end|>"])
+
+
+@pytest.fixture
+def model_dir(tmp_path, tokenizer, wired):
+    wired(*CHAINS).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    return tmp_path
+
+
+@pytest.mark.slow
+def test_one_shot_in_a_fresh_process(model_dir):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "What is 2+3?",
+                           "--temperature", "0"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "  [calculator] 2+3\n  [result] 5\n !\n"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("chat_script", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_repl_clear_and_quit(model_dir, monkeypatch, capsys):
+    chat = load_script()
+    lines = iter(["hi", "again", "clear", "hi", "quit", "never read"])
+    seen = []
+
+    def fake_input(prompt=""):
+        line = next(lines)
+        seen.append(line)
+        return line
+
+    monkeypatch.setattr("builtins.input", fake_input)
+    assert chat.main(["--model", str(model_dir), "--temperature", "0", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert seen == ["hi", "again", "clear", "hi", "quit"]
+    assert out.count("Assistant: \n  [calculator] 2+3\n  [result] 5\n !\n") == 3
+    assert "(conversation cleared)" in out
+
+
+def test_repl_ends_on_eof(model_dir, monkeypatch, capsys):
+    chat = load_script()
+
+    def eof(prompt=""):
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", eof)
+    assert chat.main(["--model", str(model_dir), "--device", "cpu"]) == 0
+
+
+def test_bad_model_dir_is_one_line_error(tmp_path, capsys):
+    chat = load_script()
+    assert chat.main(["--model", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
+    assert capsys.readouterr().err == f"error: --model {tmp_path / 'missing'}: no such model directory\n"
