@@ -1,0 +1,383 @@
+"""One torch Optimizer holding nanochat's Muon and AdamW groups, with an optional sharded (ZeRO-2 style) step.
+
+Single process: Muon (batched Newton-Schulz over same-shaped matrices) + AdamW (float32 moments).
+torch.distributed initialised with world size W > 1: the optimizer does all gradient communication itself
+(``reduces_gradients`` is True, so the caller must NOT all-reduce gradients):
+- AdamW: reduce-scatter (average) each gradient along dim 0, rank r owns rows [r*k, (r+1)*k) with k = ceil(n/W)
+  (dim 0 is zero-padded to k*W when W does not divide it), keeps moments for those rows only, updates them and
+  all-gathers the parameter.
+- Muon: within each (group, shape) bucket parameter i is owned by rank i % W; every chunk of W parameters is
+  reduce-scattered (short chunks padded with zeros) so each owner receives its parameter's averaged gradient,
+  the owner alone keeps the momentum and runs Newton-Schulz (batched over everything it owns in the bucket),
+  then the chunk's parameters are all-gathered.
+Every collective is launched asynchronously and waited on just before its result is needed.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any, Callable
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .kernels import adamw_update, muon_update
+
+# torch 2.13 renamed the single-tensor collectives; older releases only have the *_tensor names
+_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
+_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
+
+_MUON_KEYS = ("lr", "momentum", "nesterov", "ns_steps")
+_ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
+
+
+def _shape_buckets(params: list[Tensor]) -> list[list[Tensor]]:
+    """Parameters grouped by shape, buckets in order of first appearance, params in group order."""
+    buckets: dict[tuple[int, ...], list[Tensor]] = {}
+    for p in params:
+        buckets.setdefault(tuple(p.shape), []).append(p)
+    return list(buckets.values())
+
+
+class _SliceWork:
+    """Async handle for the all-reduce fallback of reduce-scatter: on wait, copy this rank's slice out."""
+
+    def __init__(self, work: Any, full: Tensor, out: Tensor, rank: int, world: int):
+        self.work, self.full, self.out, self.rank, self.world = work, full, out, rank, world
+
+    def wait(self) -> None:
+        self.work.wait()
+        self.out.copy_(self.full.chunk(self.world)[self.rank])
+
+
+class MuonAdamW(torch.optim.Optimizer):
+    """Muon for hidden matrices plus AdamW for embedding/unembedding, in one optimizer (see module docstring).
+
+    Every param group needs ``kind`` ("muon" or "adamw"), ``name``, ``lr`` and ``initial_lr``; Muon groups
+    also ``momentum``, ``nesterov``, ``ns_steps``; AdamW groups ``betas``, ``eps``, ``weight_decay``.
+    Use :func:`build_optimizer` to get nanochat's grouping.
+    """
+
+    def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None,
+                 sharded: bool | None = None):
+        for i, group in enumerate(param_groups):
+            kind = group.get("kind")
+            if kind not in ("muon", "adamw"):
+                raise ValueError(f"param group {i}: 'kind' must be 'muon' or 'adamw', got {kind!r}")
+            required = ("name", "initial_lr") + (_MUON_KEYS if kind == "muon" else _ADAMW_KEYS)
+            missing = [k for k in required if k not in group]
+            if missing:
+                raise ValueError(f"param group {i} ({kind}): missing {missing}")
+            if kind == "muon":
+                bad = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
+                if bad:
+                    raise ValueError(f"param group {group['name']!r}: Muon needs 2-D matrices, got shapes {bad}")
+        super().__init__(param_groups, defaults={})
+        self.process_group = process_group
+        if sharded is None:  # auto: shard whenever several processes train together
+            sharded = dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
+        self.world_size = dist.get_world_size(process_group) if sharded else 1
+        self.rank = dist.get_rank(process_group) if sharded else 0
+        self.reduces_gradients = self.world_size > 1
+        if self.reduces_gradients:
+            self._native_rs = self._probe_reduce_scatter()
+            # AVG is only relied upon where it is native (NCCL, which serves CUDA tensors also in a mixed
+            # "cpu:gloo,cuda:nccl" group); elsewhere SUM then divide, which is exact for W = 2^k.
+            on_cuda = self.param_groups[0]["params"][0].is_cuda
+            self._native_avg = self._native_rs and on_cuda and "nccl" in str(dist.get_backend(process_group))
+
+    # ----------------------------------------------------------------------------------------- public
+    def set_muon_momentum(self, momentum: float) -> None:
+        """Set the momentum of every Muon group (nanochat warms it 0.85 -> 0.95 over 300 steps)."""
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                group["momentum"] = momentum
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Any] | None = None) -> Any:
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        if self.world_size == 1:
+            self._step_local()
+        else:
+            self._step_sharded()
+        return loss
+
+    def state_dict(self) -> dict[str, Any]:
+        """This rank's state (sharded when world size > 1), tagged with the layout that produced it."""
+        sd = super().state_dict()
+        sd["sharding"] = {"world_size": self.world_size, "rank": self.rank}
+        return sd
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Load this rank's own state, or a single-process (consolidated) state into any world size.
+
+        Written out instead of torch's because torch casts floating state to the parameter dtype (bfloat16
+        moments would lose the float32 AdamW state) and knows nothing about sliced AdamW moments.
+        """
+        saved_groups = state_dict["param_groups"]
+        if len(saved_groups) != len(self.param_groups):
+            raise ValueError(f"optimizer state_dict has {len(saved_groups)} param groups, "
+                             f"this optimizer has {len(self.param_groups)}")
+        layout = state_dict.get("sharding", {"world_size": 1, "rank": 0})
+        saved_w, saved_rank = layout["world_size"], layout["rank"]
+        if saved_w != 1 and (saved_w, saved_rank) != (self.world_size, self.rank):
+            raise ValueError(f"optimizer state_dict was saved by rank {saved_rank} of {saved_w}, this is rank "
+                             f"{self.rank} of {self.world_size}; save consolidated_state_dict() to change world size")
+        slicing = saved_w == 1 and self.world_size > 1
+        by_index: dict[int, tuple[Tensor, dict[str, Any]]] = {}
+        for group, saved in zip(self.param_groups, saved_groups):
+            if len(group["params"]) != len(saved["params"]) or saved.get("name", group["name"]) != group["name"]:
+                raise ValueError(f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
+                                 f"params does not match group {group['name']!r} with {len(group['params'])}")
+            for index, p in zip(saved["params"], group["params"]):
+                by_index[index] = (p, group)
+        mine = self._owned_muon_params()
+        state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
+        for index, saved_state in state_dict["state"].items():
+            p, group = by_index[int(index)]
+            entry = dict(saved_state)
+            if slicing and group["kind"] == "muon" and id(p) not in mine:
+                continue
+            if slicing and group["kind"] == "adamw":
+                _, start, end = self._rows(p)
+                entry = {k: (v[start:end] if k != "step" else v) for k, v in entry.items()}
+            state[p] = {k: (v.detach().to(p.device, copy=True) if isinstance(v, Tensor) else v)
+                        for k, v in entry.items()}
+        self.state = state
+        for group, saved in zip(self.param_groups, saved_groups):
+            group.update({k: v for k, v in saved.items() if k != "params"})
+
+    def consolidated_state_dict(self) -> dict[str, Any]:
+        """The single-process state dict, gathered from every rank's shard (collective: call on all ranks)."""
+        sd = self.state_dict()
+        if self.world_size == 1:
+            return sd
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        state: dict[int, dict[str, Any]] = {}
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    if p in self.state:  # AdamW steps on every rank together: same answer everywhere
+                        state[index[id(p)]] = self._gather_adamw_state(p)
+                continue
+            for bucket in _shape_buckets(group["params"]):
+                for i, p in enumerate(bucket):
+                    owner = self._global_rank(i % self.world_size)
+                    flag = torch.tensor([float(p in self.state)], device=p.device)
+                    dist.broadcast(flag, owner, group=self.process_group)
+                    if flag.item():
+                        buf = self.state[p]["momentum_buffer"] if p in self.state else \
+                            torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                        dist.broadcast(buf, owner, group=self.process_group)
+                        state[index[id(p)]] = {"momentum_buffer": buf.clone()}
+        return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
+
+    # ---------------------------------------------------------------------------------------- helpers
+    def _adamw_state(self, p: Tensor, rows: int) -> dict[str, Any]:
+        st = self.state[p]
+        if not st:
+            shape = (rows, *p.shape[1:])
+            st["step"] = 0
+            st["exp_avg"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+            st["exp_avg_sq"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
+        return st
+
+    def _muon_buf(self, p: Tensor) -> Tensor:
+        st = self.state[p]
+        if not st:
+            st["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+        return st["momentum_buffer"]
+
+    def _rows(self, p: Tensor) -> tuple[int, int, int]:
+        """(k, start, end): rows per rank (dim 0 padded to k*W) and this rank's real rows [start, end)."""
+        k = -(-p.shape[0] // self.world_size)
+        start = min(self.rank * k, p.shape[0])
+        return k, start, min(start + k, p.shape[0])
+
+    def _owned_muon_params(self) -> set[int]:
+        return {id(p) for g in self.param_groups if g["kind"] == "muon"
+                for bucket in _shape_buckets(g["params"]) for p in bucket[self.rank::self.world_size]}
+
+    def _global_rank(self, group_rank: int) -> int:
+        if self.process_group is None:
+            return group_rank
+        return dist.get_global_rank(self.process_group, group_rank)
+
+    def _probe_reduce_scatter(self) -> bool:
+        """Whether the backend implements reduce_scatter_tensor (older gloo builds do not)."""
+        device = self.param_groups[0]["params"][0].device
+        try:
+            _reduce_scatter_single(torch.empty(1, device=device), torch.zeros(self.world_size, device=device),
+                                   group=self.process_group)
+            return True
+        except (RuntimeError, NotImplementedError, ValueError):
+            return False
+
+    def _reduce_scatter(self, out: Tensor, full: Tensor) -> Any:
+        """Async reduce-scatter of ``full`` (W*len(out) along dim 0) into ``out``; average done in _averaged."""
+        op = dist.ReduceOp.AVG if self._native_avg else dist.ReduceOp.SUM
+        if self._native_rs:
+            return _reduce_scatter_single(out, full, op=op, group=self.process_group, async_op=True)
+        # Fallback: all-reduce the whole tensor and keep our slice. Costs about twice the traffic of a
+        # reduce-scatter (a ring all-reduce is a reduce-scatter plus an all-gather) and a full-size copy.
+        full = full.clone()
+        work = dist.all_reduce(full, op=op, group=self.process_group, async_op=True)
+        return _SliceWork(work, full, out, self.rank, self.world_size)
+
+    def _averaged(self, reduced: Tensor) -> Tensor:
+        return reduced if self._native_avg else reduced.div_(self.world_size)
+
+    def _grad(self, p: Tensor) -> Tensor:
+        if p.grad is None:  # every rank must join every collective, so a missing gradient cannot be skipped
+            raise RuntimeError(f"sharded optimizer step: a parameter of shape {tuple(p.shape)} has no gradient")
+        return p.grad.contiguous()
+
+    def _gather_adamw_state(self, p: Tensor) -> dict[str, Any]:
+        k, start, end = self._rows(p)
+        st = self.state[p]
+        out: dict[str, Any] = {"step": st["step"]}
+        for key in ("exp_avg", "exp_avg_sq"):
+            local = torch.zeros((k, *p.shape[1:]), dtype=torch.float32, device=p.device)
+            local[: end - start] = st[key]
+            full = torch.empty((k * self.world_size, *p.shape[1:]), dtype=torch.float32, device=p.device)
+            _all_gather_single(full, local, group=self.process_group)
+            out[key] = full[: p.shape[0]].clone()
+        return out
+
+    # ------------------------------------------------------------------------------------------ steps
+    def _step_local(self) -> None:
+        for group in self.param_groups:
+            params = [p for p in group["params"] if p.grad is not None]
+            if group["kind"] == "adamw":
+                for p in params:
+                    st = self._adamw_state(p, p.shape[0])
+                    st["step"] += 1
+                    adamw_update(p, p.grad, st["exp_avg"], st["exp_avg_sq"], step=st["step"], lr=group["lr"],
+                                 betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+                continue
+            for bucket in _shape_buckets(params):
+                muon_update(bucket, [p.grad for p in bucket], [self._muon_buf(p) for p in bucket],
+                            lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"],
+                            ns_steps=group["ns_steps"])
+
+    def _step_sharded(self) -> None:
+        world, rank, pg = self.world_size, self.rank, self.process_group
+        # 1. launch every gradient reduce-scatter
+        adamw_jobs, muon_jobs = [], []
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    grad = self._grad(p)
+                    k, _, _ = self._rows(p)
+                    if k * world != p.shape[0]:
+                        padded = grad.new_zeros((k * world, *grad.shape[1:]))
+                        padded[: p.shape[0]] = grad
+                        grad = padded
+                    out = grad.new_empty((k, *grad.shape[1:]))
+                    adamw_jobs.append((group, p, out, self._reduce_scatter(out, grad)))
+                continue
+            for bucket in _shape_buckets(group["params"]):
+                chunks = []
+                for c0 in range(0, len(bucket), world):
+                    chunk = bucket[c0:c0 + world]
+                    grads = [self._grad(p) for p in chunk]
+                    grads += [torch.zeros_like(grads[0])] * (world - len(chunk))
+                    stacked = torch.stack(grads).flatten(0, 1)  # (W*rows, cols): gloo scatters along dim 0
+                    out = torch.empty_like(grads[0])
+                    chunks.append((chunk, out, self._reduce_scatter(out, stacked)))
+                muon_jobs.append((group, chunks))
+        gathers: list[tuple[Any, Callable[[], Any] | None]] = []
+        # 2. AdamW on this rank's rows, then all-gather the parameter
+        for group, p, out, work in adamw_jobs:
+            work.wait()
+            grad = self._averaged(out)
+            k, start, end = self._rows(p)
+            st = self._adamw_state(p, end - start)
+            st["step"] += 1
+            if end > start:
+                adamw_update(p[start:end], grad[: end - start], st["exp_avg"], st["exp_avg_sq"], step=st["step"],
+                             lr=group["lr"], betas=group["betas"], eps=group["eps"],
+                             weight_decay=group["weight_decay"])
+            if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
+                gathers.append((_all_gather_single(p, p[start:end], group=pg, async_op=True), None))
+            else:
+                full = p.new_empty((k * world, *p.shape[1:]))
+                mine = full[rank * k:(rank + 1) * k]
+                mine[: end - start] = p[start:end]
+                work = _all_gather_single(full, mine, group=pg, async_op=True)
+                gathers.append((work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])))
+        # 3. Muon on the matrices this rank owns (one batched Newton-Schulz per bucket), then all-gather them
+        for group, chunks in muon_jobs:
+            owned, grads = [], []
+            for chunk, out, work in chunks:
+                work.wait()
+                if rank < len(chunk):
+                    owned.append(chunk[rank])
+                    grads.append(self._averaged(out))
+            muon_update(owned, grads, [self._muon_buf(p) for p in owned], lr=group["lr"],
+                        momentum=group["momentum"], nesterov=group["nesterov"], ns_steps=group["ns_steps"])
+            for chunk, out, _ in chunks:
+                src = chunk[rank] if rank < len(chunk) else out  # a padding rank sends scratch, dropped below
+                outputs = list(chunk) + [torch.empty_like(out) for _ in range(world - len(chunk))]
+                gathers.append((dist.all_gather(outputs, src, group=pg, async_op=True), None))
+        # 4. wait for every parameter to be complete again
+        for work, finish in gathers:
+            work.wait()
+            if finish is not None:
+                finish()
+
+
+def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
+                    unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
+                    muon_momentum: float = 0.95, ns_steps: int = 5, betas: tuple[float, float] = (0.8, 0.95),
+                    eps: float = 1e-10, process_group: Any = None, sharded: bool | None = None) -> MuonAdamW:
+    """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
+    matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
+
+    Every group's lr and initial_lr are its base rate times ``init_lr_frac``. Sharded automatically when
+    torch.distributed is initialised with world size > 1 (then ``optimizer.reduces_gradients`` is True);
+    ``sharded=False`` forces the single-process step (gradients must then be averaged by the caller, e.g. DDP).
+    """
+    config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
+    n_embd = getattr(config, "n_embd", None) or config.hidden_size
+    adamw_scale = (n_embd / 768) ** -0.5
+    matrices, wte, head = [], [], []
+    names: dict[int, str] = {}
+    for name, p in model.named_parameters():
+        if not p.requires_grad:
+            continue
+        names[id(p)] = name
+        key = name.removeprefix("module.").removeprefix("_orig_mod.")
+        if key.startswith("transformer.h."):
+            if p.ndim != 2:
+                raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
+            matrices.append(p)
+        elif key == "transformer.wte.weight":
+            wte.append(p)
+        elif key == "lm_head.weight":
+            head.append(p)
+        else:
+            raise ValueError(f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
+                             f"transformer.wte.weight or lm_head.weight")
+    adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    groups = [
+        {**adamw, "params": head, "name": "adamw/lm_head", "lr": unembedding_lr * adamw_scale * init_lr_frac},
+        {**adamw, "params": wte, "name": "adamw/wte", "lr": embedding_lr * adamw_scale * init_lr_frac},
+        {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
+         "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps},
+    ]
+    groups = [g for g in groups if g["params"]]
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    seen: dict[int, str] = {}
+    for g in groups:
+        for p in g["params"]:
+            assert id(p) not in seen, f"parameter {names[id(p)]!r} is in both {seen[id(p)]} and {g['name']}"
+            seen[id(p)] = g["name"]
+    stray = [n for i, n in names.items() if i not in seen]
+    assert not stray, f"parameters in no optimizer group: {stray}"
+    return MuonAdamW(groups, process_group=process_group, sharded=sharded)

@@ -1,0 +1,178 @@
+"""Shared by tests/optim: a tiny nanochat model, reference math written from the spec, the 2-process worker."""
+
+import copy
+import os
+
+import torch
+
+NS_A, NS_B, NS_C = 3.4445, -4.7750, 2.0315
+
+
+def tiny_model(n_layer=3, vocab_size=1031, seed=0, dtype=torch.float32):
+    """A small nanochat model, every weight random (a fresh model zeroes lm_head and c_proj, which would leave the
+    first steps' gradients zero). Odd vocab and odd layer count exercise the padding of the sharded step."""
+    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+
+    torch.manual_seed(seed)
+    config = NanoChatGPTConfig(sequence_len=16, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_kv_head=1,
+                               n_embd=64)
+    model = NanoChatGPTForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.1)
+    return model.to(dtype)
+
+
+def batches(steps, world, vocab_size=1031, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    return [[torch.randint(0, vocab_size, (2, 17), generator=g) for _ in range(world)] for _ in range(steps)]
+
+
+def loss_backward(model, ids):
+    model(input_ids=ids, labels=ids).loss.backward()
+
+
+def ref_newton_schulz(g, dtype=torch.bfloat16):
+    """Spec section 6, one matrix, each operation separately rounded to ``dtype``."""
+    x = g.to(dtype)
+    tall = x.size(0) > x.size(1)
+    if tall:
+        x = x.T
+    x = x / (x.norm() + 1e-7)
+    for _ in range(5):
+        a = x @ x.T
+        b = NS_B * a + NS_C * (a @ a)
+        x = NS_A * x + b @ x
+    return x.T if tall else x
+
+
+def ref_muon_step(p, g, buf, lr, momentum):
+    """Spec section 6 Muon step (Nesterov) on one matrix, in place on p and buf."""
+    buf.lerp_(g, 1 - momentum)
+    update = g.lerp(buf, momentum)
+    p.sub_(lr * max(1, p.size(0) / p.size(1)) ** 0.5 * ref_newton_schulz(update).to(p.dtype))
+
+
+def state_bytes(state_dict):
+    return sum(v.numel() * v.element_size() for st in state_dict["state"].values() for v in st.values()
+               if torch.is_tensor(v))
+
+
+def flat_params(model):
+    return torch.cat([p.detach().float().flatten() for p in model.parameters()])
+
+
+def step_on_average(model, opt, batch_list):
+    """One single-process optimizer step on the gradient averaged over ``batch_list`` (one batch per rank)."""
+    grads = []
+    for ids in batch_list:
+        loss_backward(model, ids)
+        grads.append([p.grad.clone() for p in model.parameters()])
+        opt.zero_grad(set_to_none=True)
+    for p, *gs in zip(model.parameters(), *grads):
+        p.grad = sum(gs) / len(batch_list)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+
+
+def _muon_names(model):
+    return [n for n, _ in model.named_parameters() if n.startswith("transformer.h.")]
+
+
+def dist_worker(rank, world, port, steps):
+    """Train the tiny model on per-rank batches with the sharded optimizer; rank 0 also steps a single-process
+    optimizer on the averaged gradient of the same batches, and every claim of the sharded step is checked."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim import build_optimizer
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        data = batches(steps + 1, world)
+        model = tiny_model()
+        opt = build_optimizer(model)
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0 - 0.1 * s)
+        assert opt.reduces_gradients and opt.world_size == world
+        ref = copy.deepcopy(model)
+        ref_opt = build_optimizer(ref, sharded=False)
+        ref_sched = torch.optim.lr_scheduler.LambdaLR(ref_opt, lambda s: 1.0 - 0.1 * s)
+        muon_update_size = 0.0
+        for step in range(steps):
+            momentum = 0.85 + 0.1 * step / steps
+            opt.set_muon_momentum(momentum)
+            ref_opt.set_muon_momentum(momentum)
+            loss_backward(model, data[step][rank])
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            sched.step()
+            before = {n: p.detach().clone() for n, p in ref.named_parameters()}
+            step_on_average(ref, ref_opt, data[step])  # the reference: one process, ranks' gradients averaged
+            ref_sched.step()
+            muon_update_size = max(muon_update_size, max((p.detach() - before[n]).abs().max().item()
+                                                       for n, p in ref.named_parameters() if n in _muon_names(ref)))
+
+        # 1. parameters bit-identical on every rank
+        mine = flat_params(model)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        assert all(torch.equal(everyone[0], other) for other in everyone), "parameters differ across ranks"
+
+        # 2. equal to the single process on the averaged gradient. AdamW: float32 rounding (gloo sums, we divide
+        # by 2: exact). Muon: each rank runs Newton-Schulz on a stack of only the matrices it owns; a batched bf16
+        # matmul may round a matrix differently depending on the batch around it (here it does not: the result is
+        # bit-identical), by a few bf16 ulps (2^-8 relative) of one update, which then feeds back into later
+        # gradients. Bound: 5% of the largest single-step Muon update, i.e. ~10 ulps of the update.
+        muon_names = set(_muon_names(model))
+        for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+            diff = (p.detach() - q.detach()).abs().max().item()
+            print(f"rank {rank} {name}: |sharded - single| = {diff:.3g} (one Muon update <= {muon_update_size:.3g})")
+            if name in muon_names:
+                assert diff <= 0.05 * muon_update_size, f"{name}: {diff} vs one update {muon_update_size}"
+            else:
+                assert torch.allclose(p, q, rtol=2e-6, atol=1e-7), f"{name}: max diff {diff}"
+
+        # 3. state genuinely sharded
+        fraction = state_bytes(opt.state_dict()) / state_bytes(ref_opt.state_dict())
+        print(f"rank {rank} holds {fraction:.1%} of the single-process optimizer state")
+        assert fraction <= 0.55, f"rank {rank} holds {fraction:.1%} of the single-process optimizer state"
+
+        # 4. the consolidated state equals the single-process optimizer's state
+        full = opt.consolidated_state_dict()
+        ref_sd = ref_opt.state_dict()
+        assert full["state"].keys() == ref_sd["state"].keys()
+        for i, st in full["state"].items():
+            for key, v in st.items():
+                r = ref_sd["state"][i][key]
+                assert (v == r) if key == "step" else torch.allclose(v, r, rtol=1e-4, atol=1e-6), (i, key)
+
+        # 5. per-rank round trip: the step after reloading is bit-identical (native and fallback collectives)
+        saved_params = copy.deepcopy(model.state_dict())
+        saved_opt = copy.deepcopy(opt.state_dict())
+        ids = data[steps][rank]
+        loss_backward(model, ids)
+        opt.step()
+        after = flat_params(model)
+        for source, fallback in ((saved_opt, False), (saved_opt, True), (full, False)):
+            model.load_state_dict(saved_params)
+            model.zero_grad(set_to_none=True)
+            fresh = build_optimizer(model)
+            fresh.load_state_dict(copy.deepcopy(source))  # sharded, or consolidated -> sliced per rank
+            fresh._native_rs = not fallback
+            loss_backward(model, ids)
+            fresh.step()
+            again = flat_params(model)
+            # a consolidated dict sliced back to this rank is exactly this rank's shard again
+            assert torch.equal(after, again), f"reload (fallback={fallback}, consolidated={source is full}) differs"
+
+        # 6. resume in one process from the consolidated dict (world size 2 -> 1): its next step on the averaged
+        # gradient is the sharded optimizer's next step (same tolerance as in 2.)
+        single = copy.deepcopy(ref)  # ref holds the parameters the sharded model had when its state was saved
+        single_opt = build_optimizer(single, sharded=False)
+        single_opt.load_state_dict(copy.deepcopy(full))
+        step_on_average(single, single_opt, data[steps])
+        resumed_diff = (flat_params(single) - after).abs().max().item()
+        assert resumed_diff <= 0.05 * muon_update_size, f"single-process resume differs by {resumed_diff}"
+    finally:
+        dist.destroy_process_group()

@@ -1,0 +1,18 @@
+import socket
+
+import pytest
+import torch.multiprocessing as mp
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_sharded_step_on_two_gloo_ranks(helpers):
+    """Two processes, per-rank batches: identical parameters on both ranks and equal to one process stepping on
+    the averaged gradient, half the optimizer state per rank, exact per-rank and consolidated reloads."""
+    mp.spawn(helpers.dist_worker, args=(2, _free_port(), 4), nprocs=2, join=True)
