@@ -1,0 +1,10 @@
+"""Mid-train a nanochat model: `accelerate launch scripts/mid_train.py [configs/x.yaml] [--flag value ...]`.
+
+With no arguments: a small model from scratch on the offline demo mixture (CPU, a few minutes).
+See `MidTrainingArguments` (src/nanochat_hf/training/arguments.py) for every flag.
+"""
+
+from nanochat_hf.training.run import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""Validation bits per byte (spec section 5) and exact-match accuracy of generated answers."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+
+import datasets
+import evaluate
+import torch
+import torch.distributed as dist
+
+
+@torch.no_grad()
+def evaluate_bpb(
+    model: torch.nn.Module,
+    batches: Iterable[dict[str, torch.Tensor]],
+    token_bytes: torch.Tensor,
+    device: torch.device | str,
+) -> float:
+    """Bits per byte over `batches` ({"input_ids", "labels"} rows of T+1 tokens; the model shifts).
+
+    Per-token losses (nats) of targets whose token has >0 bytes are summed, together with the byte counts of all
+    non-ignored targets; both sums are all-reduced across processes so every rank returns the same number.
+    """
+    token_bytes = token_bytes.to(device)
+    nats = torch.zeros((), dtype=torch.float64, device=device)
+    nbytes = torch.zeros((), dtype=torch.int64, device=device)
+    was_training = model.training
+    model.eval()
+    for batch in batches:
+        input_ids = batch["input_ids"].to(device)
+        labels = batch["labels"].to(device)
+        loss = model(input_ids=input_ids, labels=labels, loss_reduction="none").loss  # (B, T) nats
+        targets = labels[:, 1:]
+        valid = targets != -100
+        nb = torch.where(valid, token_bytes[targets.clamp(min=0)], 0)
+        nats += (loss.float() * (nb > 0)).sum().double()
+        nbytes += nb.sum()
+    model.train(was_training)
+    if dist.is_available() and dist.is_initialized():
+        dist.all_reduce(nats)
+        dist.all_reduce(nbytes)
+    if nbytes.item() == 0:
+        return float("inf")
+    return nats.item() / (math.log(2) * nbytes.item())
+
+
+class ExactMatch(evaluate.Metric):
+    """Fraction of predictions equal to their reference after stripping whitespace.
+
+    Defined locally because `evaluate.load("exact_match")` fetches its script from the hub (not offline).
+    """
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description="exact match after stripping surrounding whitespace",
+            citation="",
+            inputs_description="predictions: list of str; references: list of str",
+            features=datasets.Features({"predictions": datasets.Value("string"), "references": datasets.Value("string")}),
+        )
+
+    def _compute(self, predictions: list[str], references: list[str]) -> dict[str, float]:
+        hits = [p.strip() == r.strip() for p, r in zip(predictions, references)]
+        return {"exact_match": sum(hits) / max(len(hits), 1)}
+
+
+def exact_match_accuracy(model, tokenizer, conversations: Iterable[dict], max_new_tokens: int = 64) -> float:
+    """Exact-match accuracy of greedy answers (text parts) against each conversation's final assistant message."""
+    from nanochat_hf.inference import generate_reply
+
+    metric = ExactMatch()
+    for conv in conversations:
+        reference = conv["messages"][-1]["content"]
+        if not isinstance(reference, str):
+            reference = "".join(part["text"] for part in reference if part["type"] == "text")
+        reply = generate_reply(model, tokenizer, conv, max_new_tokens=max_new_tokens)
+        metric.add(predictions=reply["text"], references=reference)
+    return metric.compute()["exact_match"]

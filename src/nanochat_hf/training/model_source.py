@@ -1,0 +1,98 @@
+"""Resolve --model_source into (model, tokenizer): demo, nanochat checkpoint, local HF dir, or hub repo id."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from .arguments import MidTrainingArguments
+
+
+def _is_nanochat_dir(path: Path) -> bool:
+    """A nanochat base dir (has *_checkpoints/), a checkpoints dir (has model tags), or a tag dir (model_*.pt)."""
+    if any(path.glob("model_*.pt")) or any(path.glob("*_checkpoints")):
+        return True
+    return any(p.is_dir() and any(p.glob("model_*.pt")) for p in path.iterdir())
+
+
+def _load_nanochat(path: Path, args: MidTrainingArguments):
+    from nanochat_hf.conversion import find_nanochat_checkpoint, load_from_nanochat
+
+    if any(path.glob("model_*.pt")):  # a model tag directory
+        checkpoint_dir, base = path, path.parent.parent
+    else:
+        base = path if any(path.glob("*_checkpoints")) else path.parent
+        checkpoint_dir, args.step = find_nanochat_checkpoint(
+            base, source=args.checkpoint_source, model_tag=args.model_tag, step=args.step
+        )
+    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else base / "tokenizer"
+    if not (tokenizer_dir / "tokenizer.pkl").is_file():
+        raise FileNotFoundError(
+            f"no nanochat tokenizer at {tokenizer_dir / 'tokenizer.pkl'} (pass --tokenizer_dir DIR)"
+        )
+    return load_from_nanochat(checkpoint_dir, tokenizer_dir, step=args.step, trust_pickle=args.trust_pickle)
+
+
+def _demo_model(args: MidTrainingArguments):
+    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+    from nanochat_hf.data import demo_tokenizer
+
+    tokenizer = demo_tokenizer()
+    n_head = max(1, args.demo_n_embd // 64)
+    config = NanoChatGPTConfig(
+        sequence_len=max(args.max_seq_len, 1024), vocab_size=len(tokenizer), n_layer=args.demo_depth, n_head=n_head,
+        n_kv_head=n_head, n_embd=args.demo_n_embd,
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|assistant_end|>"),
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(args.seed)
+    return NanoChatGPTForCausalLM(config), tokenizer
+
+
+def load_model_and_tokenizer(args: MidTrainingArguments):
+    """Build/load the model and tokenizer named by args.model_source; raises one-line errors on bad input."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = args.model_source
+    if source in (None, "", "demo"):
+        model, tokenizer = _demo_model(args)
+    else:
+        path = Path(source).expanduser()
+        if path.is_dir() and (path / "config.json").is_file():
+            if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+                raise FileNotFoundError(f"model_source {path}: no tokenizer in the directory (tokenizer.json expected)")
+            model = AutoModelForCausalLM.from_pretrained(path)
+            tokenizer = AutoTokenizer.from_pretrained(path)
+        elif path.is_dir() and _is_nanochat_dir(path):
+            model, tokenizer = _load_nanochat(path, args)
+        elif path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+            raise ValueError(
+                f"model_source={source!r}: not a Hugging Face model dir (config.json), a nanochat checkpoint dir "
+                "(model_<step>.pt / base_checkpoints/), a hub repo id (user/name), or 'demo'"
+            )
+        else:  # hub repo id
+            try:
+                model = AutoModelForCausalLM.from_pretrained(source)
+                tokenizer = AutoTokenizer.from_pretrained(source)
+            except OSError as e:
+                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+                raise ValueError(f"model_source={source!r}: could not load it from the hub ({first})") from None
+    if tokenizer is None:
+        raise FileNotFoundError(f"model_source={source!r}: no tokenizer found")
+    check_compatible(model, tokenizer, args)
+    return model, tokenizer
+
+
+def check_compatible(model, tokenizer, args: MidTrainingArguments) -> None:
+    vocab = model.config.vocab_size
+    if len(tokenizer) > vocab:
+        raise ValueError(
+            f"vocab mismatch: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}"
+        )
+    missing = [t for t in ("<|bos|>", "<|assistant_start|>", "<|assistant_end|>") if t not in tokenizer.get_vocab()]
+    if missing:
+        raise ValueError(f"tokenizer lacks nanochat's special token(s) {', '.join(missing)}")
+    if args.max_seq_len > model.config.sequence_len:
+        # rotary tables cover sequence_len positions (nanochat precomputes 10x; ours are computed on the fly)
+        model.config.sequence_len = args.max_seq_len

@@ -1,0 +1,111 @@
+"""End-of-run markdown report (config, final metrics, loss/bpb plot) and the model card."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
+    bpbs = [(h["step"], h["eval_val_bpb"]) for h in trainer.state.log_history if "eval_val_bpb" in h]
+    return losses, bpbs
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def plot_curves(trainer, path: Path) -> None:
+    """PNG with the per-step train loss and the val bpb curve."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    losses, bpbs = _history(trainer)
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.5))
+    if losses:
+        ax1.plot(*zip(*losses), lw=1)
+    ax1.set(title="train loss", xlabel="step", ylabel="nats/token")
+    if bpbs:
+        ax2.plot(*zip(*bpbs), marker="o")
+    ax2.set(title="validation bits per byte", xlabel="step", ylabel="bpb")
+    fig.tight_layout()
+    tmp = path.with_name(path.stem + ".tmp.png")
+    fig.savefig(tmp, dpi=100)
+    plt.close(fig)
+    os.replace(tmp, path)
+
+
+def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
+    """report.md + training_curves.png in output_dir; returns the report path."""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    plot_curves(trainer, out / "training_curves.png")
+    a = trainer.args
+    keys = ["model_source", "train_mixture", "val_mixture", "num_iterations", "max_seq_len", "device_batch_size",
+            "total_batch_size", "gradient_accumulation_steps", "matrix_lr", "embedding_lr", "unembedding_lr",
+            "init_lr_frac", "weight_decay", "eval_every", "eval_tokens", "dtype", "bf16", "seed"]
+    lines = ["# nanochat-hf mid-training report", "", "## Config", "", "| argument | value |", "|---|---|"]
+    lines += [f"| {k} | {getattr(a, k)} |" for k in keys]
+    lines += [f"| world_size | {trainer.accelerator.num_processes} |", f"| device | {a.device} |"]
+    lines += ["", "## Final metrics", "", "| metric | value |", "|---|---|"]
+    lines += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
+    lines += ["", "![training curves](training_curves.png)", ""]
+    path = out / "report.md"
+    _atomic_write_text(path, "\n".join(lines))
+    return path
+
+
+def write_model_card(trainer, output_dir: str | os.PathLike) -> Path:
+    a = trainer.args
+    steps = trainer.state.global_step
+    tokens = steps * a.total_batch_size
+    base = a.model_source if a.model_source not in (None, "", "demo") else \
+        f"none: a fresh demo model (depth {a.demo_depth}, width {a.demo_n_embd}) trained from scratch"
+    mixture = a.train_mixture or "the embedded offline demo mixture"
+    bpb = trainer.min_val_bpb
+    bpb_last = next((h["eval_val_bpb"] for h in reversed(trainer.state.log_history) if "eval_val_bpb" in h), None)
+    repo = a.hub_model_id or str(Path(output_dir).resolve())
+    card = f"""---
+library_name: transformers
+pipeline_tag: text-generation
+tags:
+- nanochat
+- mid-training
+---
+
+# {Path(repo).name}
+
+nanochat's GPT, mid-trained with nanochat-hf (nanochat's mid-training recipe on the
+Hugging Face stack: Muon + AdamW, `transformers.Trainer`, Accelerate).
+
+- base model: {base}
+- mixture: {mixture}
+- steps: {steps}, tokens: {tokens:,} ({a.total_batch_size:,} per step, sequence length {a.max_seq_len})
+- final validation bits per byte: {f'{bpb_last:.4f}' if bpb_last is not None else 'n/a'} (minimum {bpb:.4f})
+
+## How to load
+
+```python
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)
+tokenizer = AutoTokenizer.from_pretrained("{repo}")
+messages = [{{"role": "user", "content": "Spell the word: apple"}}]
+ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
+                                    return_tensors="pt")["input_ids"]
+out = model.generate(ids, max_new_tokens=64, do_sample=False)
+print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+```
+
+(`import nanochat_hf` registers the classes, then `trust_remote_code` is not needed.)
+"""
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "README.md"
+    _atomic_write_text(path, card)
+    return path

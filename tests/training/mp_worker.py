@@ -1,0 +1,74 @@
+"""Instrumented mid_train run for the multi-process tests (launched as a script, not collected by pytest).
+
+Writes, per rank, into --output_dir: params.rank{r}.safetensors (final parameters) and grads.rank{r}.safetensors
+(one Muon and one AdamW parameter's gradient just before each optimizer step, i.e. after the backward passes and
+before the optimizer's own reduction; keys "<step>/<name>"). With INTERLEAVE=1 and one process, the train stream
+alternates the micro-batches of ranks 0 and 1 of a 2-process run, so grad accumulation 2 on one process sees the
+same global batch as 2 processes with accumulation 1.
+"""
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import TrainerCallback
+
+from nanochat_hf.data import PackedStream
+from nanochat_hf.training.run import main
+from nanochat_hf.training.trainer import MidTrainer
+
+PROBES = ("transformer.h.0.attn.c_q.weight", "lm_head.weight")
+
+
+class Interleaved:
+    """Micro-batches of ranks 0 and 1 of a 2-process run, alternating (one process)."""
+
+    def __init__(self, token_ds, **kw):
+        self.parts = [PackedStream(token_ds, rank=r, world_size=2, **kw) for r in (0, 1)]
+
+    def num_micro_batches(self):
+        return 2 * self.parts[0].num_micro_batches()
+
+    def state_dict(self):
+        return {"parts": [p.state_dict() for p in self.parts]}
+
+    def load_state_dict(self, state):
+        for p, s in zip(self.parts, state["parts"]):
+            p.load_state_dict(s)
+
+    def __iter__(self):
+        for a, b in zip(*self.parts):
+            yield a
+            yield b
+
+
+class WorkerTrainer(MidTrainer):
+    def make_stream(self, token_ds):
+        if os.environ.get("INTERLEAVE") == "1" and token_ds is self.train_dataset:
+            return Interleaved(token_ds, max_seq_len=self.args.max_seq_len,
+                               device_batch_size=self.args.device_batch_size)
+        return super().make_stream(token_ds)
+
+
+class Probe(TrainerCallback):
+    def __init__(self):
+        self.grads = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        named = dict(model.named_parameters())
+        self.grads.append({n: named[n].grad.detach().clone() for n in PROBES})
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        rank = args.process_index
+        out = Path(args.output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        save_file({n: p.detach().cpu().contiguous() for n, p in model.named_parameters()},
+                  str(out / f"params.rank{rank}.safetensors"))
+        save_file({f"{i}/{n}": g for i, step in enumerate(self.grads) for n, g in step.items()},
+                  str(out / f"grads.rank{rank}.safetensors"))
+
+
+if __name__ == "__main__":
+    torch.use_deterministic_algorithms(False)
+    main(trainer_cls=WorkerTrainer, callbacks=[Probe()])

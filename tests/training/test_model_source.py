@@ -1,0 +1,40 @@
+"""--model_source: a nanochat base directory is converted on the fly (model tag / step as nanochat)."""
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.slow
+
+
+def test_nanochat_checkpoint_source(tmp_path, tiny_args):
+    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+    from nanochat_hf.data import demo_tokenizer
+    from nanochat_hf.tokenizer import save_nanochat_tokenizer
+    from nanochat_hf.training.run import main
+
+    tok = demo_tokenizer()
+    config = NanoChatGPTConfig(vocab_size=len(tok), n_layer=1, n_head=1, n_kv_head=1, n_embd=64, sequence_len=64)
+    torch.manual_seed(1)
+    model = NanoChatGPTForCausalLM(config)
+    torch.nn.init.normal_(model.lm_head.weight, std=0.02)  # a "trained" (non-zero) head
+    base = tmp_path / "nanochat"
+    ckpt = base / "base_checkpoints" / "d1"
+    ckpt.mkdir(parents=True)
+    for step in (3, 7):  # the latest step is the default
+        torch.save({k: v * (step == 7) for k, v in model.state_dict().items()}, ckpt / f"model_{step:06d}.pt")
+        (ckpt / f"meta_{step:06d}.json").write_text(json.dumps({"step": step, "model_config": config.to_nanochat_dict()}))
+    save_nanochat_tokenizer(tok, base / "tokenizer")
+
+    out = tmp_path / "out"
+    argv = [*tiny_args, "--num_iterations", "1", "--spelling_eval_rows", "0", "--output_dir", str(out),
+            "--model_source", str(base), "--trust_pickle", "true",
+            "--matrix_lr", "0", "--embedding_lr", "0", "--unembedding_lr", "0"]  # weights stay as loaded
+    metrics = main(argv)
+    assert metrics["steps"] == 1
+    loaded = NanoChatGPTForCausalLM.from_pretrained(out)
+    assert loaded.config.n_layer == 1 and loaded.config.vocab_size == len(tok)
+    for name, value in model.state_dict().items():  # the latest step (7) was converted, not step 3 (zeros)
+        torch.testing.assert_close(loaded.state_dict()[name], value, msg=name)
+    assert (out / "README.md").read_text().count(str(base)) >= 1  # the card names the base model

@@ -1,0 +1,90 @@
+"""Two gloo processes vs one: same result, gradients reduced once (by the optimizer), resumable."""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+
+WORKER = str(Path(__file__).with_name("mp_worker.py"))
+RUN = ["--model_source", "demo", "--demo_depth", "2", "--demo_n_embd", "64", "--max_seq_len", "64",
+       "--device_batch_size", "2", "--total_batch_size", "256", "--num_iterations", "6", "--save_steps", "3",
+       "--eval_every", "3", "--eval_tokens", "512", "--spelling_eval_rows", "0", "--disable_tqdm", "true",
+       "--num_threads", "1"]  # same kernels (thread count) in both layouts, for bitwise-comparable math
+
+
+def _launch(tmp, out, nproc, extra=(), env=None):
+    import os
+    import subprocess
+
+    from_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
+    port = 29500 + (os.getpid() % 1000) + nproc * 7
+    if nproc > 1:  # accelerate's --cpu launcher needs MPI for several processes; torch.distributed.run does not
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(port), WORKER]
+    else:
+        cmd = [sys.executable, WORKER]
+    proc = subprocess.run([*cmd, *RUN, "--output_dir", str(out), *extra], cwd=tmp, env=from_env,
+                          capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc
+
+
+def _losses(checkpoint: Path):
+    history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
+    return [(h["step"], h["loss"], h["ema_loss"]) for h in history if "loss" in h]
+
+
+@pytest.fixture(scope="module")
+def two_proc(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("mp")
+    proc = _launch(tmp, tmp / "two", 2)
+    return tmp, tmp / "two", proc
+
+
+def test_two_processes_match_one_and_reduce_once(two_proc):
+    tmp, two, proc = two_proc
+    one = tmp / "one"
+    _launch(tmp, one, 1, env={"INTERLEAVE": "1"})
+    p0, p1 = load_file(str(two / "params.rank0.safetensors")), load_file(str(two / "params.rank1.safetensors"))
+    ref = load_file(str(one / "params.rank0.safetensors"))
+    for name in p0:
+        assert torch.equal(p0[name], p1[name]), f"{name} differs between ranks"
+        torch.testing.assert_close(p0[name], ref[name], rtol=1e-4, atol=1e-5, msg=f"{name}: 2 procs != 1 proc")
+    # Before the optimizer step each rank still holds its OWN gradient (DDP did not all-reduce it) ...
+    g0 = load_file(str(two / "grads.rank0.safetensors"))
+    g1 = load_file(str(two / "grads.rank1.safetensors"))
+    g = load_file(str(one / "grads.rank0.safetensors"))
+    assert len(g0) == len(g1) == len(g) == 12  # 6 steps x 2 probed parameters
+    assert not torch.allclose(g0["5/lm_head.weight"], g1["5/lm_head.weight"])
+    assert not torch.allclose(g0["5/transformer.h.0.attn.c_q.weight"], g1["5/transformer.h.0.attn.c_q.weight"])
+    # ... and their average is the single process's accumulated gradient (the optimizer averages them once).
+    for key in g:
+        torch.testing.assert_close((g0[key] + g1[key]) / 2, g[key], rtol=1e-4, atol=1e-6, msg=key)
+    # logged losses agree too
+    l2 = [x[1] for x in _losses(two / "checkpoint-6")]
+    l1 = [x[1] for x in _losses(one / "checkpoint-6")]
+    assert l2 == pytest.approx(l1, rel=1e-5)
+
+
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_resume_reproduces_logged_losses(two_proc, nproc):
+    tmp, two, _ = two_proc
+    if nproc == 1:
+        full = tmp / "full1"
+        _launch(tmp, full, 1)
+    else:
+        full = two
+    resumed = tmp / f"resumed{nproc}"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")  # as if the run died after step 3
+    _launch(tmp, resumed, nproc, ["--resume_from_checkpoint", "true"])
+    assert _losses(resumed / "checkpoint-6") == _losses(full / "checkpoint-6")
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    assert all(torch.equal(a[k], b[k]) for k in a)

@@ -1,0 +1,116 @@
+"""Arguments, schedules, bits per byte, exact match and checkpoint serialisation."""
+
+import math
+import random
+
+import numpy as np
+import pytest
+import torch
+
+from nanochat_hf.training.arguments import parse_args
+from nanochat_hf.training.callbacks import lr_multiplier, muon_momentum
+from nanochat_hf.training.checkpoint_io import (
+    load_optimizer_state,
+    load_rng_state,
+    save_optimizer_state,
+    save_rng_state,
+)
+from nanochat_hf.training.evaluation import ExactMatch, evaluate_bpb
+
+
+def test_yaml_then_cli_override(tmp_path):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model_source: demo\ndevice_batch_size: 4\nmax_seq_len: 128\ntotal_batch_size: 2048\n"
+                   "matrix_lr: 0.01\neval_every: 7\nnum_iterations: 12\n")
+    args = parse_args([str(cfg), "--device_batch_size", "2"])
+    assert (args.device_batch_size, args.max_seq_len, args.matrix_lr) == (2, 128, 0.01)
+    assert args.gradient_accumulation_steps == 2048 // (2 * 128)
+    assert args.per_device_train_batch_size == 2 and args.max_steps == 12 and args.eval_steps == 7
+    assert not args.bf16 and args.save_strategy == "no" and args.max_grad_norm == 0.0
+
+
+def test_nanochat_defaults_with_a_model_source():
+    args = parse_args(["--model_source", "some/repo"])
+    assert (args.device_batch_size, args.max_seq_len, args.total_batch_size) == (32, 2048, 524288)
+    assert (args.matrix_lr, args.embedding_lr, args.unembedding_lr, args.init_lr_frac) == (0.02, 0.2, 0.004, 1.0)
+    assert (args.eval_every, args.eval_tokens, args.num_iterations, args.weight_decay) == (150, 20 * 524288, -1, 0.0)
+    assert args.gradient_accumulation_steps == 8
+
+
+def test_dtype_request_and_dry_run():
+    args = parse_args(["--dtype", "bfloat16", "--dry_run", "true", "--save_steps", "5"])
+    assert args.bf16 and args.save_strategy == "no"
+
+
+@pytest.mark.parametrize("n", [1, 3, 5, 7, 10, 37, 150, 1001])
+def test_wsd_schedule_is_nanochat_multiplier(n):
+    from transformers.optimization import get_wsd_schedule
+
+    p = torch.nn.Parameter(torch.zeros(1))
+    opt = torch.optim.SGD([p], lr=2.0)
+    sched = get_wsd_schedule(opt, num_warmup_steps=0, num_stable_steps=0.8 * n, num_decay_steps=n - 0.8 * n,
+                             decay_type="linear", min_lr_ratio=0.0)
+    for step in range(n):
+        assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * lr_multiplier(step, n), abs=1e-12), step
+        opt.step()
+        sched.step()
+    assert opt.param_groups[0]["lr"] == 0.0  # progress 1.0
+
+
+def test_muon_momentum_warmup():
+    assert muon_momentum(0) == pytest.approx(0.85)
+    assert muon_momentum(150) == pytest.approx(0.90)
+    assert muon_momentum(300) == muon_momentum(5000) == pytest.approx(0.95)
+
+
+class _Fixed(torch.nn.Module):
+    """Per-token loss = the target id itself (nats), so bpb can be computed by hand."""
+
+    def forward(self, input_ids, labels, loss_reduction):
+        tgt = labels[:, 1:]
+        return type("Out", (), {"loss": torch.where(tgt == -100, 0.0, tgt.float())})()
+
+
+def test_bits_per_byte_by_hand():
+    token_bytes = torch.tensor([0, 1, 2, 3])  # token 0 is "special": 0 bytes, its loss is not counted
+    labels = torch.tensor([[1, 2, 0, 3, -100], [3, 3, 1, 2, 0]])
+    bpb = evaluate_bpb(_Fixed(), [{"input_ids": labels.clamp(min=0), "labels": labels}], token_bytes, "cpu")
+    # targets: [2,0,3,-] and [3,1,2,0]: nats of byte-bearing targets 2+3+3+1+2 = 11, bytes 2+3+3+1+2 = 11
+    assert bpb == pytest.approx(11 / (math.log(2) * 11))
+
+
+def test_exact_match_metric():
+    m = ExactMatch()
+    m.add_batch(predictions=["cat:c,a,t ", "dog"], references=["cat:c,a,t", "dog:d,o,g"])
+    assert m.compute()["exact_match"] == 0.5
+
+
+def test_optimizer_state_roundtrip(tmp_path):
+    from nanochat_hf.optim import build_optimizer
+    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+
+    model = NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=64, n_layer=1, n_head=1, n_kv_head=1, n_embd=64))
+    opt = build_optimizer(model)
+    model(input_ids=torch.randint(0, 64, (2, 9)), labels=torch.randint(0, 64, (2, 9))).loss.backward()
+    opt.step()
+    sd = opt.state_dict()
+    save_optimizer_state(sd, tmp_path / "o.safetensors")
+    back = load_optimizer_state(tmp_path / "o.safetensors")
+    assert back["param_groups"] == sd["param_groups"]
+    assert {k: v for k, v in back.items() if k not in ("state", "param_groups")} == \
+        {k: v for k, v in sd.items() if k not in ("state", "param_groups")}
+    for pid, st in sd["state"].items():
+        for key, value in st.items():
+            got = back["state"][pid][key]
+            assert torch.equal(got, value) if torch.is_tensor(value) else got == value
+    opt2 = build_optimizer(model)
+    opt2.load_state_dict(back)
+
+
+def test_rng_roundtrip(tmp_path):
+    save_rng_state(tmp_path, 0)
+    expected = (random.random(), np.random.rand(), torch.rand(3))
+    random.random(), np.random.rand(), torch.rand(3)
+    assert load_rng_state(tmp_path, 0)
+    got = (random.random(), np.random.rand(), torch.rand(3))
+    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
