@@ -8,7 +8,7 @@ import pytest
 from datasets import Dataset
 
 import nanochat_hf.data.tasks as tasks_mod
-from nanochat_hf.data import english_words, load_mixture, loads
+from nanochat_hf.data import demo_words, english_words, load_mixture, loads, word_list
 from nanochat_hf.data.synthetic import simple_spelling, spelling_bee
 from nanochat_hf.tokenizer import render_conversation
 
@@ -113,6 +113,29 @@ def test_word_list():
     words = english_words()
     assert len(words) > 200_000
     assert list(words) == sorted(words) and all(re.fullmatch("[a-z]+", w) for w in words[:: 1000])
+
+
+def test_demo_word_list_is_small_fixed_and_used_by_the_demo_spelling_rows(tmp_path):
+    words = demo_words()
+    assert len(words) == 256 and list(words) == sorted(set(words)) and "apple" in words
+    assert set(words) <= set(english_words()) and all(3 <= len(w) <= 7 for w in words)
+    assert words[:3] == ("abele", "agatine", "ahem")  # fixed draw: same list on every machine
+    assert word_list("full") is english_words()
+    with pytest.raises(ValueError, match=r"unknown word list 'Demo' \(expected one of: full, demo\)"):
+        word_list("Demo")
+    for split, seed in (("train", 7), ("test", 10_000_007)):  # same seed -> same word, drawn from the list
+        word = random.Random(seed).choice(words)
+        assert simple_spelling(7, split, "demo")["messages"][0]["content"] == f"Spell the word: {word}"
+        assert spelling_bee(7, split, "demo")["messages"][1]["content"][1]["text"].startswith(f"'{word}'.count(")
+    path = mixture_file(tmp_path, [{"task": "simple_spelling", "size": 300, "words": "demo"},
+                                   {"task": "spelling_bee", "size": 100, "words": "demo"}])
+    for split in ("train", "val"):
+        drawn = {re.search(r"'([a-z]+)'\.count", c["messages"][1]["content"][1]["text"]).group(1)
+                 if isinstance(c["messages"][1]["content"], list) else c["messages"][1]["content"].split(":")[0]
+                 for c in map(loads, load_mixture(path, split=split))}
+        assert drawn <= set(words) and len(drawn) > 100
+    demo = {loads(r)["messages"][1]["content"].split(":")[0] for r in load_mixture(None, split="spelling_eval")}
+    assert demo <= set(words)  # the demo's held-out rows ask for words its train rows use
 
 
 def test_simple_spelling_format_and_seeds():

@@ -10,17 +10,19 @@ from .mixture import DEMO_MIXTURE, load_mixture, parse_mixture, read_mixture, ta
 from .packing import PackedStream
 from .tasks import TASK_NAMES, TaskSpec, gsm8k_parts, render_mc
 from .tokenization import tokenize_conversations
-from .words import WORD_LIST_NAME, english_words
+from .words import WORD_LIST_NAME, WORD_LISTS, demo_words, english_words, word_list
 
 __all__ = [
     "DEMO_MIXTURE",
     "PackedStream",
     "TASK_NAMES",
     "TaskSpec",
+    "WORD_LISTS",
     "WORD_LIST_NAME",
     "check_messages",
     "conversation_texts",
     "demo_tokenizer",
+    "demo_words",
     "dumps",
     "english_words",
     "gsm8k_parts",
@@ -31,4 +33,5 @@ __all__ = [
     "render_mc",
     "task_sizes",
     "tokenize_conversations",
+    "word_list",
 ]

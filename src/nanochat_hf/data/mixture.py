@@ -11,7 +11,9 @@ A mixture file is either one mixture::
       - {task: simple_spelling, split: train, size: 200000}
 
 or several, keyed by split name (``train: {seed, tasks}``, ``val: {...}``), chosen with ``split``.
-Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config, data_files (see TaskSpec).
+Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config, data_files, words (see TaskSpec).
+``words`` (simple_spelling, spelling_bee): the word list to draw from, "full" (default, nanochat's tasks) or
+"demo" (256 short words, for the offline demo; see words.py).
 In a single-mixture file, a task without ``split`` uses "train" when loading split "train", else "test".
 Relative paths are resolved against the YAML file's folder; ``~`` and ``$VARS`` are expanded.
 
@@ -32,8 +34,9 @@ from typing import Any
 import yaml
 from datasets import Dataset, concatenate_datasets
 
-from .tasks import (FILE_TASKS, HUB_TASKS, SYNTHETIC_TASKS, TASK_NAMES, TaskSpec, canonical_task_name, identity_file,
-                    load_task)
+from .tasks import (FILE_TASKS, HUB_TASKS, SYNTHETIC_TASKS, TASK_NAMES, WORD_TASKS, TaskSpec, canonical_task_name,
+                    identity_file, load_task)
+from .words import WORD_LISTS
 
 logger = logging.getLogger("nanochat_hf.data")
 
@@ -41,25 +44,26 @@ DEFAULT_SEED = 42
 MIXTURE_KEYS = {"seed", "tasks", "name", "description"}
 TASK_KEYS = {f.name for f in dataclasses.fields(TaskSpec)}
 
-# The offline demo: everything generated or shipped, nothing downloaded. ~15K train conversations.
+# The offline demo: everything generated or shipped, nothing downloaded. ~17K train conversations. The spelling
+# tasks draw from the small `demo` word list (words.py), so held-out rows ask for words the tiny model has seen.
 DEMO_MIXTURE: dict[str, Any] = {
     "name": "offline demo mixture",
     "train": {"seed": DEFAULT_SEED, "tasks": [
-        {"task": "simple_spelling", "split": "train", "size": 5000},
-        {"task": "spelling_bee", "split": "train", "size": 3000},
+        {"task": "simple_spelling", "split": "train", "size": 8000, "words": "demo"},
+        {"task": "spelling_bee", "split": "train", "size": 3000, "words": "demo"},
         {"task": "arithmetic", "split": "train", "size": 3000},
         {"task": "multiple_choice", "split": "train", "size": 3000},
         {"task": "demo_identity", "repeat": 8},
     ]},
     "val": {"seed": DEFAULT_SEED, "tasks": [
-        {"task": "simple_spelling", "split": "test", "size": 100},
-        {"task": "spelling_bee", "split": "test", "size": 100},
+        {"task": "simple_spelling", "split": "test", "size": 100, "words": "demo"},
+        {"task": "spelling_bee", "split": "test", "size": 100, "words": "demo"},
         {"task": "arithmetic", "split": "test", "size": 100},
         {"task": "multiple_choice", "split": "test", "size": 100},
     ]},
     # held-out SimpleSpelling rows (test seeds, disjoint from val's) for exact-match accuracy
     "spelling_eval": {"seed": DEFAULT_SEED, "tasks": [
-        {"task": "simple_spelling", "split": "test", "start": 1000, "size": 1200},
+        {"task": "simple_spelling", "split": "test", "start": 1000, "size": 1200, "words": "demo"},
     ]},
 }
 
@@ -93,6 +97,10 @@ def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSp
         raise ValueError(f"{where}: synthetic task needs 'size' (number of rows)")
     if task not in SYNTHETIC_TASKS and spec.size is not None:
         raise ValueError(f"{where}: 'size' only applies to synthetic tasks ({', '.join(SYNTHETIC_TASKS)})")
+    if spec.words is not None and task not in WORD_TASKS:
+        raise ValueError(f"{where}: 'words' only applies to {', '.join(WORD_TASKS)}")
+    if spec.words is not None and spec.words not in WORD_LISTS:
+        raise ValueError(f"{where}: unknown word list {spec.words!r} (expected one of: {', '.join(WORD_LISTS)})")
     if spec.data_files and task not in HUB_TASKS:
         raise ValueError(f"{where}: 'data_files' only applies to hub tasks ({', '.join(HUB_TASKS)})")
     files = [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files or [])

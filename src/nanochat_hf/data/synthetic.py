@@ -1,7 +1,8 @@
 """Synthetic tasks, each row generated from its own seeded RNG (seed = index for train, 10_000_000 + index
 otherwise), so any row can be produced alone and every machine produces the same rows.
 
-- SimpleSpelling and SpellingBee: spec section 4.
+- SimpleSpelling and SpellingBee: spec section 4; ``words`` names the word list (words.py: "full", the
+  default, or the offline demo's small "demo" list).
 - Arithmetic word problems in GSM8K's row format (question, answer with ``<<expr=result>>`` calculator
   annotations and ``#### N``) and multiple-choice questions in MMLU's row format (question, choices, answer);
   they are converted to conversations by the same code as the real GSM8K / MMLU rows. Used by the offline demo.
@@ -12,7 +13,7 @@ from __future__ import annotations
 import random
 import string
 
-from .words import english_words
+from .words import english_words, word_list
 
 TEST_SEED_OFFSET = 10_000_000
 
@@ -24,9 +25,9 @@ def row_seed(index: int, split: str) -> int:
 # ---------------------------------------------------------------- spelling
 
 
-def simple_spelling(index: int, split: str) -> dict:
+def simple_spelling(index: int, split: str, words: str = "full") -> dict:
     rng = random.Random(row_seed(index, split))
-    word = rng.choice(english_words())
+    word = rng.choice(word_list(words))
     return {"messages": [
         {"role": "user", "content": f"Spell the word: {word}"},
         {"role": "assistant", "content": f"{word}:{','.join(word)}"},
@@ -62,9 +63,9 @@ _BEE_PROMPTS = (
 )
 
 
-def spelling_bee(index: int, split: str) -> dict:
+def spelling_bee(index: int, split: str, words: str = "full") -> dict:
     rng = random.Random(row_seed(index, split))
-    word = rng.choice(english_words())
+    word = rng.choice(word_list(words))
     letter = rng.choice(word) if rng.random() < 0.9 else rng.choice(string.ascii_lowercase)
     count = word.count(letter)
     template = rng.choice(_BEE_PROMPTS)

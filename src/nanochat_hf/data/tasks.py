@@ -111,6 +111,7 @@ SYNTHETIC_TASKS: dict[str, Callable[[int, str], dict]] = {  # (index, split) -> 
     "arithmetic": arithmetic_conversation,
     "multiple_choice": multiple_choice_conversation,
 }
+WORD_TASKS = ("simple_spelling", "spelling_bee")  # synthetic tasks that take a `words` list
 FILE_TASKS = ("identity", "demo_identity")  # JSONL, one JSON array of messages per line
 ALIASES = {"customjson": "identity"}  # nanochat's class name for the identity task
 TASK_NAMES = sorted([*HUB_TASKS, *SYNTHETIC_TASKS, *FILE_TASKS])
@@ -145,6 +146,7 @@ class TaskSpec:
     path: str | None = None  # hub dataset name / local dataset folder / identity JSONL file
     config: str | None = None  # hub dataset config ("auxiliary_train", "all", "main")
     data_files: list[str] = field(default_factory=list)  # local json/jsonl/parquet files (hub tasks)
+    words: str | None = None  # spelling tasks: word list name (words.py; None = "full")
 
     @property
     def label(self) -> str:
@@ -241,7 +243,8 @@ def _load_jsonl(spec: TaskSpec) -> TaskResult:
 def _load_synthetic(spec: TaskSpec) -> TaskResult:
     generate = SYNTHETIC_TASKS[spec.task]
     rows = _slice(spec.size, spec)
-    convs = [dumps(generate(i, spec.split)) for i in rows]
+    kwargs = {"words": spec.words} if spec.words else {}
+    convs = [dumps(generate(i, spec.split, **kwargs)) for i in rows]
     ds = Dataset.from_dict({"conversation": convs, "task": [spec.task] * len(convs)})
     return TaskResult(ds, f"synthetic {spec.split} seeds", [])
 

@@ -41,11 +41,14 @@ def setup(argv: list[str] | None = None):
     return args, model, tokenizer, train_tokens, val_tokens
 
 
-def spelling_conversations(n: int) -> list[dict]:
-    """Held-out SimpleSpelling rows (test-split seeds, never in the train mixture)."""
+def spelling_conversations(n: int, demo: bool = True) -> list[dict]:
+    """Held-out SimpleSpelling rows (test-split seeds 1000.., never in the train mixture): the demo mixture's
+    `spelling_eval` rows (its small word list) for the demo, else the same seeds on the full word list."""
+    from nanochat_hf.data import DEMO_MIXTURE
     from nanochat_hf.data.synthetic import simple_spelling
 
-    return [simple_spelling(1000 + i, "test") for i in range(n)]  # the demo mixture's spelling_eval rows
+    words = DEMO_MIXTURE["spelling_eval"]["tasks"][0]["words"] if demo else "full"
+    return [simple_spelling(1000 + i, "test", words) for i in range(n)]
 
 
 def main(argv: list[str] | None = None, trainer_cls=None, callbacks: list | None = None) -> dict:
@@ -99,7 +102,7 @@ def main(argv: list[str] | None = None, trainer_cls=None, callbacks: list | None
         with torch.no_grad():  # Accelerate's autocast is part of the prepared model's forward
             if args.spelling_eval_rows > 0:
                 metrics["spelling_exact_match"] = exact_match_accuracy(
-                    unwrapped, tokenizer, spelling_conversations(args.spelling_eval_rows)
+                    unwrapped, tokenizer, spelling_conversations(args.spelling_eval_rows, demo=args.val_mixture is None)
                 )
             conv = {"messages": [{"role": "user", "content": args.sample_prompt}]}
             sample = format_parts(generate_reply(unwrapped, tokenizer, conv, max_new_tokens=64)["parts"])
