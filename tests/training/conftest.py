@@ -163,27 +163,13 @@ def hub_server():
         thread.join(timeout=10)
 
 
-def run_script(args: list[str], tmp_path: Path, nproc: int = 1, env: dict | None = None, timeout: int = 240):
-    """Run scripts/mid_train.py (through `accelerate launch` when nproc > 1); returns CompletedProcess."""
+def run_script(args: list[str], tmp_path: Path, env: dict | None = None, timeout: int = 240):
+    """Run scripts/mid_train.py in a fresh single process; returns CompletedProcess."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                 "NANOCHAT_HF_CACHE": os.environ.get("NANOCHAT_HF_CACHE", str(Path.home() / ".cache" / "nanochat_hf")),
                 **(env or {})}
-    script = str(REPO_ROOT / "scripts" / "mid_train.py")
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no", "--main_process_port",
-               str(_free_port()), script, *args]
-    else:
-        cmd = [sys.executable, script, *args]
+    cmd = [sys.executable, str(REPO_ROOT / "scripts" / "mid_train.py"), *args]
     return subprocess.run(cmd, cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=timeout)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
