@@ -24,7 +24,8 @@ def evaluate_bpb(
     non-ignored targets; both sums are all-reduced across processes so every rank returns the same number.
     """
     token_bytes = token_bytes.to(device)
-    nats = torch.zeros((), dtype=torch.float64, device=device)
+    # float32 accumulator, as nanochat: MPS has no float64
+    nats = torch.zeros((), dtype=torch.float32, device=device)
     nbytes = torch.zeros((), dtype=torch.int64, device=device)
     was_training = model.training
     model.eval()
@@ -35,7 +36,7 @@ def evaluate_bpb(
         targets = labels[:, 1:]
         valid = targets != -100
         nb = torch.where(valid, token_bytes[targets.clamp(min=0)], 0)
-        nats += (loss.float() * (nb > 0)).sum().double()
+        nats += (loss.float() * (nb > 0)).sum()
         nbytes += nb.sum()
     model.train(was_training)
     if dist.is_available() and dist.is_initialized():
