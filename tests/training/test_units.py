@@ -64,19 +64,20 @@ def test_muon_momentum_warmup():
 
 
 class _Fixed(torch.nn.Module):
-    """Per-token loss = the target id itself (nats), so bpb can be computed by hand."""
+    """Per-token loss = target id + 1 (nats; non-zero for the special token too), so bpb is computable by hand."""
 
     def forward(self, input_ids, labels, loss_reduction):
         tgt = labels[:, 1:]
-        return type("Out", (), {"loss": torch.where(tgt == -100, 0.0, tgt.float())})()
+        return type("Out", (), {"loss": torch.where(tgt == -100, 0.0, tgt.float() + 1)})()
 
 
 def test_bits_per_byte_by_hand():
     token_bytes = torch.tensor([0, 1, 2, 3])  # token 0 is "special": 0 bytes, its loss is not counted
     labels = torch.tensor([[1, 2, 0, 3, -100], [3, 3, 1, 2, 0]])
     bpb = evaluate_bpb(_Fixed(), [{"input_ids": labels.clamp(min=0), "labels": labels}], token_bytes, "cpu")
-    # targets: [2,0,3,-] and [3,1,2,0]: nats of byte-bearing targets 2+3+3+1+2 = 11, bytes 2+3+3+1+2 = 11
-    assert bpb == pytest.approx(11 / (math.log(2) * 11))
+    # targets: [2,0,3,-] and [3,1,2,0]: nats of byte-bearing targets 3+4+4+2+3 = 16 (the two 0s excluded),
+    # bytes 2+3+3+1+2 = 11
+    assert bpb == pytest.approx(16 / (math.log(2) * 11))
 
 
 def test_exact_match_metric():
