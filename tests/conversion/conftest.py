@@ -51,7 +51,8 @@ def write_tokenizer(directory: Path, vocab_size: int) -> tiktoken.Encoding:
     with open(directory / "tokenizer.pkl", "wb") as f:
         pickle.dump(enc, f)
     special_ids = set(enc._special_tokens.values())
-    lengths = [0 if i in special_ids else len(enc.decode_single_token_bytes(i)) for i in range(enc.n_vocab)]
+    # tok_train.py's counts: UTF-8 length of the DECODED token (a lone byte 0x80-0xFF decodes to U+FFFD: 3 bytes)
+    lengths = [0 if i in special_ids else len(enc.decode([i]).encode("utf-8")) for i in range(enc.n_vocab)]
     torch.save(torch.tensor(lengths, dtype=torch.int32), directory / "token_bytes.pt")
     return enc
 

@@ -100,7 +100,8 @@ def hand_bpe_ranks(texts: list[str], n_merges: int) -> dict[bytes, int]:
 
 @pytest.fixture(scope="session")
 def tiktoken_encoding(corpus):
-    """A nanochat-like tiktoken.Encoding: hand-trained ranks, the nine specials after them."""
+    """A tiktoken.Encoding laid out as tok_train.py's: ids 0-255 are the 256 single bytes (0x80-0xFF included), then
+    merges hand-trained on the Unicode-heavy corpus, then the nine specials."""
     tiktoken = pytest.importorskip("tiktoken")
     ranks = hand_bpe_ranks(corpus, 300)
     specials = {name: len(ranks) + i for i, name in enumerate(SPECIAL_TOKENS)}
@@ -116,9 +117,11 @@ def nanochat_tokenizer_dir(tmp_path, tiktoken_encoding):
     d.mkdir()
     with open(d / "tokenizer.pkl", "wb") as f:
         pickle.dump(tiktoken_encoding, f)
+    # as tok_train.py: UTF-8 length of each token's decoded string (tiktoken's decode replaces invalid UTF-8 with
+    # U+FFFD: a lone byte 0x80-0xFF counts 3), 0 for the specials
     special_ids = set(tiktoken_encoding._special_tokens.values())
     sizes = [
-        0 if i in special_ids else len(tiktoken_encoding.decode_single_token_bytes(i))
+        0 if i in special_ids else len(tiktoken_encoding.decode([i]).encode("utf-8"))
         for i in range(tiktoken_encoding.n_vocab)
     ]
     torch.save(torch.tensor(sizes, dtype=torch.int32), d / "token_bytes.pt")

@@ -1,5 +1,6 @@
 """nanochat's tokenizer directory (tokenizer.pkl + token_bytes.pt): opt-in, conversion with tiktoken's ids."""
 
+import math
 import os
 import pickle
 
@@ -14,6 +15,7 @@ from nanochat_hf.tokenizer import (
     save_nanochat_tokenizer,
     token_bytes,
 )
+from nanochat_hf.training.evaluation import evaluate_bpb
 
 tiktoken = pytest.importorskip("tiktoken")
 
@@ -92,7 +94,12 @@ def test_save_nanochat_roundtrip(tok, tmp_path, samples):
     back = load_nanochat_tokenizer(tmp_path, trust_pickle=True)
     for text in samples:
         assert enc.encode_ordinary(text) == tok.encode(text) == back.encode(text)
-    assert torch.load(tmp_path / "token_bytes.pt", weights_only=True).dtype == torch.int32
+    written = torch.load(tmp_path / "token_bytes.pt", weights_only=True)
+    assert written.dtype == torch.int32
+    # the counts tok_train.py would write for this Encoding
+    specials = set(enc._special_tokens.values())
+    expected = [0 if i in specials else len(enc.decode([i]).encode("utf-8")) for i in range(enc.n_vocab)]
+    assert written.tolist() == expected
 
 
 def test_missing_token_bytes_warns(nanochat_tokenizer_dir, tiktoken_encoding):
@@ -100,3 +107,38 @@ def test_missing_token_bytes_warns(nanochat_tokenizer_dir, tiktoken_encoding):
     with pytest.warns(UserWarning, match="token_bytes.pt not found"):
         tok = load_nanochat_tokenizer(nanochat_tokenizer_dir, trust_pickle=True)
     assert tok.encode("hello world") == tiktoken_encoding.encode_ordinary("hello world")
+
+
+def test_token_bytes_equal_the_real_layout_file(nanochat_tokenizer_dir, tiktoken_encoding):
+    # the fixture has the 128 byte tokens 0x80-0xFF and merges that cut multi-byte characters: nanochat counts
+    # each U+FFFD of their decoded string as 3 bytes, so raw byte lengths differ on all of them
+    expected = torch.load(nanochat_tokenizer_dir / "token_bytes.pt", weights_only=True)
+    raw = [len(tiktoken_encoding.decode_single_token_bytes(i)) for i in range(256, len(expected) - 9)]
+    assert expected[128:256].tolist() == [3] * 128
+    assert sum(r != int(e) for r, e in zip(raw, expected[256:-9])) > 20
+    tok = load_nanochat_tokenizer(nanochat_tokenizer_dir, trust_pickle=True)  # accepts the file
+    assert torch.equal(token_bytes(tok), expected.long())
+
+
+class _LossIsIdMod7(torch.nn.Module):
+    """Per-token loss (nats) = 1 + target id mod 7, so bits per byte can be worked out by hand."""
+
+    def forward(self, input_ids, labels, loss_reduction):
+        tgt = labels[:, 1:]
+        return type("Out", (), {"loss": torch.where(tgt == -100, 0.0, 1.0 + tgt.float() % 7)})()
+
+
+def test_bits_per_byte_on_unicode_text_uses_decoded_counts(nanochat_tokenizer_dir, tiktoken_encoding, samples):
+    tok = load_nanochat_tokenizer(nanochat_tokenizer_dir, trust_pickle=True)
+    enc = tiktoken_encoding
+    text = "\n".join(samples[3:6])  # CJK, emoji, accented and non-Latin scripts
+    ids = [enc.encode_single_token("<|bos|>")] + enc.encode_ordinary(text)
+    labels = torch.tensor([ids])
+    bpb = evaluate_bpb(_LossIsIdMod7(), [{"input_ids": labels, "labels": labels}], token_bytes(tok), "cpu")
+    # by hand: targets are ids[1:]; each counts the UTF-8 length of its own decoded string
+    nats = sum(1 + t % 7 for t in ids[1:])
+    nbytes = sum(len(enc.decode([t]).encode("utf-8")) for t in ids[1:])
+    assert bpb == pytest.approx(nats / (math.log(2) * nbytes), rel=1e-6)
+    # with raw byte lengths (the text's UTF-8 length) the number would be visibly different
+    assert nbytes != len(text.encode("utf-8"))
+    assert abs(bpb - nats / (math.log(2) * len(text.encode("utf-8")))) > 0.01 * bpb

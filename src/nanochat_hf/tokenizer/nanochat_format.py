@@ -129,7 +129,10 @@ def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool
         raise ValueError(f"{tb_path}: expected a tensor of shape ({len(ours)},) for the vocab, got {shape}")
     if not torch.equal(expected.long(), ours):
         bad = int((expected.long() != ours).nonzero()[0, 0])
-        raise ValueError(f"{tb_path}: token {bad} has {int(expected[bad])} bytes, tokenizer.pkl says {int(ours[bad])}")
+        raise ValueError(
+            f"{tb_path}: token {bad} has {int(expected[bad])} bytes, but its decoded string in tokenizer.pkl has "
+            f"{int(ours[bad])} UTF-8 bytes"
+        )
     return tokenizer
 
 

@@ -145,7 +145,12 @@ def _special_ids(tokenizer: PreTrainedTokenizerFast) -> set[int]:
 
 
 def token_bytes(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
-    """int64 tensor, one entry per token id: the number of UTF-8 bytes the token decodes to, 0 for specials."""
+    """int64 tensor, one entry per token id: the UTF-8 length of the token decoded on its own, 0 for specials.
+
+    As nanochat counts them: a token whose bytes are not valid UTF-8 alone (e.g. the single bytes 0x80-0xFF, or
+    half of a multi-byte character) decodes with U+FFFD replacements, 3 bytes each. So the counts of a text's
+    tokens need not add up to the text's UTF-8 length; bits per byte uses these counts to equal nanochat's.
+    """
     special = _special_ids(tokenizer)
     added = tokenizer.added_tokens_decoder
     vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
@@ -153,10 +158,9 @@ def token_bytes(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
     for token, idx in vocab.items():
         if idx in special:
             continue
-        if idx in added:  # a non-special added token is plain text, not byte-level encoded
-            sizes[idx] = len(token.encode("utf-8"))
-        else:
-            sizes[idx] = len(token)  # byte-level vocab: one char per byte
+        # a non-special added token is plain text; the rest of the vocab is byte-level encoded
+        text = token if idx in added else token_to_bytes(token).decode("utf-8", errors="replace")
+        sizes[idx] = len(text.encode("utf-8"))
     return sizes
 
 
