@@ -3,6 +3,7 @@
 import json
 import random
 import re
+import string
 
 import pytest
 from datasets import Dataset
@@ -123,10 +124,11 @@ def test_demo_word_list_is_small_fixed_and_used_by_the_demo_spelling_rows(tmp_pa
     assert word_list("full") is english_words()
     with pytest.raises(ValueError, match=r"unknown word list 'Demo' \(expected one of: full, demo\)"):
         word_list("Demo")
-    for split, seed in (("train", 7), ("test", 10_000_007)):  # same seed -> same word, drawn from the list
-        word = random.Random(seed).choice(words)
-        assert simple_spelling(7, split, "demo")["messages"][0]["content"] == f"Spell the word: {word}"
-        assert spelling_bee(7, split, "demo")["messages"][1]["content"][1]["text"].startswith(f"'{word}'.count(")
+    for split in ("train", "test"):  # same seed -> same draw as nanochat's, from the demo list
+        assert simple_spelling(7, split, "demo") == reference_simple_spelling(reference_simple_spelling_words(words), 7,
+                                                                              split)
+        word, letter, _ = reference_spelling_bee_draw(words, 7, split)
+        assert spelling_bee(7, split, "demo")["messages"][1]["content"][1]["text"] == f"'{word}'.count('{letter}')"
     path = mixture_file(tmp_path, [{"task": "simple_spelling", "size": 300, "words": "demo"},
                                    {"task": "spelling_bee", "size": 100, "words": "demo"}])
     for split in ("train", "val"):
@@ -138,12 +140,49 @@ def test_demo_word_list_is_small_fixed_and_used_by_the_demo_spelling_rows(tmp_pa
     assert demo <= set(words)  # the demo's held-out rows ask for words its train rows use
 
 
-def test_simple_spelling_format_and_seeds():
-    for split, seed in (("train", 7), ("test", 10_000_007)):
-        word = random.Random(seed).choice(english_words())
-        assert simple_spelling(7, split)["messages"] == [
-            {"role": "user", "content": f"Spell the word: {word}"},
-            {"role": "assistant", "content": f"{word}:{','.join(word)}"}]
+def reference_simple_spelling_words(words) -> list[str]:
+    """nanochat's SimpleSpelling word order, written from its description: a copy shuffled once, Random(42)."""
+    shuffled = list(words)
+    random.Random(42).shuffle(shuffled)
+    return shuffled
+
+
+def reference_simple_spelling(shuffled, index: int, split: str) -> dict:
+    """nanochat's SimpleSpelling row: one rng.choice from random.Random(index), or 10_000_000 + index off train."""
+    word = random.Random(index if split == "train" else 10_000_000 + index).choice(shuffled)
+    return {"messages": [{"role": "user", "content": f"Spell the word: {word}"},
+                         {"role": "assistant", "content": f"{word}:{','.join(word)}"}]}
+
+
+def reference_spelling_bee_draw(words, index: int, split: str) -> tuple[str, str, int]:
+    """nanochat's SpellingBee (word, letter, count): the list as read; the letter is one of the word's with
+    probability 0.9, else any lower-case letter."""
+    rng = random.Random(index if split == "train" else 10_000_000 + index)
+    word = rng.choice(words)
+    letter = rng.choice(word) if rng.random() < 0.9 else rng.choice(string.ascii_lowercase)
+    return word, letter, word.count(letter)
+
+
+def test_simple_spelling_rows_equal_nanochats():
+    words = english_words()
+    shuffled = reference_simple_spelling_words(words)
+    for split in ("train", "test"):
+        ours = [simple_spelling(i, split) for i in range(150)]
+        assert ours == [reference_simple_spelling(shuffled, i, split) for i in range(150)]
+    assert english_words() == tuple(sorted(words))  # the shuffle works on a copy: SpellingBee's order is kept
+    # the shuffle matters: without it, (almost) every row would ask for another word
+    unshuffled = [random.Random(i).choice(words) for i in range(150)]
+    assert sum(simple_spelling(i, "train")["messages"][0]["content"] == f"Spell the word: {w}"
+               for i, w in enumerate(unshuffled)) < 5
+
+
+def test_spelling_bee_draws_nanochats_word_letter_and_count():
+    words = english_words()
+    for split in ("train", "test"):
+        for i in range(150):
+            word, letter, count = reference_spelling_bee_draw(words, i, split)
+            parts = spelling_bee(i, split)["messages"][1]["content"]
+            assert parts[1]["text"] == f"'{word}'.count('{letter}')" and parts[2]["text"] == str(count)
 
 
 def test_spelling_bee_counts_and_final_answer():

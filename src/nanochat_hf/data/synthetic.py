@@ -13,7 +13,7 @@ from __future__ import annotations
 import random
 import string
 
-from .words import english_words, word_list
+from .words import english_words, shuffled_word_list, word_list
 
 TEST_SEED_OFFSET = 10_000_000
 
@@ -27,7 +27,7 @@ def row_seed(index: int, split: str) -> int:
 
 def simple_spelling(index: int, split: str, words: str = "full") -> dict:
     rng = random.Random(row_seed(index, split))
-    word = rng.choice(word_list(words))
+    word = rng.choice(shuffled_word_list(words))  # the list shuffled once with seed 42, as nanochat
     return {"messages": [
         {"role": "user", "content": f"Spell the word: {word}"},
         {"role": "assistant", "content": f"{word}:{','.join(word)}"},

@@ -11,6 +11,9 @@ word about once and cannot spell unseen ones. The words of 3-7 letters found in 
 prompt's word); sorted. Train and held-out rows (different seeds) draw from the same list, as nanochat's
 train and test rows share one list.
 
+SimpleSpelling draws from a copy shuffled once with ``random.Random(42)`` (`shuffled_word_list`), SpellingBee
+from the list as read, as nanochat's two tasks do.
+
 Select a list per task in a mixture YAML with ``words: demo`` (simple_spelling and spelling_bee only).
 """
 
@@ -49,3 +52,12 @@ def word_list(name: str = "full") -> tuple[str, ...]:
     if name not in WORD_LISTS:
         raise ValueError(f"unknown word list {name!r} (expected one of: {', '.join(WORD_LISTS)})")
     return WORD_LISTS[name]()
+
+
+@functools.lru_cache(maxsize=None)
+def shuffled_word_list(name: str = "full") -> tuple[str, ...]:
+    """A copy of `word_list(name)` shuffled once with `random.Random(42).shuffle`: SimpleSpelling's word order
+    (SpellingBee draws from the list as read)."""
+    words = list(word_list(name))
+    random.Random(42).shuffle(words)
+    return tuple(words)
