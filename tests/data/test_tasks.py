@@ -207,3 +207,65 @@ def test_spelling_bee_counts_and_final_answer():
             assert [int(h) for h in hits] == list(range(1, count + 1))
     assert len(prompts) > 250
     assert sum(any(ord(c) > 127 for c in p) for p in prompts) > 20  # several languages
+
+
+def _hub_rows(task: str, n: int) -> list[dict]:
+    """n distinct rows in the hub dataset's column layout."""
+    if task == "mmlu":  # auxiliary_train wraps every row in a `train` column
+        return [{"train": {"question": f"Question {i}?", "subject": "", "choices": ["a", "b", "c", "d"],
+                           "answer": i % 4}} for i in range(n)]
+    if task == "gsm8k":
+        return [{"question": f"What is {i} plus 1?", "answer": f"{i}+1=<<{i}+1={i + 1}>>{i + 1}\n#### {i + 1}"}
+                for i in range(n)]
+    return [{"messages": [{"role": "user", "content": f"Message {i}"}, {"role": "assistant", "content": "ok"}],
+             "source": "fixture"} for i in range(n)]
+
+
+def _row_key(task: str, row: dict) -> str:
+    """The source row's identifying text: the question / first user message."""
+    return row["train"]["question"] if task == "mmlu" else row["question"] if task == "gsm8k" else \
+        row["messages"][0]["content"]
+
+
+def _conversation_key(task: str, conversation: dict) -> str:
+    user = conversation["messages"][0]["content"]
+    return re.match(r"Multiple Choice question: (.*)\n", user).group(1) if task == "mmlu" else user
+
+
+@pytest.mark.parametrize("task,ext", [("mmlu", "jsonl"), ("gsm8k", "parquet"), ("smoltalk", "parquet")])
+def test_hub_tasks_slice_the_rows_shuffled_with_seed_42(tmp_path, hf_cache, fx, task, ext):
+    rows = _hub_rows(task, 60)
+    f = tmp_path / f"rows.{ext}"
+    fx.write_jsonl(f, rows) if ext == "jsonl" else Dataset.from_list(rows).to_parquet(str(f))
+    spec = tasks_mod.TaskSpec(task=task, split="test", start=5, stop=25, data_files=[str(f)])
+    got = [_conversation_key(task, loads(r)) for r in tasks_mod.load_task(spec, cache_dir=hf_cache).dataset]
+    # nanochat: rows shuffled right after loading, start/stop slice the shuffled rows (in that order)
+    expected = [_row_key(task, r) for r in Dataset.from_list(rows).shuffle(seed=42).select(range(5, 25))]
+    assert got == expected
+    assert set(got) != {_row_key(task, r) for r in rows[5:25]}
+    # through a mixture: the same rows (the mixture then shuffles all tasks together)
+    path = mixture_file(tmp_path, [{"task": task, "split": "test", "start": 5, "stop": 25, "data_files": [str(f)]}])
+    assert sorted(_conversation_key(task, loads(r)) for r in load_mixture(path, split="val", cache_dir=hf_cache)) \
+        == sorted(expected)
+
+
+def test_skipped_hub_rows_are_named_by_their_row_in_the_file(tmp_path, hf_cache, fx):
+    rows = _hub_rows("smoltalk", 30)
+    for i in (3, 17):
+        rows[i] = {"messages": [{"role": "user", "content": f"Message {i}"}], "source": "fixture"}  # no answer
+    f = fx.write_jsonl(tmp_path / "smol.jsonl", rows)
+    result = tasks_mod.load_task(tasks_mod.TaskSpec(task="smoltalk", data_files=[str(f)]), cache_dir=hf_cache)
+    assert [row for row, _ in result.bad] == [3, 17] and len(result.dataset) == 28
+
+
+def test_gsm8k_keeps_empty_text_parts():
+    parts = tasks_mod.gsm8k_parts("<<2+3=5>>5 apples, <<5*2=10>><<10-1=9>>9 left\n#### 9")
+    assert parts == [
+        {"type": "text", "text": ""},
+        {"type": "python", "text": "2+3"}, {"type": "python_output", "text": "5"},
+        {"type": "text", "text": "5 apples, "},
+        {"type": "python", "text": "5*2"}, {"type": "python_output", "text": "10"},
+        {"type": "text", "text": ""},
+        {"type": "python", "text": "10-1"}, {"type": "python_output", "text": "9"},
+        {"type": "text", "text": "9 left\n#### 9"},
+    ]

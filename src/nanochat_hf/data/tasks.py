@@ -2,8 +2,10 @@
 
 Hub-backed tasks (SmolTalk, MMLU, GSM8K) load through ``datasets.load_dataset`` with the real dataset name, or,
 with ``data_files`` (json / jsonl / parquet in the hub dataset's column layout) or ``path`` (a local dataset
-folder), from local files; the rows then go through the same conversion either way. Malformed rows are
-skipped and reported by the mixture loader (or raise with ``strict``).
+folder), from local files; the rows then go through the same conversion either way. Right after loading, the
+rows are shuffled with ``Dataset.shuffle(seed=42)``, as nanochat's tasks do, so ``start``/``stop`` select the
+same rows as nanochat's (e.g. the first 5200 of MMLU test). Malformed rows are skipped and reported by the
+mixture loader (or raise with ``strict``), by their row number in the source.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from . import synthetic
 from .conversation import check_messages, dumps
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-CONVERT_VERSION = 1
+CONVERT_VERSION = 2  # feeds the datasets cache fingerprint of the conversion: bump when a converter changes
+HUB_SHUFFLE_SEED = 42  # hub-backed tasks are shuffled with this seed right after loading
+_SOURCE_ROW = "__source_row__"  # row number in the source, kept through the shuffle for error messages
 DEMO_IDENTITY_FILE = Path(__file__).with_name("identity_demo.jsonl")
 
 
@@ -47,24 +51,26 @@ def mmlu_conversation(row: dict) -> dict:
     ]}
 
 
-_CALC = re.compile(r"<<([^>]*)>>")
+_CALC = re.compile(r"<<([^>]+)>>")
 
 
 def gsm8k_parts(answer: str) -> list[dict]:
-    """GSM8K answer -> assistant parts: `<<expr=result>>` becomes python(expr) + python_output(result)."""
+    """GSM8K answer -> assistant parts: `<<expr=result>>` becomes python(expr) + python_output(result).
+
+    Every annotation has a text part before it and the answer a text part after the last one, empty ones
+    included (before a leading annotation, between two adjacent ones), as nanochat's conversations have.
+    """
     parts: list[dict] = []
     pos = 0
     for m in _CALC.finditer(answer):
-        if m.start() > pos:
-            parts.append({"type": "text", "text": answer[pos:m.start()]})
+        parts.append({"type": "text", "text": answer[pos:m.start()]})
         expr, _, result = m.group(1).rpartition("=")
         if not _:  # no '=': the whole annotation is the expression
             expr, result = m.group(1), ""
         parts.append({"type": "python", "text": expr})
         parts.append({"type": "python_output", "text": result})
         pos = m.end()
-    if pos < len(answer):
-        parts.append({"type": "text", "text": answer[pos:]})
+    parts.append({"type": "text", "text": answer[pos:]})
     return parts
 
 
@@ -168,7 +174,7 @@ def _convert_batch(batch: dict, indices: list[int], task: str, version: int) -> 
     convert = HUB_TASKS[task].convert
     out = {"conversation": [], "task": [], "error": []}
     for i in range(len(indices)):
-        row = {k: v[i] for k, v in batch.items()}
+        row = {k: v[i] for k, v in batch.items() if k != _SOURCE_ROW}
         try:
             conversation = convert(row)
             reason = check_messages(conversation["messages"])
@@ -180,9 +186,10 @@ def _convert_batch(batch: dict, indices: list[int], task: str, version: int) -> 
     return out
 
 
-def _split_errors(ds: Dataset, offset: int) -> tuple[Dataset, list[tuple[int, str]]]:
+def _split_errors(ds: Dataset, source_rows: list[int]) -> tuple[Dataset, list[tuple[int, str]]]:
+    """Drop the rows that failed to convert; return them as (row number in the source, reason), in source order."""
     errors = ds["error"]
-    bad = [(offset + i, e) for i, e in enumerate(errors) if e]
+    bad = sorted((source_rows[i], e) for i, e in enumerate(errors) if e)
     if bad:
         ds = ds.select([i for i, e in enumerate(errors) if not e])
     return ds.remove_columns("error"), bad
@@ -207,13 +214,17 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
         except (ConnectionError, OSError) as e:
             raise RuntimeError(f"task {spec.task}: could not load {source} split {spec.split!r} ({e}); "
                                "offline? point `data_files` at local files of the same layout") from e
+    # Shuffle first, then slice: start/stop then pick nanochat's rows. The source row numbers ride along (an
+    # in-memory column, the files are not rewritten) so that skipped rows can be named as they are in the file.
+    ds = ds.add_column(_SOURCE_ROW, range(len(ds))).shuffle(seed=HUB_SHUFFLE_SEED)
     rows = _slice(len(ds), spec)
     if len(rows) != len(ds):
         ds = ds.select(rows)
+    source_rows = ds[_SOURCE_ROW]
     kwargs = {"task": spec.task, "version": CONVERT_VERSION}
     ds = ds.map(_convert_batch, batched=True, with_indices=True, fn_kwargs=kwargs, remove_columns=ds.column_names,
                 features=_ROW_FEATURES, num_proc=num_proc, desc=f"Converting {spec.label}")
-    ds, bad = _split_errors(ds, rows.start)
+    ds, bad = _split_errors(ds, source_rows)
     return TaskResult(ds, source, bad)
 
 
