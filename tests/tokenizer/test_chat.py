@@ -125,6 +125,19 @@ def test_generation_prompt_matches_render_for_completion(tok):
     assert text.endswith("<|user_end|><|assistant_start|>")
 
 
+def test_completion_prompt_over_the_limit_is_truncated_then_opened(tok):
+    # nanochat: drop the last assistant message, render the rest truncated to 2048 tokens, then <|assistant_start|>
+    long_user = " ".join(f"word{i}" for i in range(3000))
+    conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+                         {"role": "user", "content": long_user}, {"role": "assistant", "content": "answer"}]}
+    history, _ = render_conversation(tok, {"messages": conv["messages"][:-1]}, max_tokens=None)
+    assert len(history) > 2048
+    prompt = render_for_completion(tok, conv)
+    assert prompt == history[:2048] + [tid(tok, "<|assistant_start|>")] and len(prompt) == 2049
+    assert render_for_completion(tok, conv, max_tokens=100) == history[:100] + [tid(tok, "<|assistant_start|>")]
+    assert render_for_completion(tok, conv, max_tokens=None) == history + [tid(tok, "<|assistant_start|>")]
+
+
 def test_truncation(tok):
     ids, mask = render_conversation(tok, TOOL_CONV)
     short_ids, short_mask = render_conversation(tok, TOOL_CONV, max_tokens=10)

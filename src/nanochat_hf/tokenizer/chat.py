@@ -189,16 +189,16 @@ def render_conversation(
     return _assemble(plan, _encode(backend, texts), max_tokens)
 
 
-def render_for_completion(tokenizer: PreTrainedTokenizerFast, conversation: Mapping) -> list[int]:
-    """Prompt ids for generation: the conversation without its last assistant message, then <|assistant_start|>.
+def render_for_completion(
+    tokenizer: PreTrainedTokenizerFast, conversation: Mapping, max_tokens: int | None = 2048
+) -> list[int]:
+    """Prompt ids for generation, as nanochat builds them: the conversation without its last assistant message,
+    rendered as for training and truncated to `max_tokens` (None: no truncation), then <|assistant_start|>.
 
-    Not truncated (nanochat truncates the prompt to 2048 tokens first; a cut prompt is of no use for generation).
+    A prompt over the limit thus keeps its first `max_tokens` tokens, and the result is `max_tokens + 1` long.
     """
     messages = normalize_messages(conversation)
     if messages[-1]["role"] == "assistant":
         messages = messages[:-1]
-    backend, ids = _renderer(tokenizer)
-    texts: list[str] = []
-    plan = _plan(messages, ids, texts)
-    prompt, _ = _assemble(plan, _encode(backend, texts), None)
-    return prompt + [ids["<|assistant_start|>"]]
+    prompt, _ = render_conversation(tokenizer, {"messages": messages}, max_tokens=max_tokens)
+    return prompt + [_renderer(tokenizer)[1]["<|assistant_start|>"]]
