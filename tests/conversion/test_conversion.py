@@ -16,7 +16,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.conversion import find_nanochat_checkpoint, load_from_nanochat, to_nanochat, to_native
-from nanochat_hf.tokenizer import SPECIAL_TOKENS, load_nanochat_tokenizer
+from nanochat_hf.tokenizer import SPECIAL_TOKENS, load_nanochat_tokenizer, token_bytes
 
 SAMPLE = "the fox thinks: 12345 thoughts,  three\n\n  theses!  ünïcode 日本 <|bos|><|assistant_end|>"
 IDS = [[291, 292, 116, 104, 101, 32, 102, 111, 120, 293, 294, 32, 116, 104]]
@@ -282,6 +282,11 @@ def test_cli(nanochat_base, tmp_path, capsys):
     # tokenizer dir defaults to nanochat's layout: <checkpoint-dir>/../../tokenizer
     assert main(["from-nanochat", "--checkpoint-dir", str(ckpt), "--step", "2", "--output", str(tmp_path / "hf"),
                  "--trust-pickle"]) == 0
+    # the fixture is laid out as tok_train.py writes it (byte tokens 0x80-0xFF count 3), and the converted
+    # tokenizer gives the same counts, so bits per byte computed from it equal nanochat's
+    expected = torch.load(nanochat_base / "tokenizer" / "token_bytes.pt", weights_only=True)
+    assert expected[128:256].tolist() == [3] * 128
+    assert torch.equal(token_bytes(AutoTokenizer.from_pretrained(tmp_path / "hf")), expected.long())
     assert main(["to-native", "--model", str(tmp_path / "hf"), "--output", str(tmp_path / "native")]) == 0
     assert main(["to-nanochat", "--model", str(tmp_path / "hf"), "--output", str(tmp_path / "nc")]) == 0
     assert (tmp_path / "nc" / "model_000002.pt").is_file() and (tmp_path / "native" / "config.json").is_file()

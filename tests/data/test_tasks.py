@@ -258,8 +258,14 @@ def test_skipped_hub_rows_are_named_by_their_row_in_the_file(tmp_path, hf_cache,
     assert [row for row, _ in result.bad] == [3, 17] and len(result.dataset) == 28
 
 
-def test_gsm8k_keeps_empty_text_parts():
-    parts = tasks_mod.gsm8k_parts("<<2+3=5>>5 apples, <<5*2=10>><<10-1=9>>9 left\n#### 9")
+def test_gsm8k_keeps_empty_text_parts(tmp_path, hf_cache, tokenizer):
+    answer = "<<2+3=5>>5 apples, <<5*2=10>><<10-1=9>>9 left\n#### 9"
+    f = tmp_path / "gsm8k.parquet"
+    Dataset.from_list([{"question": "Apples?", "answer": answer}]).to_parquet(str(f))
+    rows = load_mixture(mixture_file(tmp_path, [{"task": "gsm8k", "data_files": [str(f)]}]), strict=True,
+                        cache_dir=hf_cache)
+    conversation = loads(rows[0])
+    parts = conversation["messages"][1]["content"]
     assert parts == [
         {"type": "text", "text": ""},
         {"type": "python", "text": "2+3"}, {"type": "python_output", "text": "5"},
@@ -269,3 +275,8 @@ def test_gsm8k_keeps_empty_text_parts():
         {"type": "python", "text": "10-1"}, {"type": "python_output", "text": "9"},
         {"type": "text", "text": "9 left\n#### 9"},
     ]
+    # empty parts add no tokens: the rendering is that of the answer without them
+    ids, _ = render_conversation(tokenizer, conversation)
+    non_empty = [p for p in parts if p["text"] or p["type"] != "text"]
+    assert ids == render_conversation(tokenizer, {"messages": [conversation["messages"][0],
+                                                               {"role": "assistant", "content": non_empty}]})[0]
