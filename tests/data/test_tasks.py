@@ -1,4 +1,5 @@
-"""Tasks: fixture files in each hub dataset's layout go through the hub loading code and render per the spec."""
+"""Tasks: fixture files in each hub dataset's layout go through the hub loading code and render as nanochat does
+(docs/nanochat.md, section 4)."""
 
 import json
 import random

@@ -1,4 +1,5 @@
-"""Conversation rendering: the Python renderer vs spec section 3, and the chat template vs the renderer."""
+"""Conversation rendering: the Python renderer vs nanochat's rules (docs/nanochat.md, section 3), and the chat
+template vs the renderer."""
 
 import pytest
 

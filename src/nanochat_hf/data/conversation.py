@@ -1,4 +1,5 @@
-"""Conversation schema (spec section 3), its validation, and how a conversation is stored in a dataset row.
+"""Conversation schema (docs/nanochat.md, section 3), its validation, and how a conversation is stored in a
+dataset row.
 
 Row schema of every mixture dataset: ``{"conversation": str, "task": str}`` where ``conversation`` is the
 JSON text of nanochat's ``{"messages": [...]}`` (Arrow cannot hold a column whose values are a string in one

@@ -1,7 +1,7 @@
 """Synthetic tasks, each row generated from its own seeded RNG (seed = index for train, 10_000_000 + index
 otherwise), so any row can be produced alone and every machine produces the same rows.
 
-- SimpleSpelling and SpellingBee: spec section 4; ``words`` names the word list (words.py: "full", the
+- SimpleSpelling and SpellingBee: docs/nanochat.md, section 4; ``words`` names the word list (words.py: "full", the
   default, or the offline demo's small "demo" list).
 - Arithmetic word problems in GSM8K's row format (question, answer with ``<<expr=result>>`` calculator
   annotations and ``#### N``) and multiple-choice questions in MMLU's row format (question, choices, answer);

@@ -1,4 +1,5 @@
-"""Python renderer of conversations to (ids, mask), exactly as nanochat does it for training (spec section 3).
+"""Python renderer of conversations to (ids, mask), exactly as nanochat does it for training (docs/nanochat.md,
+section 3).
 
 Each piece of text is encoded on its own and as ordinary text: a literal "<|bos|>" typed inside a message is
 encoded as the characters it is made of, never as the special token (as tiktoken's `encode_ordinary`).
@@ -7,7 +8,8 @@ The chat template (`CHAT_TEMPLATE`) renders the same token sequence and mask, wi
 from rendering one string and tokenizing it as a whole:
 - two adjacent assistant text parts are concatenated before tokenization, so tokens may merge across the
   boundary (the renderer keeps them apart, as nanochat does);
-- a special-token string typed inside a message becomes the special token.
+- a special-token string typed inside a message becomes the special token;
+and the template never truncates, where the renderer (and so `render_for_completion`) cuts at `max_tokens`.
 Everywhere else (system merge, tool parts, outputs) special tokens sit between pieces and the pre-tokenizer
 cannot merge across them, so both agree; the tests check it.
 """

@@ -1,4 +1,5 @@
-"""The Jinja chat template: nanochat's conversation rendering (spec section 3) for `apply_chat_template`.
+"""The Jinja chat template: nanochat's conversation rendering (docs/nanochat.md, section 3) for
+`apply_chat_template`.
 
 `{% generation %}` blocks cover exactly the tokens nanochat trains on (mask 1): the assistant's string content,
 its text parts, its python parts with their tool tokens, and `<|assistant_end|>`. Tool output is not trained on.

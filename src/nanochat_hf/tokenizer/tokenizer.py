@@ -1,4 +1,7 @@
-"""nanochat's byte-level BPE tokenizer as a `PreTrainedTokenizerFast` (spec section 2): build, train, token_bytes."""
+"""nanochat's byte-level BPE tokenizer as a `PreTrainedTokenizerFast`: build, train, token_bytes.
+
+What it matches is described in docs/nanochat.md, section 2.
+"""
 
 from __future__ import annotations
 
