@@ -210,3 +210,19 @@ def test_sequence_classification_reads_the_last_real_token():
     assert torch.allclose(out.logits, expected, atol=1e-6)
     assert torch.allclose(out.loss, F.cross_entropy(expected, labels), atol=1e-6)
     assert (alone - out.logits[0:1]).abs().max().item() < 1e-5
+
+
+def test_inputs_embeds_and_resize_token_embeddings():
+    model = tester.model()
+    ids, mask = tester.inputs()
+    with torch.no_grad():
+        from_ids = model(ids, attention_mask=mask).logits
+        from_embeds = model(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask).logits
+    assert torch.equal(from_ids, from_embeds)
+    with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
+        model(ids, inputs_embeds=model.get_input_embeddings()(ids))
+    model.resize_token_embeddings(120)
+    assert model.transformer.wte.weight.shape == (120, 32) and model.lm_head.weight.shape == (120, 32)
+    assert model.config.vocab_size == 120
+    with torch.no_grad():
+        assert model(ids).logits.shape == (tester.batch_size, tester.seq_length, 120)

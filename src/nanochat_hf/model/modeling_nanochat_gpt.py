@@ -133,6 +133,10 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = False
     _supports_attention_backend = True
+    # torch.compile(fullgraph=True) of the forward, decoding with a static cache, gives the eager tokens (checked on
+    # CPU; compiling takes minutes there, so it is not in the tests). generate() auto-compiles with a static cache
+    # on GPUs when this is set.
+    _can_compile_fullgraph = True
     # what output_hidden_states / output_attentions collect (transformers' output-capturing hooks): the input of
     # the first block then each block's output, and the attention modules' second output (the weights)
     _can_record_outputs = {"hidden_states": NanoChatGPTBlock, "attentions": NanoChatGPTAttention}
