@@ -101,3 +101,20 @@ def test_model_card_metadata(tmp_path):
     # a local base model and the demo mixture: nothing to link
     demo = ModelCard.load(write_model_card(fake_trainer(card_args(model_source=str(tmp_path))), tmp_path / "d")).data
     assert demo.base_model is None and demo.datasets is None
+
+
+@pytest.mark.slow
+def test_backbone_and_classifier_load_as_remote_code(model_dir, tmp_path):
+    code = f"""
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification
+backbone = AutoModel.from_pretrained({str(model_dir)!r}, trust_remote_code=True)
+classifier = AutoModelForSequenceClassification.from_pretrained({str(model_dir)!r}, trust_remote_code=True,
+                                                                num_labels=2)
+out = backbone(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0], len(out.hidden_states))
+"""
+    result = run_snippet(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["NanoChatGPTModel", "NanoChatGPTForSequenceClassification", "transformers_modules",
+                                     "2"]
