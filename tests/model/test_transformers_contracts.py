@@ -17,6 +17,7 @@ from nanochat_hf import (
     NanoChatGPTForSequenceClassification,
     NanoChatGPTModel,
 )
+from nanochat_hf.model.modeling_nanochat_gpt import rotary_cos_sin
 
 from .conftest import randomize
 
@@ -86,9 +87,15 @@ def test_hidden_states(via):
     embedded = model.transformer.wte(ids)
     assert torch.allclose(hs[0], F.rms_norm(embedded, (32,)), atol=1e-6)
     assert torch.equal(hs[-1], base.last_hidden_state)
-    # the middle ones are the blocks' outputs, as a manual walk through the blocks gives
-    assert not torch.allclose(hs[1], hs[0]) and not torch.allclose(hs[2], hs[1])
     assert all(torch.equal(a, b) for a, b in zip(hs, base.hidden_states))
+    # the middle ones are the blocks' outputs, as a manual walk through the blocks gives (rows without padding)
+    x = hs[0][1:]
+    cos_sin = rotary_cos_sin(model.config, torch.arange(tester.seq_length).expand(2, -1))
+    with torch.no_grad():
+        for i, block in enumerate(model.transformer.h[:-1]):
+            x = block(x, cos_sin)
+            assert torch.allclose(hs[i + 1][1:], x, atol=1e-5), i
+            assert not torch.allclose(hs[i + 1], hs[i])
 
 
 def test_attentions_eager_and_sdpa():
