@@ -52,7 +52,9 @@ def test_from_nanochat_writes_a_complete_hf_dir(hf_dir, nanochat_base):
     assert json.loads((hf_dir / "nanochat_meta.json").read_text())["step"] == 5
     tokenizer = AutoTokenizer.from_pretrained(hf_dir)
     enc = tiktoken_encoding(nanochat_base)
-    assert tokenizer(SAMPLE)["input_ids"] == enc.encode(SAMPLE, allowed_special="all")
+    assert tokenizer(SAMPLE, add_special_tokens=False)["input_ids"] == enc.encode(SAMPLE, allowed_special="all")
+    assert tokenizer(SAMPLE)["input_ids"][0] == tokenizer.bos_token_id
+    assert tokenizer.model_max_length == 64  # the model's sequence_len, not 1e30
     assert tokenizer.chat_template and "<|assistant_start|>" in tokenizer.apply_chat_template(
         [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
     config = json.loads((hf_dir / "config.json").read_text())
@@ -142,7 +144,8 @@ def test_round_trip_to_nanochat_is_bit_identical(hf_dir, nanochat_base, tmp_path
     assert meta["model_config"] == source_meta["model_config"] and meta["step"] == 5
     # the tokenizer goes back to nanochat's format, with the same ids and token byte lengths
     tokenizer = load_nanochat_tokenizer(out_dir / "tokenizer", trust_pickle=True)
-    assert tokenizer(SAMPLE)["input_ids"] == tiktoken_encoding(nanochat_base).encode(SAMPLE, allowed_special="all")
+    assert tokenizer(SAMPLE, add_special_tokens=False)["input_ids"] == \
+        tiktoken_encoding(nanochat_base).encode(SAMPLE, allowed_special="all")
     assert torch.equal(torch.load(out_dir / "tokenizer" / "token_bytes.pt", weights_only=True),
                        torch.load(nanochat_base / "tokenizer" / "token_bytes.pt", weights_only=True))
     # an explicit step names the files

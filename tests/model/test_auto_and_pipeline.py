@@ -8,9 +8,9 @@ import json
 
 import pytest
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, pipeline
+from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, pipeline
 
-from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM, NanoChatGPTForSequenceClassification, NanoChatGPTModel
 
 
 def test_auto_classes_registered_and_auto_map_written(make_model, tmp_path):
@@ -18,12 +18,23 @@ def test_auto_classes_registered_and_auto_map_written(make_model, tmp_path):
     model.save_pretrained(tmp_path)
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["model_type"] == "nanochat_gpt"
-    assert config["auto_map"] == {"AutoConfig": "configuration_nanochat_gpt.NanoChatGPTConfig",
-                                  "AutoModelForCausalLM": "modeling_nanochat_gpt.NanoChatGPTForCausalLM"}
+    assert config["auto_map"] == {
+        "AutoConfig": "configuration_nanochat_gpt.NanoChatGPTConfig",
+        "AutoModel": "modeling_nanochat_gpt.NanoChatGPTModel",
+        "AutoModelForCausalLM": "modeling_nanochat_gpt.NanoChatGPTForCausalLM",
+        "AutoModelForSequenceClassification": "modeling_nanochat_gpt.NanoChatGPTForSequenceClassification",
+    }
     assert (tmp_path / "modeling_nanochat_gpt.py").is_file() and (tmp_path / "configuration_nanochat_gpt.py").is_file()
     assert isinstance(AutoConfig.for_model("nanochat_gpt"), NanoChatGPTConfig)
     loaded = AutoModelForCausalLM.from_pretrained(tmp_path, attn_implementation="eager")
     assert type(loaded) is NanoChatGPTForCausalLM and loaded.config._attn_implementation == "eager"
+    # the backbone alone (weights under transformer.*) and the classification head load from the same directory
+    backbone = AutoModel.from_pretrained(tmp_path)
+    assert type(backbone) is NanoChatGPTModel
+    assert torch.equal(backbone.h[1].attn.c_q.weight, model.transformer.h[1].attn.c_q.weight)
+    classifier = AutoModelForSequenceClassification.from_pretrained(tmp_path, num_labels=3)
+    assert type(classifier) is NanoChatGPTForSequenceClassification
+    assert torch.equal(classifier.transformer.wte.weight, model.transformer.wte.weight)
 
 
 @pytest.mark.slow
@@ -48,9 +59,6 @@ def test_text_generation_pipeline_with_chat_template():
     assert reply["role"] == "assistant"
     # same as rendering the prompt nanochat's way and decoding greedy tokens ourselves
     prompt = render_for_completion(tokenizer, {"messages": messages})
-    with torch.no_grad():
-        # explicit mask: pad == bos here, so generate() would otherwise mask out the leading <|bos|>
-        ids = torch.tensor([prompt])
-        ids = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=8, do_sample=False)
-        ids = ids[0, len(prompt):]
+    with torch.no_grad():  # no attention mask: pad == bos, yet the leading <|bos|> is not taken for padding
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
     assert reply["content"] == tokenizer.decode(ids, skip_special_tokens=True)

@@ -122,7 +122,7 @@ def test_config_names_depth_and_flops():
     d20 = NanoChatGPTConfig.from_depth(20)
     assert d20.to_nanochat_dict() == {"sequence_len": 2048, "vocab_size": 65536, "n_layer": 20, "n_head": 10,
                                       "n_kv_head": 10, "n_embd": 1280}
-    assert (d20.logit_softcap, d20.rope_theta, d20.rotary_dtype) == (15.0, 10000.0, "bfloat16")
+    assert (d20.final_logit_softcapping, d20.rope_theta, d20.rotary_dtype) == (15.0, 10000.0, "bfloat16")
     with torch.device("meta"):
         model = NanoChatGPTForCausalLM(d20)
     n_params = sum(p.numel() for p in model.parameters())

@@ -48,6 +48,11 @@ CONVERSATIONS = [
             {"role": "assistant", "content": ""},
         ]
     },
+    # user and system content as lists of text parts (what pipelines and TRL send), joined
+    {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+                  {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+                  {"role": "assistant", "content": "hello"},
+                  {"role": "user", "content": [{"type": "text", "text": "and 12*34?"}]}]},
     # ends with a user turn
     {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]},
 ]
@@ -112,6 +117,17 @@ def test_template_matches_renderer(tok, conv):
     assert out["input_ids"] == ids
     assert out["assistant_masks"] == mask
     assert sum(mask) > 0 or conv["messages"][-1]["role"] == "user"
+
+
+def test_list_of_parts_content_renders_as_the_joined_string(tok):
+    parts = {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+                          {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]},
+                          {"role": "assistant", "content": "hello"}]}
+    plain = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi you"},
+                          {"role": "assistant", "content": "hello"}]}
+    assert render_conversation(tok, parts) == render_conversation(tok, plain)
+    assert tok.apply_chat_template(parts["messages"], tokenize=False) == \
+        tok.apply_chat_template(plain["messages"], tokenize=False)
 
 
 def test_generation_prompt_matches_render_for_completion(tok):
@@ -191,8 +207,11 @@ BAD = [
     ({"messages": [{"role": "system", "content": "s"}]}, "system message must be followed by a user message"),
     ({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}, "followed by a user"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]}, "message 1 has role 'system'"),
-    ({"messages": [{"role": "user", "content": ["x"]}]}, "message 0 \\(user\\) content must be a string, got list"),
-    ({"messages": [{"role": "user", "content": None}]}, "must be a string, got NoneType"),
+    ({"messages": [{"role": "user", "content": ["x"]}]}, "message 0 \\(user\\) content part 0: part type 'str', expected 'text'"),
+    ({"messages": [{"role": "user", "content": [{"type": "image", "url": "u"}]}]}, "part type 'image', expected 'text'"),
+    ({"messages": [{"role": "system", "content": [{"type": "text", "text": None}]}, {"role": "user", "content": "x"}]},
+     "message 0 \\(system\\) content part 0 text must be a string, got NoneType"),
+    ({"messages": [{"role": "user", "content": None}]}, "must be a string or a list of text parts, got NoneType"),
     ({"messages": [{"role": "user"}]}, "message 0 must be a dict with 'role' and 'content'"),
     ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}]}, "string or a list of parts"),
     (
@@ -219,6 +238,10 @@ def test_bad_conversations_raise(tok, conv, message):
         ([{"role": "system", "content": "s"}], "system message must be followed by a user message"),
         ([{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "img", "text": ""}]}],
          "unknown assistant part type img"),
+        ([{"role": "user", "content": [{"type": "image", "url": "u"}]}],
+         "message 0 \\(user\\) content part 0 must be a text part"),
+        ([{"role": "system", "content": [{"type": "text", "text": 3}]}, {"role": "user", "content": "x"}],
+         "message 0 \\(system\\) content part 0 must be a text part"),
     ],
 )  # fmt: skip
 def test_template_rejects_bad_conversations(tok, messages, message):

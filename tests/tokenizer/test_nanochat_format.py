@@ -35,10 +35,12 @@ def test_same_ids_as_tiktoken(nanochat_tokenizer_dir, tiktoken_encoding, samples
     assert len(tok) == tiktoken_encoding.n_vocab
     texts = samples + fuzz(seed=7, count=200) + ["", " ", "\n", "  \n\n \t ", "a" * 300, "1" * 41]
     for text in texts:
-        assert tok.encode(text) == tiktoken_encoding.encode_ordinary(text), repr(text)
+        assert tok.encode(text, add_special_tokens=False) == tiktoken_encoding.encode_ordinary(text), repr(text)
+        assert tok.encode(text) == [tok.bos_token_id] + tiktoken_encoding.encode_ordinary(text), repr(text)
     # every special token, alone and inside text
     with_specials = " x".join(SPECIAL_TOKENS) + " tail <|bos|><|bos|>\n"
-    assert tok.encode(with_specials) == tiktoken_encoding.encode(with_specials, allowed_special="all")
+    assert tok.encode(with_specials, add_special_tokens=False) == tiktoken_encoding.encode(with_specials,
+                                                                                     allowed_special="all")
     for name in SPECIAL_TOKENS:
         assert tok.convert_tokens_to_ids(name) == tiktoken_encoding.encode_single_token(name)
     assert tok.bos_token_id == tiktoken_encoding.encode_single_token("<|bos|>")
@@ -93,7 +95,9 @@ def test_save_nanochat_roundtrip(tok, tmp_path, samples):
     assert enc._pat_str == SPLIT_PATTERN and enc.n_vocab == len(tok)
     back = load_nanochat_tokenizer(tmp_path, trust_pickle=True)
     for text in samples:
-        assert enc.encode_ordinary(text) == tok.encode(text) == back.encode(text)
+        assert enc.encode_ordinary(text) == tok.encode(text, add_special_tokens=False) == \
+            back.encode(text, add_special_tokens=False)
+        assert back.encode(text) == tok.encode(text)
     written = torch.load(tmp_path / "token_bytes.pt", weights_only=True)
     assert written.dtype == torch.int32
     # the counts tok_train.py would write for this Encoding
@@ -106,7 +110,7 @@ def test_missing_token_bytes_warns(nanochat_tokenizer_dir, tiktoken_encoding):
     (nanochat_tokenizer_dir / "token_bytes.pt").unlink()
     with pytest.warns(UserWarning, match="token_bytes.pt not found"):
         tok = load_nanochat_tokenizer(nanochat_tokenizer_dir, trust_pickle=True)
-    assert tok.encode("hello world") == tiktoken_encoding.encode_ordinary("hello world")
+    assert tok.encode("hello world", add_special_tokens=False) == tiktoken_encoding.encode_ordinary("hello world")
 
 
 def test_token_bytes_equal_the_real_layout_file(nanochat_tokenizer_dir, tiktoken_encoding):

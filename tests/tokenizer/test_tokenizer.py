@@ -46,26 +46,31 @@ def test_specials_last_in_nanochat_order(tok):
     assert tok.chat_template == CHAT_TEMPLATE
     # every byte is a token, so nothing is unknown
     assert tok.unk_token is None
-    # special strings in text become the special token; no bos added implicitly
-    assert tok.encode("<|python_start|>", add_special_tokens=True) == [n - 4]
-    assert tok.encode("a")[0] != tok.bos_token_id
+    # special strings in text become the special token; plain text starts with <|bos|> (add_special_tokens=False:
+    # none), as nanochat scores every document after it
+    assert tok.encode("<|python_start|>", add_special_tokens=False) == [n - 4]
+    assert tok.encode("<|python_start|>") == [n - 9, n - 4]
+    assert tok("a")["input_ids"] == [tok.bos_token_id, 97] and tok("a", add_special_tokens=False)["input_ids"] == [97]
+    assert tok("a", "b")["input_ids"] == [tok.bos_token_id, 97, tok.bos_token_id, 98]
 
 
 def test_byte_tokens_in_byte_order(tok):
     # as nanochat: id b is the single byte b, merged tokens follow
     assert [tok.convert_tokens_to_ids(bytes_to_token(bytes([b]))) for b in range(256)] == list(range(256))
-    assert tok.encode("A") == [65]
-    assert tok.encode("\x00\x7f") == [0, 127]
+    assert tok.encode("A", add_special_tokens=False) == [65]
+    assert tok.encode("\x00\x7f", add_special_tokens=False) == [0, 127]
 
 
 def test_roundtrip_decode(tok, samples, fuzz):
     for text in samples + fuzz(seed=3, count=50):
-        assert tok.decode(tok.encode(text)) == text
+        assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
+        assert tok.decode(tok.encode(text), skip_special_tokens=True) == text
 
 
 def test_left_padding(tok):
     batch = tok(["a", "hello world"], padding=True)
-    assert batch["input_ids"][0][0] == tok.pad_token_id
+    assert batch["input_ids"][0][0] == tok.pad_token_id and batch["input_ids"][1][0] == tok.bos_token_id
+    assert batch["input_ids"][0][-2:] == [tok.bos_token_id, 97]
     assert batch["attention_mask"][0][0] == 0 and batch["attention_mask"][1] == [1] * len(batch["input_ids"][1])
 
 
@@ -139,6 +144,7 @@ def test_save_pretrained_roundtrip(tok, tmp_path, samples):
     assert loaded.convert_ids_to_tokens(list(range(len(tok) - 9, len(tok)))) == SPECIAL_TOKENS
     for text in samples:
         assert loaded.encode(text) == tok.encode(text)
+        assert loaded.encode(text)[0] == tok.bos_token_id
     assert render_conversation(loaded, conv) == render_conversation(tok, conv)
     out = loaded.apply_chat_template(conv["messages"], return_dict=True, return_assistant_tokens_mask=True)
     assert (out["input_ids"], out["assistant_masks"]) == render_conversation(tok, conv)

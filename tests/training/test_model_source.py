@@ -38,3 +38,4 @@ def test_nanochat_checkpoint_source(tmp_path, tiny_args):
     for name, value in model.state_dict().items():  # the latest step (7) was converted, not step 3 (zeros)
         torch.testing.assert_close(loaded.state_dict()[name], value, msg=name)
     assert (out / "README.md").read_text().count(str(base)) >= 1  # the card names the base model
+    assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64  # the sequence_len

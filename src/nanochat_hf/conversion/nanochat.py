@@ -122,6 +122,7 @@ def _load_tokenizer(tokenizer_dir: str | os.PathLike, config: NanoChatGPTConfig,
     if len(tokenizer) != config.vocab_size:
         raise ValueError(f"{Path(tokenizer_dir) / 'tokenizer.pkl'}: tokenizer has {len(tokenizer)} tokens but the "
                          f"model's vocab_size is {config.vocab_size}")
+    tokenizer.model_max_length = config.sequence_len  # saved beside the model: its context length
     return tokenizer
 
 

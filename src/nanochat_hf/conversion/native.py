@@ -70,7 +70,7 @@ def native_config(config: NanoChatGPTConfig):
         num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head,
         max_position_embeddings=config.sequence_len, hidden_act="relu2", rms_norm_eps=NATIVE_RMS_NORM_EPS,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        final_logit_softcapping=config.logit_softcap, attention_bias=False, tie_word_embeddings=False,
+        final_logit_softcapping=config.final_logit_softcapping, attention_bias=False, tie_word_embeddings=False,
         bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
         architectures=["NanoChatForCausalLM"], dtype=config.dtype,
     )
@@ -85,7 +85,7 @@ def config_from_native(raw: dict, config_path: Path) -> NanoChatGPTConfig:
         vocab_size=raw["vocab_size"], n_embd=raw["hidden_size"], n_layer=raw["num_hidden_layers"],
         n_head=raw["num_attention_heads"], n_kv_head=raw.get("num_key_value_heads") or raw["num_attention_heads"],
         sequence_len=raw.get("max_position_embeddings", 2048), rope_theta=rope.get("rope_theta", 10000.0),
-        logit_softcap=raw.get("final_logit_softcapping") or 15.0, rotary_dtype="float32",
+        final_logit_softcapping=raw.get("final_logit_softcapping") or 15.0, rotary_dtype="float32",
         bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
         pad_token_id=raw.get("pad_token_id"), dtype=raw.get("dtype"),
     )

@@ -46,7 +46,8 @@ def demo_tokenizer(vocab_size: int = DEMO_VOCAB_SIZE, cache_dir: str | os.PathLi
     from nanochat_hf.tokenizer import train_tokenizer
 
     texts = demo_texts()
-    digest = hashlib.sha256("\0".join(texts).encode("utf-8")).hexdigest()[:16]
+    # the format tag changes when train_tokenizer's output does (v2: <|bos|> post-processor), so no stale cache is used
+    digest = hashlib.sha256("\0".join(["v2", *texts]).encode("utf-8")).hexdigest()[:16]
     root = Path(cache_dir) if cache_dir is not None else cache_root()
     folder = root / f"demo_tokenizer-{vocab_size}-{digest}"
     if not (folder / "tokenizer.json").is_file():

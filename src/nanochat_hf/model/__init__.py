@@ -1,6 +1,12 @@
-"""nanochat's GPT as a transformers model (config + causal LM)."""
+"""nanochat's GPT as a transformers model (config, backbone, causal LM, sequence classification)."""
 
 from .configuration_nanochat_gpt import NanoChatGPTConfig
-from .modeling_nanochat_gpt import NanoChatGPTForCausalLM, NanoChatGPTPreTrainedModel
+from .modeling_nanochat_gpt import (
+    NanoChatGPTForCausalLM,
+    NanoChatGPTForSequenceClassification,
+    NanoChatGPTModel,
+    NanoChatGPTPreTrainedModel,
+)
 
-__all__ = ["NanoChatGPTConfig", "NanoChatGPTForCausalLM", "NanoChatGPTPreTrainedModel"]
+__all__ = ["NanoChatGPTConfig", "NanoChatGPTForCausalLM", "NanoChatGPTForSequenceClassification",
+           "NanoChatGPTModel", "NanoChatGPTPreTrainedModel"]

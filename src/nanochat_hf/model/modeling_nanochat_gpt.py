@@ -1,7 +1,9 @@
-"""nanochat's GPT as a transformers model.
+"""nanochat's GPT as a transformers model: the backbone ``NanoChatGPTModel`` and the causal LM / sequence
+classification heads on top of it.
 
 Standalone (only torch, transformers and the sibling configuration file), so it ships as remote code.
-Parameter names are exactly nanochat's, so a nanochat state dict loads with ``strict=True``.
+The backbone is mounted as ``transformer`` (holding ``wte`` and ``h``), so parameter names are exactly nanochat's
+and a nanochat state dict loads with ``strict=True``.
 """
 
 import torch
@@ -12,8 +14,14 @@ from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import create_causal_mask
 from transformers.modeling_layers import GradientCheckpointingLayer
-from transformers.modeling_outputs import CausalLMOutputWithPast
+from transformers.modeling_outputs import (
+    BaseModelOutputWithPast,
+    CausalLMOutputWithPast,
+    SequenceClassifierOutputWithPast,
+)
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
+from transformers.utils import can_return_tuple
+from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_nanochat_gpt import NanoChatGPTConfig
 
@@ -76,7 +84,9 @@ class NanoChatGPTAttention(nn.Module):
         self.c_proj.zero_init = True
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None, past_key_values: Cache | None, **kwargs) -> torch.Tensor:
+                attention_mask: torch.Tensor | None, past_key_values: Cache | None,
+                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Returns the output and the attention weights (None unless the eager implementation computed them)."""
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
@@ -86,8 +96,8 @@ class NanoChatGPTAttention(nn.Module):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        y, _ = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
-        return self.c_proj(y.reshape(B, T, -1))
+        y, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+        return self.c_proj(y.reshape(B, T, -1)), weights
 
 
 class NanoChatGPTMLP(nn.Module):
@@ -108,14 +118,14 @@ class NanoChatGPTBlock(GradientCheckpointingLayer):
         self.mlp = NanoChatGPTMLP(config)
 
     def forward(self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, **kwargs) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, **kwargs)
+        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, **kwargs)[0]
         return x + self.mlp(rms_norm(x))
 
 
 class NanoChatGPTPreTrainedModel(PreTrainedModel):
     config_class = NanoChatGPTConfig
     config: NanoChatGPTConfig
-    base_model_prefix = ""
+    base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["NanoChatGPTBlock"]
     _skip_keys_device_placement = ["past_key_values"]
@@ -123,6 +133,23 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     _supports_flash_attn = True
     _supports_flex_attn = False
     _supports_attention_backend = True
+    # torch.compile(fullgraph=True) of the forward, decoding with a static cache, gives the eager tokens (checked on
+    # CPU; compiling takes minutes there, so it is not in the tests). generate() auto-compiles with a static cache
+    # on GPUs when this is set.
+    _can_compile_fullgraph = True
+    # what output_hidden_states / output_attentions collect (transformers' output-capturing hooks): the input of
+    # the first block then each block's output, and the attention modules' second output (the weights)
+    _can_record_outputs = {"hidden_states": NanoChatGPTBlock, "attentions": NanoChatGPTAttention}
+
+    def save_pretrained(self, save_directory, *args, **kwargs) -> None:
+        # transformers writes only the saved class into the remote-code auto_map; name every class of this file so
+        # AutoModel / AutoModelForSequenceClassification load any saved directory too (the files are the same)
+        if self._auto_class is not None:
+            heads = {"AutoModel": "NanoChatGPTModel", "AutoModelForCausalLM": "NanoChatGPTForCausalLM",
+                     "AutoModelForSequenceClassification": "NanoChatGPTForSequenceClassification"}
+            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
+                                    **{auto: f"modeling_nanochat_gpt.{name}" for auto, name in heads.items()}}
+        return super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
@@ -138,24 +165,72 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=1.0)
 
 
+class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
+    """The nanochat GPT backbone: token embedding ``wte`` and blocks ``h``, no LM head.
+
+    ``last_hidden_state`` is after the final RMSNorm (what the LM head reads). With ``output_hidden_states`` it
+    returns ``n_layer + 1`` tensors: the embedding after nanochat's post-embedding norm (the first block's input),
+    the outputs of blocks 0..n_layer-2, and last the final block's output after the final norm (equal to
+    ``last_hidden_state``, as in Llama). ``output_attentions`` returns weights with the eager attention only
+    (``attn_implementation="eager"``); sdpa warns and returns none.
+    """
+
+    def __init__(self, config: NanoChatGPTConfig):
+        super().__init__(config)
+        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.h = nn.ModuleList([NanoChatGPTBlock(config, i) for i in range(config.n_layer)])
+        self.post_init()
+
+    def get_input_embeddings(self) -> nn.Embedding:
+        return self.wte
+
+    def set_input_embeddings(self, value: nn.Embedding) -> None:
+        self.wte = value
+
+    @capture_outputs
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> BaseModelOutputWithPast:
+        if (input_ids is None) == (inputs_embeds is None):
+            raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if use_cache is None:  # a cache only helps decoding, not training
+            use_cache = self.config.use_cache and not self.training
+        x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
+        if use_cache and past_key_values is None:
+            past_key_values = DynamicCache(config=self.config)
+        # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
+        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=attention_mask,
+                                  past_key_values=past_key_values, position_ids=position_ids)
+        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            # left padding: each row counts positions from its first real token (as generate() does)
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
+        elif position_ids is None:
+            past = past_key_values.get_seq_length() if past_key_values is not None else 0
+            position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
+        cos_sin = rotary_cos_sin(self.config, position_ids.expand(x.shape[0], -1))
+        x = rms_norm(x)  # norm right after the embedding
+        for block in self.h:
+            x = block(x, cos_sin, attention_mask=mask, past_key_values=past_key_values, **kwargs)
+        return BaseModelOutputWithPast(last_hidden_state=rms_norm(x),
+                                       past_key_values=past_key_values if use_cache else None)
+
+
 class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
     """nanochat GPT with an LM head: soft-capped float32 logits, HF label convention for the loss."""
 
     def __init__(self, config: NanoChatGPTConfig):
         super().__init__(config)
-        self.transformer = nn.ModuleDict({
-            "wte": nn.Embedding(config.vocab_size, config.n_embd),
-            "h": nn.ModuleList([NanoChatGPTBlock(config, i) for i in range(config.n_layer)]),
-        })
+        self.transformer = NanoChatGPTModel(config)
         self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
         self.lm_head.zero_init = True
         self.post_init()
-
-    def get_input_embeddings(self) -> nn.Embedding:
-        return self.transformer.wte
-
-    def set_input_embeddings(self, value: nn.Embedding) -> None:
-        self.transformer.wte = value
 
     def get_output_embeddings(self) -> nn.Linear:
         return self.lm_head
@@ -170,52 +245,53 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         attention = 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
         return 6 * (n_params - self.transformer.wte.weight.numel()) + attention
 
+    def _prepare_attention_mask_for_generation(self, inputs_tensor: torch.Tensor, generation_config,
+                                               model_kwargs: dict) -> torch.LongTensor:
+        """generate() without an attention mask. transformers would mask every token equal to the pad token, and a
+        nanochat tokenizer pads with <|bos|> (eos must stay visible to the loss, see the tokenizer), so it would
+        mask the leading <|bos|> every sequence starts with. Every nanochat sequence starts with exactly one bos:
+        when pad == bos, only the leading run of pad tokens except its last one is padding. This keeps left-padded
+        batches right and makes generate(ids) equal generate(ids, attention_mask=ones)."""
+        pad, bos = generation_config._pad_token_tensor, generation_config._bos_token_tensor
+        if (pad is None or bos is None or inputs_tensor.dim() != 2 or inputs_tensor.is_floating_point()
+                or not torch.isin(pad, bos).any()):
+            return super()._prepare_attention_mask_for_generation(inputs_tensor, generation_config, model_kwargs)
+        leading = (inputs_tensor == pad.reshape(-1)[0]).long().cumprod(-1).sum(-1, keepdim=True)  # pad run length
+        positions = torch.arange(inputs_tensor.shape[-1], device=inputs_tensor.device)
+        return (positions >= (leading - 1).clamp(min=0)).long()
+
+    @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
         past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         loss_reduction: str = "mean",
-        inputs_embeds: torch.Tensor | None = None,
         num_items_in_batch: int | torch.Tensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Labels are aligned with input_ids (shifted inside), -100 ignored. ``loss_reduction``: "mean" (or
         sum / ``num_items_in_batch`` when given), "sum", or "none" -> (B, L-1) per-token nats, 0 where ignored."""
-        if (input_ids is None) == (inputs_embeds is None):
-            raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if use_cache is None:  # a cache only helps decoding: not when training or scoring labels
             use_cache = self.config.use_cache and not self.training and labels is None
-        x = self.transformer.wte(input_ids) if inputs_embeds is None else inputs_embeds
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=attention_mask,
-                                  past_key_values=past_key_values, position_ids=position_ids)
-        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
-            # left padding: each row counts positions from its first real token (as generate() does)
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
-        elif position_ids is None:
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
-            position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
-        cos_sin = rotary_cos_sin(self.config, position_ids.expand(x.shape[0], -1))
-        x = rms_norm(x)  # norm right after the embedding
-        for block in self.transformer.h:
-            x = block(x, cos_sin, attention_mask=mask, past_key_values=past_key_values, **kwargs)
-        x = rms_norm(x)
+        out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                               return_dict=True, **kwargs)  # an output object even if config.return_dict is False
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(x[:, keep]).float()
-        cap = self.config.logit_softcap
+        logits = self.lm_head(out.last_hidden_state[:, keep]).float()
+        cap = self.config.final_logit_softcapping
         logits = cap * torch.tanh(logits / cap)
 
         loss = None
         if labels is not None:
             loss = self._loss(logits, labels.to(logits.device), loss_reduction, num_items_in_batch)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=past_key_values if use_cache else None)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+                                      hidden_states=out.hidden_states, attentions=out.attentions)
 
     @staticmethod
     def _loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str, num_items_in_batch) -> torch.Tensor:
@@ -236,4 +312,53 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         return total / (targets != -100).sum()
 
 
-__all__ = ["NanoChatGPTForCausalLM", "NanoChatGPTPreTrainedModel"]
+class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
+    """The backbone with a linear ``score`` head read at each row's last non-pad token (transformers' usual
+    classification head; written here rather than via ``GenericForSequenceClassification``, which builds the
+    backbone through ``AutoModel`` and so would need the package or a second remote-code prompt)."""
+
+    def __init__(self, config: NanoChatGPTConfig):
+        super().__init__(config)
+        self.num_labels = config.num_labels
+        self.transformer = NanoChatGPTModel(config)
+        self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
+        self.post_init()
+
+    @can_return_tuple
+    def forward(
+        self,
+        input_ids: torch.LongTensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        position_ids: torch.LongTensor | None = None,
+        past_key_values: Cache | None = None,
+        inputs_embeds: torch.Tensor | None = None,
+        labels: torch.LongTensor | None = None,
+        use_cache: bool | None = None,
+        **kwargs,
+    ) -> SequenceClassifierOutputWithPast:
+        out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                               return_dict=True, **kwargs)  # an output object even if config.return_dict is False
+        logits = self.score(out.last_hidden_state)
+        batch = logits.shape[0]
+        if attention_mask is not None and attention_mask.dim() == 2:  # last real token, left or right padding
+            positions = torch.arange(attention_mask.shape[-1], device=logits.device)
+            last = (positions * attention_mask.to(logits.device, torch.long)).argmax(-1)
+        elif input_ids is not None and self.config.pad_token_id is not None:
+            # without a mask: the rightmost token that is not padding (the leading <|bos|> may equal pad)
+            positions = torch.arange(input_ids.shape[-1], device=logits.device)
+            last = (positions * (input_ids != self.config.pad_token_id).to(logits.device, torch.long)).argmax(-1)
+        else:
+            if batch != 1 and input_ids is None:
+                raise ValueError("batched inputs_embeds need an attention_mask to find each row's last token")
+            last = torch.full((batch,), -1, device=logits.device)
+        pooled = logits[torch.arange(batch, device=logits.device), last]
+        loss = None
+        if labels is not None:
+            loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled, config=self.config)
+        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, past_key_values=out.past_key_values,
+                                                hidden_states=out.hidden_states, attentions=out.attentions)
+
+
+__all__ = ["NanoChatGPTForCausalLM", "NanoChatGPTForSequenceClassification", "NanoChatGPTModel",
+           "NanoChatGPTPreTrainedModel"]

@@ -55,9 +55,24 @@ def _check_text(value: Any, where: str) -> str:
     return value
 
 
+def _text_content(value: Any, where: str) -> str:
+    """User/system content: a string, or a list of text parts (what pipelines and TRL send), joined."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) or not isinstance(value, Sequence):
+        raise ValueError(f"{where} must be a string or a list of text parts, got {type(value).__name__}")
+    for j, part in enumerate(value):
+        if not isinstance(part, Mapping) or part.get("type") != "text":
+            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
+            raise ValueError(f"{where} part {j}: part type {kind!r}, expected 'text'")
+        _check_text(part.get("text"), f"{where} part {j} text")
+    return "".join(part["text"] for part in value)
+
+
 def normalize_messages(conversation: Mapping | Sequence) -> list[dict]:
     """Validate a conversation and merge a leading system message into the first user message.
 
+    User and system content may be a list of text parts; it is returned as one string.
     Returns messages alternating user, assistant, ... (new dicts; the input is not modified). Raises ValueError
     naming the message and what is wrong.
     """
@@ -77,7 +92,7 @@ def normalize_messages(conversation: Mapping | Sequence) -> list[dict]:
     out = [dict(m) for m in messages]
     system = ""
     if out[0]["role"] == "system":
-        system = _check_text(out[0]["content"], "message 0 (system) content") + "\n\n"
+        system = _text_content(out[0]["content"], "message 0 (system) content") + "\n\n"
         if len(out) < 2 or out[1]["role"] != "user":
             raise ValueError("a system message must be followed by a user message")
         out = out[1:]
@@ -88,7 +103,7 @@ def normalize_messages(conversation: Mapping | Sequence) -> list[dict]:
             raise ValueError(f"message {i + offset} has role {m['role']!r}, expected {expected!r} (roles alternate)")
         where = f"message {i + offset} ({expected}) content"
         if expected == "user":
-            m["content"] = _check_text(m["content"], where)
+            m["content"] = _text_content(m["content"], where)
             continue
         content = m["content"]
         if isinstance(content, str):

@@ -87,7 +87,14 @@ def _bare_backend(model: models.BPE, pattern: str = SPLIT_PATTERN) -> Tokenizer:
 
 
 def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
-    """Wrap a backend that already holds the nine special tokens into the transformers tokenizer."""
+    """Wrap a backend that already holds the nine special tokens into the transformers tokenizer.
+
+    Plain ``tokenizer(text)`` prepends ``<|bos|>`` (nanochat scores every document after it), via the
+    ``add_bos_token`` post-processor transformers builds, as Llama-style tokenizers do; ``add_special_tokens=False``
+    gives none. The chat template writes its own ``<|bos|>`` and ``apply_chat_template`` encodes without special
+    tokens, so a chat still has exactly one. Where it is saved beside a model, ``model_max_length`` is set to the
+    model's ``sequence_len``.
+    """
     missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
     if missing:
         raise ValueError(f"tokenizer lacks nanochat special tokens {missing}")
@@ -96,6 +103,8 @@ def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
         bos_token=BOS_TOKEN,
         eos_token=EOS_TOKEN,
         pad_token=PAD_TOKEN,
+        add_bos_token=True,
+        add_eos_token=False,
         extra_special_tokens=SPECIAL_TOKENS[1:],
         padding_side="left",
         clean_up_tokenization_spaces=False,

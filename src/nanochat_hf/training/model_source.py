@@ -81,6 +81,7 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
     if tokenizer is None:
         raise FileNotFoundError(f"model_source={source!r}: no tokenizer found")
     check_compatible(model, tokenizer, args)
+    tokenizer.model_max_length = model.config.sequence_len  # the final save writes it beside the model
     return model, tokenizer
 
 

@@ -5,6 +5,11 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from huggingface_hub import ModelCard, ModelCardData
+
+from ..data.mixture import read_mixture
+from ..data.tasks import HUB_TASKS
+
 
 def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
     losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
@@ -60,7 +65,31 @@ def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
     return path
 
 
+def _hub_datasets(mixture: str | None) -> list[str]:
+    """Hub dataset ids the train mixture reads (none for local files and synthetic tasks)."""
+    _, specs, _ = read_mixture(mixture, split="train")
+    ids = []
+    for spec in specs:
+        if spec.task not in HUB_TASKS or spec.data_files:
+            continue
+        name = spec.path or HUB_TASKS[spec.task].dataset
+        if not os.path.exists(name) and name not in ids:
+            ids.append(name)
+    return ids
+
+
+def _card_data(a) -> ModelCardData:
+    source = a.model_source
+    # a base model on the hub is named by its repo id; a local directory or nanochat checkpoint has none to link
+    hub_base = source if source and source.count("/") == 1 and not os.path.exists(source) else None
+    return ModelCardData(
+        base_model=hub_base, datasets=_hub_datasets(a.train_mixture) or None, license="mit", language=["en"],
+        library_name="transformers", pipeline_tag="text-generation", tags=["nanochat", "mid-training", "custom_code"],
+    )
+
+
 def write_model_card(trainer, output_dir: str | os.PathLike) -> Path:
+    """README.md with the hub metadata (huggingface_hub's ModelCardData) and a loading snippet that runs as is."""
     a = trainer.args
     steps = trainer.state.global_step
     tokens = steps * a.total_batch_size
@@ -70,14 +99,7 @@ def write_model_card(trainer, output_dir: str | os.PathLike) -> Path:
     bpb = trainer.min_val_bpb
     bpb_last = next((h["eval_val_bpb"] for h in reversed(trainer.state.log_history) if "eval_val_bpb" in h), None)
     repo = a.hub_model_id or str(Path(output_dir).resolve())
-    card = f"""---
-library_name: transformers
-pipeline_tag: text-generation
-tags:
-- nanochat
-- mid-training
----
-
+    body = f"""
 # {Path(repo).name}
 
 nanochat's GPT, mid-trained with nanochat-hf (nanochat's mid-training recipe on the
@@ -94,18 +116,19 @@ Hugging Face stack: Muon + AdamW, `transformers.Trainer`, Accelerate).
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 model = AutoModelForCausalLM.from_pretrained("{repo}", trust_remote_code=True)
-tokenizer = AutoTokenizer.from_pretrained("{repo}")
+tokenizer = AutoTokenizer.from_pretrained("{repo}", trust_remote_code=True)
 messages = [{{"role": "user", "content": "Spell the word: apple"}}]
-ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True,
-                                    return_tensors="pt")["input_ids"]
-out = model.generate(ids, max_new_tokens=64, do_sample=False)
-print(tokenizer.decode(out[0, ids.shape[1]:], skip_special_tokens=True))
+inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True, return_tensors="pt")
+out = model.generate(**inputs, max_new_tokens=64, do_sample=False)
+print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
 ```
 
-(`import nanochat_hf` registers the classes, then `trust_remote_code` is not needed.)
+(`trust_remote_code=True` on the tokenizer too: the tokenizer itself is plain, but `AutoTokenizer` reads the model's
+config first, and that needs the model's code. After `import nanochat_hf` neither needs it.)
 """
+    card = ModelCard(f"---\n{_card_data(a).to_yaml()}\n---\n{body}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "README.md"
-    _atomic_write_text(path, card)
+    _atomic_write_text(path, str(card))
     return path

@@ -1,0 +1,120 @@
+"""The README's loading snippet and the model card's: metadata, and the code runs as written in a fresh process
+without the package, with no interactive trust_remote_code prompt."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from huggingface_hub import ModelCard
+
+from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.tokenizer import train_tokenizer
+from nanochat_hf.training.report import write_model_card
+
+from .conftest import randomize
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+PROMPT = "Do you wish to run the custom code"
+# `import nanochat_hf` fails in the child although the package is installed (editable) in the venv
+BLOCK_PACKAGE = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nanochat_hf" or name.startswith("nanochat_hf."):
+            raise ModuleNotFoundError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    tokenizer = train_tokenizer(["Spell the word: apple, banana. hello there!"] * 5, vocab_size=300)
+    config = NanoChatGPTConfig(sequence_len=64, vocab_size=len(tokenizer), n_layer=1, n_head=2, n_embd=32,
+                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
+                               pad_token_id=tokenizer.pad_token_id)
+    out = tmp_path_factory.mktemp("model")
+    randomize(NanoChatGPTForCausalLM(config)).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+    env.pop("PYTHONPATH", None)
+    return subprocess.run([sys.executable, "-I", "-c", BLOCK_PACKAGE + code], cwd=tmp_path, env=env,
+                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+
+def python_block(markdown: str, after: str) -> str:
+    return re.search(r"```python\n(.*?)```", markdown[markdown.index(after):], re.S).group(1)
+
+
+def card_args(**kw) -> SimpleNamespace:
+    defaults = dict(model_source="demo", train_mixture=None, demo_depth=2, demo_n_embd=128, total_batch_size=512,
+                    max_seq_len=64, hub_model_id=None)
+    return SimpleNamespace(**{**defaults, **kw})
+
+
+def fake_trainer(args) -> SimpleNamespace:
+    return SimpleNamespace(args=args, state=SimpleNamespace(global_step=3, log_history=[{"eval_val_bpb": 2.5}]),
+                           min_val_bpb=2.5)
+
+
+@pytest.mark.slow
+def test_model_card_snippet_runs_without_a_prompt(model_dir, tmp_path):
+    card = write_model_card(fake_trainer(card_args()), model_dir)
+    code = python_block(card.read_text(), "## How to load")
+    assert f'"{model_dir.resolve()}"' in code
+    result = run_snippet(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert PROMPT not in result.stdout + result.stderr
+
+
+@pytest.mark.slow
+def test_readme_snippet_runs_without_a_prompt(model_dir, tmp_path):
+    code = python_block(README.read_text(), "## Pushing to the hub, loading and chatting")
+    assert '"you/nanochat-d20-mid"' in code
+    result = run_snippet(code.replace("you/nanochat-d20-mid", str(model_dir)), tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert PROMPT not in result.stdout + result.stderr
+
+
+def test_model_card_metadata(tmp_path):
+    mixture = tmp_path / "mix.yaml"
+    local = tmp_path / "gsm8k.jsonl"
+    local.write_text("")
+    mixture.write_text("tasks:\n  - {task: smoltalk}\n  - {task: mmlu}\n  - {task: smoltalk, start: 5}\n"
+                       f"  - {{task: gsm8k, data_files: [{local}]}}\n  - {{task: simple_spelling, size: 10}}\n")
+    path = write_model_card(fake_trainer(card_args(model_source="someone/nanochat-d20", train_mixture=str(mixture))),
+                            tmp_path / "out")
+    data = ModelCard.load(path).data
+    assert data.base_model == "someone/nanochat-d20"
+    assert data.datasets == ["HuggingFaceTB/smol-smoltalk", "cais/mmlu"]  # local files and synthetic rows: none
+    assert (data.license, data.language, data.pipeline_tag) == ("mit", ["en"], "text-generation")
+    assert {"nanochat", "mid-training"} <= set(data.tags) and data.library_name == "transformers"
+    # a local base model and the demo mixture: nothing to link
+    demo = ModelCard.load(write_model_card(fake_trainer(card_args(model_source=str(tmp_path))), tmp_path / "d")).data
+    assert demo.base_model is None and demo.datasets is None
+
+
+@pytest.mark.slow
+def test_backbone_and_classifier_load_as_remote_code(model_dir, tmp_path):
+    code = f"""
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification
+backbone = AutoModel.from_pretrained({str(model_dir)!r}, trust_remote_code=True)
+classifier = AutoModelForSequenceClassification.from_pretrained({str(model_dir)!r}, trust_remote_code=True,
+                                                                num_labels=2)
+out = backbone(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0], len(out.hidden_states))
+"""
+    result = run_snippet(code, tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.split() == ["NanoChatGPTModel", "NanoChatGPTForSequenceClassification", "transformers_modules",
+                                     "2"]

@@ -1,0 +1,235 @@
+"""The contracts transformers tests its own decoder models on (backbone, output fields, tuples, attention
+implementations, save/load, generation with and without a mask), written for this model."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import AutoModel
+from transformers.modeling_outputs import BaseModelOutputWithPast, CausalLMOutputWithPast
+
+from nanochat_hf import (
+    NanoChatGPTConfig,
+    NanoChatGPTForCausalLM,
+    NanoChatGPTForSequenceClassification,
+    NanoChatGPTModel,
+)
+from nanochat_hf.model.modeling_nanochat_gpt import rotary_cos_sin
+
+from .conftest import randomize
+
+BOS = 0  # also the pad token, as with nanochat's tokenizer
+EOS = 1
+
+
+class NanoChatGPTModelTester:
+    """Tiny configs and inputs for the tests below (the role of transformers' per-model *ModelTester)."""
+
+    batch_size, seq_length = 3, 9
+    config_kwargs = dict(sequence_len=64, vocab_size=99, n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
+                         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=BOS)
+
+    def get_config(self, **overrides) -> NanoChatGPTConfig:
+        return NanoChatGPTConfig(**{**self.config_kwargs, **overrides})
+
+    def model(self, cls=NanoChatGPTForCausalLM, seed: int = 0, **overrides):
+        return randomize(cls(self.get_config(**overrides)), seed).eval()
+
+    def inputs(self, seed: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """input_ids starting with <|bos|> as every nanochat sequence does; row 0 left-padded by 3."""
+        g = torch.Generator().manual_seed(seed)
+        ids = torch.randint(2, self.config_kwargs["vocab_size"], (self.batch_size, self.seq_length), generator=g)
+        ids[:, 0] = BOS
+        mask = torch.ones_like(ids)
+        ids[0, :4], mask[0, :3] = BOS, 0  # three pads, then the row's own <|bos|>
+        return ids, mask
+
+
+tester = NanoChatGPTModelTester()
+
+
+def test_backbone_is_mounted_as_transformer_with_nanochat_names():
+    model = tester.model()
+    assert NanoChatGPTForCausalLM.base_model_prefix == "transformer"
+    assert model.base_model is model.transformer and isinstance(model.transformer, NanoChatGPTModel)
+    assert model.get_input_embeddings() is model.transformer.wte
+    assert {k for k in model.state_dict() if not k.startswith("transformer.h.")} == \
+        {"transformer.wte.weight", "lm_head.weight"}
+    ids, mask = tester.inputs()
+    with torch.no_grad():
+        base = model.transformer(ids, attention_mask=mask)
+        out = model(ids, attention_mask=mask)
+    assert isinstance(base, BaseModelOutputWithPast) and isinstance(out, CausalLMOutputWithPast)
+    assert base.last_hidden_state.shape == (tester.batch_size, tester.seq_length, 32)
+    cap = model.config.final_logit_softcapping
+    expected = cap * torch.tanh(model.lm_head(base.last_hidden_state).float() / cap)
+    assert torch.equal(out.logits, expected)
+    assert out.hidden_states is None and out.attentions is None  # only on request
+
+
+@pytest.mark.parametrize("via", ["kwarg", "config"])
+def test_hidden_states(via):
+    model = tester.model()
+    ids, mask = tester.inputs()
+    if via == "config":
+        model.config.output_hidden_states = True
+    kw = {"output_hidden_states": True} if via == "kwarg" else {}
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, **kw)
+        base = model.transformer(ids, attention_mask=mask, **kw)
+    hs = out.hidden_states
+    assert len(hs) == model.config.n_layer + 1 == len(base.hidden_states)
+    assert all(h.shape == (tester.batch_size, tester.seq_length, 32) for h in hs)
+    # first: the embedding after nanochat's post-embedding norm; last: after the final norm (= last_hidden_state)
+    embedded = model.transformer.wte(ids)
+    assert torch.allclose(hs[0], F.rms_norm(embedded, (32,)), atol=1e-6)
+    assert torch.equal(hs[-1], base.last_hidden_state)
+    assert all(torch.equal(a, b) for a, b in zip(hs, base.hidden_states))
+    # the middle ones are the blocks' outputs, as a manual walk through the blocks gives (rows without padding)
+    x = hs[0][1:]
+    cos_sin = rotary_cos_sin(model.config, torch.arange(tester.seq_length).expand(2, -1))
+    with torch.no_grad():
+        for i, block in enumerate(model.transformer.h[:-1]):
+            x = block(x, cos_sin)
+            assert torch.allclose(hs[i + 1][1:], x, atol=1e-5), i
+            assert not torch.allclose(hs[i + 1], hs[i])
+
+
+def test_attentions_eager_and_sdpa():
+    model = tester.model()
+    model.set_attn_implementation("eager")
+    ids, mask = tester.inputs()
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, output_attentions=True)
+    att = out.attentions
+    assert len(att) == model.config.n_layer
+    assert all(a.shape == (tester.batch_size, 4, tester.seq_length, tester.seq_length) for a in att)
+    assert torch.allclose(att[0].sum(-1), torch.ones(()), atol=1e-5)  # softmax rows
+    assert (att[1][1:].triu(1) == 0).all()  # causal (rows without padding)
+    assert (att[2][0, :, 3:, :3] == 0).all()  # row 0's real tokens do not attend to its left padding
+    # sdpa computes no weights: transformers warns and none are returned (use eager for them)
+    model.set_attn_implementation("sdpa")
+    with torch.no_grad():
+        sdpa = model(ids, attention_mask=mask, output_attentions=True)
+    assert sdpa.attentions == ()
+    assert (sdpa.logits[:, 3:] - out.logits[:, 3:]).abs().max().item() < 1e-5
+
+
+def test_return_dict_false_gives_tuples():
+    model = tester.model()
+    ids, mask = tester.inputs()
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, labels=ids, output_hidden_states=True)
+        loss, logits, hidden = model(ids, attention_mask=mask, labels=ids, output_hidden_states=True,
+                                     return_dict=False)
+        (last,) = model.transformer(ids, attention_mask=mask, use_cache=False, return_dict=False)
+        model.config.return_dict = False
+        from_config = model(ids, attention_mask=mask)
+    assert torch.equal(loss, ref.loss) and torch.equal(logits, ref.logits) and len(hidden) == 4
+    assert torch.equal(last, ref.hidden_states[-1])
+    assert isinstance(from_config, tuple) and torch.equal(from_config[0], ref.logits)
+
+
+def test_save_load_round_trip_and_backbone_from_a_causal_lm_dir(tmp_path):
+    model = tester.model()
+    ids, mask = tester.inputs()
+    model.save_pretrained(tmp_path)
+    loaded = NanoChatGPTForCausalLM.from_pretrained(tmp_path).eval()
+    backbone = AutoModel.from_pretrained(tmp_path).eval()
+    with torch.no_grad():
+        assert torch.equal(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
+        assert torch.equal(backbone(ids, attention_mask=mask).last_hidden_state,
+                           model.transformer(ids, attention_mask=mask).last_hidden_state)
+
+
+def test_old_config_with_logit_softcap_loads_and_its_value_is_used(tmp_path):
+    # an HF dir as the model saved it before the backbone and the rename: same tensor names, `logit_softcap`
+    model = tester.model()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(20)  # logits far beyond the cap, so the cap value shows
+    model.save_pretrained(tmp_path)
+    raw = json.loads((tmp_path / "config.json").read_text())
+    del raw["final_logit_softcapping"]
+    raw["logit_softcap"] = 7.0
+    (tmp_path / "config.json").write_text(json.dumps(raw))
+    loaded = NanoChatGPTForCausalLM.from_pretrained(tmp_path).eval()
+    assert loaded.config.final_logit_softcapping == 7.0 and loaded.config.logit_softcap == 7.0
+    ids, _ = tester.inputs()
+    with torch.no_grad():
+        logits = loaded(ids).logits
+    assert 6.5 < logits.abs().max().item() <= 7.0
+    assert "logit_softcap" not in loaded.config.to_dict()  # written back under transformers' name only
+
+
+def test_generate_without_mask_equals_with_mask():
+    model = tester.model()
+    prompt = torch.tensor([[BOS, 5, 17, 42, 7]])
+    kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
+    with torch.no_grad():
+        with_mask = model.generate(prompt, attention_mask=torch.ones_like(prompt), **kw)
+        without = model.generate(prompt, **kw)
+        # what transformers would infer for pad == bos (the leading <|bos|> masked) changes the output
+        masked_bos = model.generate(prompt, attention_mask=(prompt != BOS).long(), **kw)
+    assert torch.equal(without, with_mask)
+    assert not torch.equal(masked_bos, with_mask)
+
+
+def test_batched_left_padded_equals_one_by_one_with_pad_equal_to_bos():
+    model = tester.model()
+    prompts = [[BOS, 5, 6, 7, 8, 9, 10], [BOS, 12], [BOS, 14, 15, 16]]
+    kw = dict(max_new_tokens=6, do_sample=False, eos_token_id=None)
+    width = max(map(len, prompts))
+    ids = torch.tensor([[BOS] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p):].tolist() for p in prompts]
+        batched = model.generate(ids, attention_mask=mask, **kw)[:, width:].tolist()
+        inferred = model.generate(ids, **kw)[:, width:].tolist()  # the mask inferred from the leading pads
+    assert batched == singles
+    assert inferred == singles
+
+
+def test_static_cache_generation_equals_dynamic():
+    model = tester.model()
+    prompt = torch.tensor([[BOS, 5, 17, 42, 7], [BOS, BOS, BOS, 3, 4]])
+    mask = torch.tensor([[1] * 5, [0, 0, 1, 1, 1]])
+    kw = dict(attention_mask=mask, max_new_tokens=6, do_sample=False, eos_token_id=None)
+    with torch.no_grad():
+        dynamic = model.generate(prompt, **kw)
+        static = model.generate(prompt, cache_implementation="static", **kw)
+    assert torch.equal(static, dynamic)
+
+
+def test_sequence_classification_reads_the_last_real_token():
+    model = tester.model(NanoChatGPTForSequenceClassification, num_labels=3)
+    ids, mask = tester.inputs()
+    ids[2, -2:], mask[2, -2:] = BOS, 0  # row 2 right-padded: its last real token is at -3
+    labels = torch.tensor([0, 2, 1])
+    with torch.no_grad():
+        out = model(ids, attention_mask=mask, labels=labels)
+        hidden = model.transformer(ids, attention_mask=mask).last_hidden_state
+        alone = model(ids[0:1, 3:]).logits  # row 0 without its left padding, no mask
+    assert out.logits.shape == (3, 3)
+    expected = model.score(hidden[[0, 1, 2], [-1, -1, -3]])
+    assert torch.allclose(out.logits, expected, atol=1e-6)
+    assert torch.allclose(out.loss, F.cross_entropy(expected, labels), atol=1e-6)
+    assert (alone - out.logits[0:1]).abs().max().item() < 1e-5
+
+
+def test_inputs_embeds_and_resize_token_embeddings():
+    model = tester.model()
+    ids, mask = tester.inputs()
+    with torch.no_grad():
+        from_ids = model(ids, attention_mask=mask).logits
+        from_embeds = model(inputs_embeds=model.get_input_embeddings()(ids), attention_mask=mask).logits
+    assert torch.equal(from_ids, from_embeds)
+    with pytest.raises(ValueError, match="exactly one of input_ids or inputs_embeds"):
+        model(ids, inputs_embeds=model.get_input_embeddings()(ids))
+    model.resize_token_embeddings(120)
+    assert model.transformer.wte.weight.shape == (120, 32) and model.lm_head.weight.shape == (120, 32)
+    assert model.config.vocab_size == 120
+    with torch.no_grad():
+        assert model(ids).logits.shape == (tester.batch_size, tester.seq_length, 120)
