@@ -215,3 +215,15 @@ def test_old_checkpoint_without_fingerprint_and_bad_fingerprint_json(tmp_path):
     (tmp_path / "run_fingerprint.json").write_text("{")
     with pytest.raises(ValueError, match=r"run_fingerprint.json: not valid JSON"):
         load_fingerprint(tmp_path)
+
+
+def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint(tmp_path):
+    from datasets import Dataset
+
+    rows = [{"conversation": '[{"role": "user", "content": "hi"}]', "task": "t"}] * 3
+    same = Dataset.from_list(rows)._fingerprint
+    assert Dataset.from_list(rows)._fingerprint == same  # deterministic for the same data
+    saved = run_fingerprint(make_args(tmp_path), same, same, 1)
+    changed = Dataset.from_list(rows[:2])._fingerprint
+    with pytest.raises(ValueError, match=r"cannot resume: train_dataset was"):
+        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), changed, same, 1), 20)
