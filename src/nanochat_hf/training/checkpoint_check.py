@@ -1,0 +1,204 @@
+"""Check a `checkpoint-<step>` folder before resuming from it, pick the newest intact one, and compare run fingerprints.
+
+A checkpoint is trusted only after every file it needs is present and parses: safetensors headers are opened with
+`safe_open` (which refuses a file whose size does not match its header, i.e. a truncated one) without loading the
+tensors, JSON files are parsed. Bytes flipped inside tensor data cannot be seen this way (safetensors has no checksum).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+from safetensors import safe_open
+
+from nanochat_hf.training.checkpoint_io import read_json, write_json
+
+# What the trainer writes into checkpoint-<step>/ (extend here when it writes more). The model weights are either
+# one file or an index plus the shards it lists (`save_pretrained` shards large models).
+SHARED_FILES = ("config.json", "scheduler.json", "nanochat_state.json", "trainer_state.json")
+PER_RANK_FILES = (
+    "optimizer.rank{rank}.safetensors",
+    "data_state.rank{rank}.json",
+    "rng_state.rank{rank}.safetensors",
+    "rng_state.rank{rank}.json",
+)
+MODEL_FILE, MODEL_INDEX = "model.safetensors", "model.safetensors.index.json"
+CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
+STAGING_PREFIX = ".tmp-checkpoint-"  # the trainer writes here first and renames when every rank is done
+AUTO_RESUME = ("true", "last", "latest")
+
+FINGERPRINT_FILE = "run_fingerprint.json"
+# Changing these on resume is allowed: the caller applies the new value and prints the notice.
+LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
+# Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
+FINGERPRINT_ARGS = (
+    "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations",
+    *LR_FIELDS, "weight_decay", "max_grad_norm",
+)
+
+
+class CheckpointMismatch(ValueError):
+    """The checkpoint is intact but belongs to a different setup (world size): an older one would not fit either."""
+
+
+def _one_line(error: Exception) -> str:
+    return " ".join(str(error).split())
+
+
+def _check_safetensors(path: Path) -> None:
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for key in f.keys():
+                f.get_slice(key).get_shape()  # header only; safe_open already checked the data ranges fit the file
+    except Exception as e:  # safetensors raises its own error type for every malformed file
+        raise ValueError(f"{path}: not a readable safetensors file ({_one_line(e)})") from None
+
+
+def _check_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: not valid JSON ({_one_line(e)})") from None
+
+
+def verify_checkpoint(path: str | Path, world_size: int) -> None:
+    """Raise ValueError (one line naming the file) unless `path` is a complete checkpoint written by `world_size` ranks.
+
+    Raises `CheckpointMismatch` (a ValueError) when the files are intact but the world size differs.
+    """
+    ckpt = Path(path)
+    if not ckpt.is_dir():
+        raise ValueError(f"{ckpt}: checkpoint folder not found")
+    required = [*SHARED_FILES, *(f.format(rank=r) for f in PER_RANK_FILES for r in range(world_size))]
+    if (ckpt / MODEL_INDEX).is_file():
+        index = _check_json(ckpt / MODEL_INDEX)
+        if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
+            raise ValueError(f"{ckpt / MODEL_INDEX}: expected a JSON object with a 'weight_map'")
+        required += sorted(set(index["weight_map"].values()))
+    else:
+        required.append(MODEL_FILE)
+    for name in required:
+        if not (ckpt / name).is_file():
+            raise ValueError(f"{ckpt / name}: missing (the checkpoint is incomplete)")
+    # Every safetensors/JSON file present is parsed, the optional ones (tokenizer, generation config, fingerprint) too.
+    for file in sorted(ckpt.iterdir()):
+        if file.suffix == ".safetensors":
+            _check_safetensors(file)
+        elif file.suffix == ".json":
+            _check_json(file)
+    saved = read_json(ckpt / "nanochat_state.json")
+    saved_ws = saved.get("world_size") if isinstance(saved, dict) else None
+    if saved_ws != world_size:
+        raise CheckpointMismatch(
+            f"{ckpt / 'nanochat_state.json'}: written by world_size={saved_ws} processes, resuming with "
+            f"{world_size}; the optimizer shards and data positions are per rank, resume with {saved_ws} processes"
+        )
+
+
+def resolve_resume_checkpoint(
+    output_dir: str | Path, resume_from_checkpoint: str | bool | None, world_size: int
+) -> tuple[Path | None, list[str]]:
+    """Map `--resume_from_checkpoint` to a verified checkpoint folder and messages for the user.
+
+    None/False/"" -> (None, []). True/"true"/"last"/"latest" -> the newest intact `checkpoint-<step>` in output_dir
+    (by step), with one message per newer checkpoint skipped and why, and per leftover staging folder ignored;
+    ValueError if there is none. Any other string is a path: verified, ValueError in one line if it is not usable.
+    """
+    if resume_from_checkpoint in (None, False, ""):
+        return None, []
+    if resume_from_checkpoint is True or str(resume_from_checkpoint).lower() in AUTO_RESUME:
+        return _newest_intact(Path(output_dir), world_size)
+    path = Path(resume_from_checkpoint)
+    verify_checkpoint(path, world_size)
+    return path, []
+
+
+def _newest_intact(output_dir: Path, world_size: int) -> tuple[Path, list[str]]:
+    entries = list(output_dir.iterdir()) if output_dir.is_dir() else []
+    messages = [
+        f"ignoring {p}: an unfinished checkpoint save (left as it is)"
+        for p in sorted(entries) if p.name.startswith(STAGING_PREFIX)
+    ]
+    steps = sorted(
+        ((int(m.group(1)), p) for p in entries if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir()), reverse=True
+    )
+    for _, path in steps:
+        try:
+            verify_checkpoint(path, world_size)
+        except CheckpointMismatch:
+            raise
+        except ValueError as e:
+            messages.append(f"skipping {path.name}: {e}")
+            continue
+        return path, messages
+    raise ValueError(
+        f"--resume_from_checkpoint: no intact checkpoint-<step> folder in {output_dir} to resume from"
+        + ("; " + "; ".join(messages) if messages else "")
+    )
+
+
+# ---- run fingerprint (what must not change when resuming) ---------------------------------------------------------
+
+
+def _file_sha256(path: str | None) -> str | None:
+    if path is None or not os.path.isfile(path):
+        return path  # None (built-in demo mixture) or a name resolved elsewhere; compared as given
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"
+
+
+def run_fingerprint(
+    args: Any, train_dataset_fingerprint: str | None, val_dataset_fingerprint: str | None, world_size: int
+) -> dict[str, Any]:
+    """Everything that fixes the data stream and the optimizer setup, as a JSON-able dict.
+
+    The datasets' fingerprints (`Dataset._fingerprint`) cover the data the mixtures resolved to; the mixture files'
+    content hashes cover the mixture definitions themselves.
+    """
+    fp = {name: getattr(args, name) for name in FINGERPRINT_ARGS}
+    fp.update(
+        world_size=world_size,
+        train_mixture=_file_sha256(getattr(args, "train_mixture", None)),
+        val_mixture=_file_sha256(getattr(args, "val_mixture", None)),
+        train_dataset=train_dataset_fingerprint,
+        val_dataset=val_dataset_fingerprint,
+    )
+    return fp
+
+
+def save_fingerprint(directory: str | Path, fingerprint: dict[str, Any]) -> None:
+    write_json(Path(directory) / FINGERPRINT_FILE, fingerprint)
+
+
+def load_fingerprint(directory: str | Path) -> dict[str, Any] | None:
+    """The saved fingerprint, or None for a checkpoint written before fingerprints existed."""
+    path = Path(directory) / FINGERPRINT_FILE
+    return _check_json(path) if path.is_file() else None
+
+
+def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], resume_step: int) -> list[str]:
+    """Raise ValueError naming the first field that differs (with both values); LR fields may change: notices."""
+    if saved is None:
+        return ["the checkpoint has no run fingerprint (written by an older version): data and optimizer setup "
+                "not checked"]
+    notices = []
+    for name, value in current.items():
+        if name not in saved:
+            notices.append(f"{name} is not recorded in the checkpoint: not checked")
+        elif saved[name] != value and name in LR_FIELDS:
+            notices.append(f"{name} changed {saved[name]} -> {value}: applied from step {resume_step}")
+        elif saved[name] != value:
+            raise ValueError(
+                f"cannot resume: {name} was {saved[name]!r} in the checkpoint and is {value!r} now; it changes the "
+                "data stream or the optimizer setup mid-run (use the old value, or start a new run in another "
+                "--output_dir)"
+            )
+    return notices

@@ -1,0 +1,98 @@
+"""Checks on `output_dir` before training starts, and where the final save is staged.
+
+A run must not find out after hours of training that it cannot write its model, and must not silently replace
+another run's model, report or checkpoints. Nothing here deletes anything the user had.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from nanochat_hf.training.checkpoint_check import CHECKPOINT_RE
+
+# Files whose presence means output_dir already holds a (finished or partial) run.
+RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "report.md")
+FINAL_STAGING = ".tmp-save"
+
+
+class OutputDirError(ValueError):
+    """output_dir cannot be used; the message is one line naming the directory and what to do."""
+
+
+def _existing_run(output_dir: Path) -> list[str]:
+    found = [name for name in RUN_FILES if (output_dir / name).exists()]
+    checkpoints = [p for p in output_dir.iterdir() if CHECKPOINT_RE.match(p.name) and p.is_dir()]
+    if checkpoints:
+        found.append(f"{len(checkpoints)} checkpoint-* folder{'s' if len(checkpoints) > 1 else ''}")
+    return found
+
+
+def prepare_output_dir(output_dir: str | Path, overwrite_output_dir: bool, resuming: bool) -> list[str]:
+    """Create output_dir, prove it is writable now, and refuse one holding another run; returns notices to print.
+
+    Call on the main process before training. A directory holding a run is accepted when `resuming` (the caller
+    then checks the run fingerprint) or with `overwrite_output_dir` (files are replaced as the new run writes them,
+    nothing is deleted up front). Raises OutputDirError with one line otherwise.
+    """
+    path = Path(output_dir)
+    if path.exists() and not path.is_dir():
+        raise OutputDirError(f"output_dir {path} is a file; expected a directory (or a path that does not exist yet)")
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputDirError(f"output_dir {path} cannot be created: {e.strerror} ({e.filename})") from None
+    try:  # the only reliable test: os.access ignores ACLs, read-only mounts and root squash
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise OutputDirError(
+            f"output_dir {path} is not writable ({e.strerror}); the trained model could not be saved there: "
+            "fix its permissions or choose another --output_dir"
+        ) from None
+    found = _existing_run(path)
+    if not found:
+        return []
+    if resuming:
+        return [f"output_dir {path} holds an earlier run ({', '.join(found)}): resuming it"]
+    if overwrite_output_dir:
+        return [
+            f"--overwrite_output_dir: {path} holds an earlier run ({', '.join(found)}); this run replaces those files "
+            "as it writes its own (nothing is deleted now; old checkpoint-* folders with other step numbers stay)"
+        ]
+    raise OutputDirError(
+        f"output_dir {path} already holds a run ({', '.join(found)}): pass --overwrite_output_dir to replace it, "
+        "--resume_from_checkpoint true to continue it, or choose another --output_dir"
+    )
+
+
+def final_save_staging_dir(output_dir: str | Path) -> Path:
+    """A fresh, empty folder inside output_dir for the final save (same filesystem, so publishing is a rename).
+
+    Staging in the parent would need a writable parent; output_dir itself was checked by `prepare_output_dir`.
+    A leftover from an interrupted save (our own folder, by name) is cleared first.
+    """
+    staging = Path(output_dir) / FINAL_STAGING
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    return staging
+
+
+def publish_staged(staging: str | Path) -> list[str]:
+    """Move every file of a finished staged save into its parent (output_dir), each by an atomic rename.
+
+    Each file is replaced whole (never half-written); files of the earlier save that the new one does not write
+    are kept. Returns the published names; the empty staging folder is removed.
+    """
+    staging = Path(staging)
+    names = sorted(p.name for p in staging.iterdir())
+    for name in names:  # check all first, so that a refusal publishes nothing
+        if (staging.parent / name).is_dir():
+            raise OutputDirError(f"{staging.parent / name} is a directory; the final save needs that name (not moved)")
+    for name in names:
+        os.replace(staging / name, staging.parent / name)
+    staging.rmdir()
+    return names

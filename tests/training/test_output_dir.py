@@ -1,0 +1,206 @@
+"""output_dir is checked before training: a file, an unwritable directory or another run's folder is refused in one
+line, nothing the user had is touched, and the final save is staged inside output_dir (never in its parent).
+
+The permission cases run in a subprocess as uid/gid 65534 (nobody): root, as on CI, ignores permissions.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from nanochat_hf.training.output_dir import (
+    OutputDirError,
+    final_save_staging_dir,
+    prepare_output_dir,
+    publish_staged,
+)
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+NOBODY = 65534
+
+
+def snapshot(root: Path) -> dict[str, str]:
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+
+
+def earlier_run(path: Path, *names: str) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for name in names:
+        if name.startswith("checkpoint-"):
+            (path / name).mkdir()
+            (path / name / "model.safetensors").write_bytes(b"old weights of " + name.encode())
+        else:
+            (path / name).write_text(f"earlier run's {name}")
+    return path
+
+
+def test_fresh_and_empty_dirs_are_created_and_accepted(tmp_path):
+    assert prepare_output_dir(tmp_path / "a" / "b", overwrite_output_dir=False, resuming=False) == []
+    assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []  # probe file removed
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "notes.txt").write_text("mine")  # unrelated files are not a run
+    assert prepare_output_dir(tmp_path / "logs", False, False) == []
+
+
+def test_output_dir_that_is_a_file(tmp_path):
+    target = tmp_path / "out"
+    target.write_text("user data")
+    for path in (target, target / "sub"):
+        with pytest.raises(OutputDirError) as err:
+            prepare_output_dir(path, overwrite_output_dir=True, resuming=False)
+        assert "\n" not in str(err.value) and str(target) in str(err.value)
+    assert target.read_text() == "user data"
+
+
+@pytest.mark.parametrize("names,described", [
+    (("model.safetensors", "config.json"), "model.safetensors"),
+    (("report.md",), "report.md"),
+    (("checkpoint-10", "checkpoint-20"), "2 checkpoint-* folders"),
+    (("checkpoint-5",), "1 checkpoint-* folder"),
+])
+def test_another_run_is_refused_unless_overwrite_or_resume(tmp_path, names, described):
+    out = earlier_run(tmp_path / "out", *names)
+    before = snapshot(out)
+    with pytest.raises(OutputDirError) as err:
+        prepare_output_dir(out, overwrite_output_dir=False, resuming=False)
+    message = str(err.value)
+    assert "\n" not in message and described in message and "--overwrite_output_dir" in message
+    assert "--resume_from_checkpoint" in message
+
+    (notice,) = prepare_output_dir(out, overwrite_output_dir=True, resuming=False)
+    assert described in notice and "nothing is deleted now" in notice
+    (notice,) = prepare_output_dir(out, overwrite_output_dir=False, resuming=True)
+    assert "resuming" in notice
+    assert snapshot(out) == before  # refusing, overwriting-to-be and resuming all leave the earlier run intact
+
+
+def test_unfinished_staging_folders_alone_are_not_a_run(tmp_path):
+    out = tmp_path / "out"
+    (out / ".tmp-checkpoint-10").mkdir(parents=True)
+    (out / ".tmp-save").mkdir()
+    assert prepare_output_dir(out, False, False) == []
+    assert (out / ".tmp-checkpoint-10").is_dir()
+
+
+def test_final_save_stages_inside_and_publishes_whole_files(tmp_path):
+    out = earlier_run(tmp_path / "out", "model.safetensors", "notes.txt")
+    (out / ".tmp-save").mkdir()
+    (out / ".tmp-save" / "partial").write_text("from an interrupted save")
+    staging = final_save_staging_dir(out)
+    assert staging.parent == out and list(staging.iterdir()) == []
+    (staging / "model.safetensors").write_text("new weights")
+    (staging / "config.json").write_text("{}")
+    assert publish_staged(staging) == ["config.json", "model.safetensors"]
+    assert (out / "model.safetensors").read_text() == "new weights"
+    assert (out / "notes.txt").read_text() == "earlier run's notes.txt" and not staging.exists()
+
+    staging = final_save_staging_dir(out)
+    (staging / "report.md").write_text("new")
+    (out / "report.md").mkdir()
+    (out / "report.md" / "keep").write_text("user's")
+    with pytest.raises(OutputDirError, match="is a directory"):
+        publish_staged(staging)
+    assert (out / "report.md" / "keep").read_text() == "user's" and (staging / "report.md").read_text() == "new"
+
+
+# ---- as a user who obeys permissions -----------------------------------------------------------------------------
+
+CHILD = """
+import json, sys
+from pathlib import Path
+from nanochat_hf.training.output_dir import OutputDirError, final_save_staging_dir, prepare_output_dir, publish_staged
+results = {}
+for name, path in json.loads(sys.argv[1]).items():
+    try:
+        results[name] = ["ok", prepare_output_dir(path, False, False)]
+        staging = final_save_staging_dir(path)
+        (staging / "model.safetensors").write_text("trained")
+        results[name].append(publish_staged(staging))
+    except OutputDirError as e:
+        results[name] = ["refused", str(e)]
+print(json.dumps(results))
+"""
+
+
+def drop_privileges() -> None:
+    os.setgroups([])
+    os.setgid(NOBODY)
+    os.setuid(NOBODY)
+
+
+def as_nobody(cmd: list[str]) -> tuple[list[str], object]:
+    """The command line and preexec_fn that run `cmd` as nobody (setpriv if present: the venv's python may live
+    under root's 0700 home, which an exec after a plain setuid cannot reach)."""
+    if os.geteuid() != 0:
+        return cmd, None
+    if shutil.which("setpriv"):
+        return ["setpriv", "--reuid", str(NOBODY), "--regid", str(NOBODY), "--clear-groups", *cmd], None
+    return cmd, drop_privileges
+
+
+@pytest.fixture
+def shared_tree():
+    """A temp tree the unprivileged user can traverse (pytest's tmp_path is 0700 root)."""
+    root = Path(tempfile.mkdtemp(prefix="nanochat-hf-perm-"))
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root)
+
+
+def run_as_nobody(cases: dict[str, Path], home: Path) -> dict:
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "HOME": str(home), "HF_HOME": str(home / "hf")}
+    cmd, preexec = as_nobody([sys.executable, "-c", CHILD, json.dumps({k: str(v) for k, v in cases.items()})])
+    try:
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
+    except (OSError, subprocess.SubprocessError) as e:  # the exec failed after dropping privileges
+        pytest.skip(f"cannot run python as uid {NOBODY} here: {e}")
+    if proc.returncode != 0 and "Permission denied" in proc.stderr and "nanochat_hf" not in proc.stderr:
+        pytest.skip(f"cannot run python as uid {NOBODY} here: {proc.stderr.strip().splitlines()[-1]}")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_unwritable_dirs_refused_before_training_as_unprivileged_user(shared_tree):
+    home = shared_tree / "home"
+    home.mkdir()
+    os.chown(home, NOBODY, NOBODY)
+    # 1. an existing output_dir the user cannot write (chmod'ed read-only), holding the user's files
+    locked = shared_tree / "locked"
+    locked.mkdir()
+    (locked / "data.txt").write_text("user data")
+    os.chown(locked, NOBODY, NOBODY)
+    locked.chmod(0o555)
+    # 2. output_dir to be created inside a parent the user cannot write
+    ro_parent = shared_tree / "ro_parent"
+    ro_parent.mkdir()
+    ro_parent.chmod(0o555)
+    # 3. the issue's case: a writable output_dir whose parent is not writable; the final save must still land
+    writable_in_ro = ro_parent / "out"
+    writable_in_ro.mkdir()
+    os.chown(writable_in_ro, NOBODY, NOBODY)
+    before = snapshot(shared_tree)
+
+    results = run_as_nobody(
+        {"locked": locked, "ro_parent": ro_parent / "new", "writable_in_ro": writable_in_ro}, home)
+
+    status, message = results["locked"]
+    assert status == "refused" and "\n" not in message
+    assert f"output_dir {locked} is not writable (Permission denied)" in message
+    status, message = results["ro_parent"]
+    assert status == "refused" and "\n" not in message
+    assert f"output_dir {ro_parent / 'new'} cannot be created: Permission denied" in message
+    assert results["writable_in_ro"] == ["ok", [], ["model.safetensors"]]
+    assert (writable_in_ro / "model.safetensors").read_text() == "trained"
+    after = snapshot(shared_tree)
+    del after["ro_parent/out/model.safetensors"]
+    assert {k: v for k, v in after.items() if not k.startswith("home/")} == before  # nothing else touched
+    assert not (ro_parent / "new").exists() and sorted(p.name for p in locked.iterdir()) == ["data.txt"]
