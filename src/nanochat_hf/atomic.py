@@ -75,7 +75,7 @@ def staged_dir(target: str | os.PathLike, overwrite: bool = False, protect: Iter
 
     A new `target` is staged beside it and renamed into place (it appears complete or not at all). An existing
     `target` is staged inside it and the staged files are moved in one by one (each move atomic): files of
-    `target` the block did not write are kept. Before anything moves, every destination is checked: an existing
+    `target` the block did not write are kept. Staged files get mode 0666 & ~umask, folders 0777 & ~umask. Before anything moves, every destination is checked: an existing
     file that already holds the same bytes is left as it is; a different one is replaced only with `overwrite`,
     and a file in `protect` never (FileExistsError naming it). On error the staging folder is removed and `target`
     is untouched.
@@ -89,6 +89,8 @@ def staged_dir(target: str | os.PathLike, overwrite: bool = False, protect: Iter
     tmp = make_temp_dir(target if exists else target.parent, target.name)
     try:
         yield tmp
+        for path in tmp.rglob("*"):  # some writers make 0600 files (safetensors' save_file): usual modes for all
+            _fix_mode(path, 0o777 if path.is_dir() else 0o666)
         if not exists and not target.exists():
             os.rename(tmp, target)
             return
