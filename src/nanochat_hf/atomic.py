@@ -75,10 +75,10 @@ def staged_dir(target: str | os.PathLike, overwrite: bool = False, protect: Iter
 
     A new `target` is staged beside it and renamed into place (it appears complete or not at all). An existing
     `target` is staged inside it and the staged files are moved in one by one (each move atomic): files of
-    `target` the block did not write are kept. Staged files get mode 0666 & ~umask, folders 0777 & ~umask. Before anything moves, every destination is checked: an existing
-    file that already holds the same bytes is left as it is; a different one is replaced only with `overwrite`,
-    and a file in `protect` never (FileExistsError naming it). On error the staging folder is removed and `target`
-    is untouched.
+    `target` the block did not write are kept. Staged files get mode 0666 & ~umask, folders 0777 & ~umask.
+    Before anything moves, every destination is checked: an existing file that already holds the same bytes is
+    left as it is; a different one is replaced only with `overwrite`, and a file in `protect` never
+    (FileExistsError naming it). On error the staging folder is removed and `target` is untouched.
     """
     target = Path(target)
     if target.exists() and not target.is_dir():

@@ -212,7 +212,8 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     raw = read_json(config_path)
     model_type = raw.get("model_type")
     if model_type == NanoChatGPTConfig.model_type:
-        check_positive_ints(raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",), str(config_path))
+        check_positive_ints(raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",),
+                            str(config_path))
     elif model_type == "nanochat":
         check_positive_ints(raw, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
                             ("num_key_value_heads", "max_position_embeddings", "intermediate_size"), str(config_path))
