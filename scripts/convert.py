@@ -3,6 +3,10 @@
     python scripts/convert.py from-nanochat --checkpoint-dir D [--step N] --tokenizer-dir T --output O --trust-pickle
     python scripts/convert.py to-nanochat --model O --output D [--step N]
     python scripts/convert.py to-native --model O --output N
+
+Nothing is ever deleted, and the source files are never replaced. An --output that is not empty (to-nanochat: one
+holding files of the names it writes), or that is, contains or is inside the source, is refused unless
+--overwrite, which replaces only the files the command writes.
 """
 
 from __future__ import annotations
@@ -10,33 +14,51 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import NoReturn
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as one line (it prints the usage first), exit code 2 as argparse."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def step_number(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}")
+    return int(value)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    overwrite_help = "replace the files this command writes where they exist (other files, and the source, are kept)"
 
     p = sub.add_parser("from-nanochat", help="nanochat model_<step>.pt + meta_<step>.json -> Hugging Face directory")
     p.add_argument("--checkpoint-dir", required=True, type=Path, help="e.g. ~/.cache/nanochat/base_checkpoints/d20")
-    p.add_argument("--step", type=int, default=None, help="checkpoint step (default: the latest)")
+    p.add_argument("--step", type=step_number, default=None, help="checkpoint step (default: the latest)")
     p.add_argument("--tokenizer-dir", type=Path, default=None,
                    help="nanochat tokenizer dir (default: <checkpoint-dir>/../../tokenizer, nanochat's layout)")
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="cast weights (default: keep)")
     p.add_argument("--trust-pickle", action="store_true",
                    help="allow unpickling tokenizer.pkl (it can run code: only for files you trust)")
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
 
     p = sub.add_parser("to-nanochat", help="Hugging Face directory -> nanochat model_<step>.pt + meta_<step>.json")
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--output", required=True, type=Path, help="nanochat checkpoint dir (other steps there are kept)")
-    p.add_argument("--step", type=int, default=None,
+    p.add_argument("--step", type=step_number, default=None,
                    help="step in the file names (default: trainer_state.json's global_step, else the source step)")
     p.add_argument("--tokenizer-output", type=Path, default=None,
                    help="where to write tokenizer.pkl + token_bytes.pt (default: <output>/tokenizer)")
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
 
     p = sub.add_parser("to-native", help="export to transformers' built-in NanoChatForCausalLM (no custom code)")
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
     return parser.parse_args(argv)
 
 
@@ -48,12 +70,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "from-nanochat":
             tokenizer_dir = args.tokenizer_dir or args.checkpoint_dir.resolve().parent.parent / "tokenizer"
             out = from_nanochat(args.checkpoint_dir, args.output, tokenizer_dir, step=args.step, dtype=args.dtype,
-                                trust_pickle=args.trust_pickle)
+                                trust_pickle=args.trust_pickle, overwrite=args.overwrite)
         elif args.command == "to-nanochat":
-            out = to_nanochat(args.model, args.output, step=args.step, tokenizer_output_dir=args.tokenizer_output)
+            out = to_nanochat(args.model, args.output, step=args.step, tokenizer_output_dir=args.tokenizer_output,
+                              overwrite=args.overwrite)
         else:
-            out = to_native(args.model, args.output)
-    except (ValueError, FileNotFoundError, FileExistsError) as e:
+            out = to_native(args.model, args.output, overwrite=args.overwrite)
+    except (ValueError, OSError) as e:  # OSError: missing, existing or unwritable paths
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {out}")

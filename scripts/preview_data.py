@@ -12,40 +12,72 @@ import argparse
 import os
 import statistics
 import sys
+from typing import NoReturn
 
 GREEN, RESET = "\033[32m", "\033[0m"
 OPEN, CLOSE = "[[", "]]"
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse's errors as one line (it prints the usage first), exit code 2 as argparse."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(value: str) -> int:
+    if not value.isdigit() or int(value) == 0:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {value!r}")
+    return int(value)
+
+
+def non_negative_int(value: str) -> int:
+    if not value.isdigit():
+        raise argparse.ArgumentTypeError(f"expected a non-negative integer, got {value!r}")
+    return int(value)
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--mixture", default=None, help="mixture YAML (default: the offline demo mixture)")
     p.add_argument("--split", default="train", help="split of a split-keyed mixture file (train, val, ...)")
-    p.add_argument("-n", type=int, default=5, help="conversations to print")
+    p.add_argument("-n", type=non_negative_int, default=5, help="conversations to print")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer dir, or nanochat tokenizer dir (tokenizer.pkl)")
     p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a nanochat tokenizer.pkl")
-    p.add_argument("--max-seq-len", type=int, default=2048)
-    p.add_argument("--device-batch-size", type=int, default=32)
-    p.add_argument("--total-batch-size", type=int, default=524288, help="tokens per optimizer step")
-    p.add_argument("--world-size", type=int, default=1)
-    p.add_argument("--max-tokens", type=int, default=2048, help="truncation of each rendered conversation")
+    p.add_argument("--max-seq-len", type=positive_int, default=2048)
+    p.add_argument("--device-batch-size", type=positive_int, default=32)
+    p.add_argument("--total-batch-size", type=positive_int, default=524288, help="tokens per optimizer step")
+    p.add_argument("--world-size", type=positive_int, default=1)
+    p.add_argument("--max-tokens", type=positive_int, default=2048, help="truncation of each rendered conversation")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     p.add_argument("--strict", action="store_true", help="fail on the first malformed row")
     return p.parse_args(argv)
 
 
 def load_tokenizer(path: str | None, trust_pickle: bool):
+    """The demo tokenizer, or the one in `path`; ValueError / OSError in one line when it is not usable."""
     from nanochat_hf.data import demo_tokenizer
 
     if path is None:
         return demo_tokenizer()
+    if not os.path.isdir(path):
+        raise FileNotFoundError(f"--tokenizer {path}: no such directory (expected a tokenizer folder)")
     if os.path.isfile(os.path.join(path, "tokenizer.pkl")) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
         from nanochat_hf.tokenizer import load_nanochat_tokenizer
 
         return load_nanochat_tokenizer(path, trust_pickle=trust_pickle)
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(path)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"--tokenizer {path}: cannot be loaded ({first})") from None
+    missing = [t for t in ("<|bos|>", "<|user_start|>", "<|assistant_start|>", "<|assistant_end|>")
+               if t not in tokenizer.get_vocab()]
+    if missing:
+        raise ValueError(f"--tokenizer {path}: lacks nanochat's special token(s) {', '.join(missing)}")
+    return tokenizer
 
 
 def show(tokenizer, conversation: dict, max_tokens: int, color: bool) -> str:
@@ -66,15 +98,24 @@ def show(tokenizer, conversation: dict, max_tokens: int, color: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nanochat_hf.data import PackedStream, load_mixture, loads, tokenize_conversations
+    try:
+        return preview(args)
+    except (ValueError, OSError) as e:  # bad input: one line, no traceback
+        print(f"preview_data: error: {e}", file=sys.stderr)
+        return 2
+
+
+def preview(args: argparse.Namespace) -> int:
+    from nanochat_hf.data import PackedStream, load_mixture, loads, read_mixture, tokenize_conversations
 
     B, T, W = args.device_batch_size, args.max_seq_len, args.world_size
     if args.total_batch_size % (B * T * W):
-        raise SystemExit(f"error: total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
+        raise ValueError(f"total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
                          f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}")
     grad_accum = args.total_batch_size // (B * T * W)
-    ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
+    read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
     tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
+    ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     name = args.mixture or "offline demo mixture"
     marked = "green" if color else f"between {OPEN} and {CLOSE}"

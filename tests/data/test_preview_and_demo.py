@@ -1,7 +1,9 @@
 """scripts/preview_data.py output, and the cached demo tokenizer."""
 
 import json
+import os
 import re
+import stat
 import runpy
 from pathlib import Path
 
@@ -20,8 +22,8 @@ def test_preview_prints_conversations_sizes_and_steps(tmp_path, tokenizer, monke
     mix = tmp_path / "mix.yaml"
     mix.write_text(json.dumps({"tasks": [{"task": "simple_spelling", "size": 40}, {"task": "gsm8k_like_missing"}]}))
     main = runpy.run_path(str(SCRIPT))["main"]
-    with pytest.raises(ValueError, match="unknown task 'gsm8k_like_missing'"):
-        main(["--mixture", str(mix), "--tokenizer", str(tmp_path / "tok")])
+    assert main(["--mixture", str(mix), "--tokenizer", str(tmp_path / "tok")]) == 2
+    assert "unknown task 'gsm8k_like_missing'" in capsys.readouterr().err
     mix.write_text(json.dumps({"tasks": [{"task": "simple_spelling", "size": 40}, {"task": "arithmetic", "size": 10}]}))
     args = ["--mixture", str(mix), "--tokenizer", str(tmp_path / "tok"), "-n", "2", "--max-seq-len", "16",
             "--device-batch-size", "2", "--total-batch-size", "128", "--world-size", "2", "--color", "never"]
@@ -43,6 +45,10 @@ def test_demo_tokenizer_is_trained_once_and_cached(tmp_path, monkeypatch):
     tok = demo_tokenizer(vocab_size=1024, cache_dir=tmp_path)
     assert len(tok) == 1024 and tok.chat_template and tok.bos_token == "<|bos|>"
     assert len(list(tmp_path.glob("demo_tokenizer-1024-*/tokenizer.json"))) == 1
+    umask = os.umask(0)
+    os.umask(umask)
+    folder = next(tmp_path.glob("demo_tokenizer-1024-*"))
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o777 & ~umask  # not mkdtemp's 0700
 
     def boom(*a, **k):
         raise AssertionError("trained again although cached")

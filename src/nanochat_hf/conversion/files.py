@@ -1,13 +1,8 @@
-"""File helpers shared by the converters: reading checkpoints with clear errors, atomic directory writes."""
+"""File helpers shared by the converters: reading checkpoints with clear errors, the --output policy."""
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -25,6 +20,18 @@ def read_json(path: Path) -> dict:
     if not isinstance(data, dict):
         raise ValueError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data
+
+
+def check_positive_ints(fields: dict, required: tuple[str, ...], optional: tuple[str, ...], where: str) -> None:
+    """One-line ValueError naming the first field of `fields` that is missing or not a positive integer."""
+    for key in required + optional:
+        if key not in fields or (key in optional and fields[key] is None):
+            if key in required:
+                raise ValueError(f"{where}: missing field {key!r} (a positive integer)")
+            continue
+        value = fields[key]
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
 
 
 def expected_shapes(config: NanoChatGPTConfig) -> dict[str, tuple[int, ...]]:
@@ -68,43 +75,34 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     return allowed[dtype]
 
 
-@contextmanager
-def staging_dir(output_dir: Path) -> Iterator[Path]:
-    """Yield an empty temp dir beside `output_dir`; removed on error, so a failed write leaves nothing behind."""
-    output_dir = Path(output_dir)
-    if output_dir.exists() and not output_dir.is_dir():
-        raise FileExistsError(f"{output_dir}: exists and is not a directory")
-    output_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=output_dir.parent, prefix=f".{output_dir.name}.tmp-"))
-    try:
-        yield tmp
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+def _relation(output: Path, source: Path) -> str | None:
+    out, src = output.resolve(), source.resolve()
+    if out == src:
+        return "is"
+    if src in out.parents:
+        return "is inside"
+    if out in src.parents:
+        return "contains"
+    return None
 
 
-def commit_dir(tmp: Path, output_dir: Path) -> Path:
-    """Make `tmp` become `output_dir` (an existing one is replaced only after the new one is complete)."""
-    output_dir = Path(output_dir)
-    if not output_dir.exists():
-        os.replace(tmp, output_dir)
-        return output_dir
-    old = Path(tempfile.mkdtemp(dir=output_dir.parent, prefix=f".{output_dir.name}.old-"))
-    os.replace(output_dir, old / "dir")
-    os.replace(tmp, output_dir)
-    shutil.rmtree(old, ignore_errors=True)
-    return output_dir
+def check_output(output: Path, sources: list[Path], overwrite: bool, may_hold_other_files: bool = False) -> None:
+    """Refuse, before any work, an --output that is a file, or (unless `overwrite`) one that is, contains or is
+    inside a source directory, or that already holds files (`may_hold_other_files`: a nanochat checkpoint folder,
+    where other steps live; its own file names are checked when writing)."""
+    if output.exists() and not output.is_dir():
+        raise FileExistsError(f"{output}: --output exists and is not a directory")
+    if overwrite:
+        return
+    for source in sources:
+        if relation := _relation(output, source):
+            raise FileExistsError(f"{output}: --output {relation} the source {source}; choose another directory "
+                                  "(or pass --overwrite to add the converted files there; source files are kept)")
+    if not may_hold_other_files and output.is_dir() and any(output.iterdir()):
+        raise FileExistsError(f"{output}: --output is not empty; choose a new directory (or pass --overwrite to "
+                              "replace the files this command writes; other files are kept)")
 
 
-def merge_into_dir(tmp: Path, output_dir: Path) -> Path:
-    """Move the files of `tmp` into `output_dir` (kept, e.g. a nanochat checkpoint folder with other steps)."""
-    output_dir = Path(output_dir)
-    if not output_dir.exists():
-        os.replace(tmp, output_dir)
-        return output_dir
-    for src in sorted(tmp.rglob("*")):
-        dst = output_dir / src.relative_to(tmp)
-        if src.is_dir():
-            dst.mkdir(exist_ok=True)
-        else:
-            os.replace(src, dst)
-    return output_dir
+def files_in(*directories: Path) -> list[Path]:
+    """The files directly in these directories (a converter's sources, which it never replaces)."""
+    return [p for d in directories if d.is_dir() for p in d.iterdir() if p.is_file()]

@@ -13,15 +13,16 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
+from ..atomic import staged_dir, write_text
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from .files import (
+    check_output,
+    check_positive_ints,
     check_state_dict,
-    commit_dir,
     common_dtype,
-    merge_into_dir,
+    files_in,
     parse_dtype,
     read_json,
-    staging_dir,
 )
 
 NANOCHAT_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
@@ -75,12 +76,7 @@ def config_from_meta(meta: dict, meta_path: Path, **kwargs) -> NanoChatGPTConfig
     model_config = meta.get("model_config")
     if not isinstance(model_config, dict):
         raise ValueError(f"{meta_path}: no 'model_config' object (nanochat's meta JSON has one)")
-    missing = [k for k in NANOCHAT_CONFIG_KEYS if k not in model_config]
-    if missing:
-        raise ValueError(f"{meta_path}: model_config lacks {missing}")
-    bad = [k for k in NANOCHAT_CONFIG_KEYS if not isinstance(model_config[k], int) or model_config[k] <= 0]
-    if bad:
-        raise ValueError(f"{meta_path}: model_config {bad[0]} must be a positive integer, got {model_config[bad[0]]!r}")
+    check_positive_ints(model_config, NANOCHAT_CONFIG_KEYS, (), f"{meta_path}: model_config")
     try:
         return NanoChatGPTConfig(**{k: model_config[k] for k in NANOCHAT_CONFIG_KEYS}, **kwargs)
     except ValueError as e:
@@ -156,9 +152,15 @@ def load_from_nanochat(checkpoint_dir: str | os.PathLike, tokenizer_dir: str | o
 
 
 def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike,
-                  step: int | None = None, dtype: str | torch.dtype | None = None, trust_pickle: bool = False) -> Path:
+                  step: int | None = None, dtype: str | torch.dtype | None = None, trust_pickle: bool = False,
+                  overwrite: bool = False) -> Path:
     """Convert a nanochat checkpoint + tokenizer to a Hugging Face directory (safetensors, config with auto_map and
-    code files, tokenizer with chat template, generation config). `dtype` None keeps the stored dtypes."""
+    code files, tokenizer with chat template, generation config). `dtype` None keeps the stored dtypes.
+
+    `output_dir` must be new or empty and apart from the sources; `overwrite` lets it replace the files it writes
+    in any directory (other files are kept; the source files are never replaced)."""
+    output_dir, sources = Path(output_dir), [Path(checkpoint_dir), Path(tokenizer_dir)]
+    check_output(output_dir, sources, overwrite)
     state_dict, config, meta, step = read_nanochat_checkpoint(checkpoint_dir, step)
     tokenizer = _load_tokenizer(tokenizer_dir, config, trust_pickle)
     generation_config = _set_special_ids(config, tokenizer)
@@ -168,11 +170,11 @@ def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
     with torch.device("meta"):  # only for save_pretrained's config + code files; weights come from state_dict
         model = NanoChatGPTForCausalLM(config).to(common_dtype(state_dict))
     model.generation_config = generation_config
-    with staging_dir(Path(output_dir)) as tmp:
+    with staged_dir(output_dir, overwrite, protect=files_in(*sources)) as tmp:
         model.save_pretrained(tmp, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
-        (tmp / NANOCHAT_META_FILE).write_text(json.dumps({**meta, "step": step}, indent=2))
-        return commit_dir(tmp, Path(output_dir))
+        write_text(tmp / NANOCHAT_META_FILE, json.dumps({**meta, "step": step}, indent=2))
+    return output_dir
 
 
 # ---------------------------------------------------------------- Hugging Face -> nanochat
@@ -210,6 +212,12 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     config_path = model_dir / "config.json"
     raw = read_json(config_path)
     model_type = raw.get("model_type")
+    if model_type == NanoChatGPTConfig.model_type:
+        check_positive_ints(raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",),
+                            str(config_path))
+    elif model_type == "nanochat":
+        check_positive_ints(raw, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
+                            ("num_key_value_heads", "max_position_embeddings", "intermediate_size"), str(config_path))
     try:
         if model_type == NanoChatGPTConfig.model_type:
             config = NanoChatGPTConfig.from_dict(
@@ -218,8 +226,8 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
             config = config_from_native(raw, config_path)
         else:
             raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
-    except (TypeError, ValueError) as e:
-        raise ValueError(f"{config_path}: {e}") from None
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"{config_path}: {_first_line(e)}") from None
     state_dict = read_hf_weights(model_dir)
     if model_type == "nanochat":
         state_dict = native_to_nanochat_names(state_dict)
@@ -237,31 +245,49 @@ def _default_step(model_dir: Path) -> int:
 
 
 def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, step: int | None = None,
-                tokenizer_output_dir: str | os.PathLike | None = None) -> Path:
+                tokenizer_output_dir: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
     """Write ``model_<step:06d>.pt`` + ``meta_<step:06d>.json`` into `output_dir` (other files there are kept), and
     the tokenizer as nanochat's ``tokenizer.pkl`` + ``token_bytes.pt`` into `tokenizer_output_dir` (default
     ``output_dir/tokenizer``; nanochat reads it from ``$NANOCHAT_BASE_DIR/tokenizer``). Tensors are written as
-    stored (names and dtypes unchanged), so from_nanochat -> to_nanochat is bit-identical."""
+    stored (names and dtypes unchanged), so from_nanochat -> to_nanochat is bit-identical.
+
+    Existing files of those names are replaced only with `overwrite`, and the source's files never."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
+    tokenizer_dir = output_dir / "tokenizer" if tokenizer_output_dir is None else Path(tokenizer_output_dir)
+    check_output(output_dir, [model_dir], overwrite, may_hold_other_files=True)
+    check_output(tokenizer_dir, [model_dir], overwrite, may_hold_other_files=True)
     state_dict, config = read_hf_model(model_dir)
     step = _default_step(model_dir) if step is None else int(step)
     tokenizer = None
     if (model_dir / "tokenizer.json").is_file():
-        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(model_dir)
+        except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
+            raise ValueError(f"{model_dir / 'tokenizer.json'}: cannot be loaded ({_first_line(e)})") from None
         if len(tokenizer) != config.vocab_size:
             raise ValueError(f"{model_dir / 'tokenizer.json'}: tokenizer has {len(tokenizer)} tokens but the "
                              f"model's vocab_size is {config.vocab_size}")
-    with staging_dir(output_dir) as tmp:
+    # The checkpoint names are checked now, before any work; the tokenizer files when they are written (the same
+    # tokenizer written again for another step is byte-identical, and left as it is).
+    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json") if p.exists()]
+    if existing and not overwrite:
+        raise FileExistsError(f"{existing[0]}: already exists (pass --overwrite to replace it, or choose another "
+                              "--output / --step)")
+    protect = files_in(model_dir)
+    with staged_dir(output_dir, overwrite, protect) as tmp:
         torch.save(state_dict, tmp / f"model_{step:06d}.pt")
         meta = {"step": step, "model_config": config.to_nanochat_dict()}
-        (tmp / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2))
+        write_text(tmp / f"meta_{step:06d}.json", json.dumps(meta, indent=2))
         if tokenizer is not None and tokenizer_output_dir is None:
             _write_nanochat_tokenizer(tokenizer, tmp / "tokenizer")
-        elif tokenizer is not None:
-            with staging_dir(Path(tokenizer_output_dir)) as tok_tmp:
+        elif tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too
+            with staged_dir(tokenizer_dir, overwrite, protect) as tok_tmp:
                 _write_nanochat_tokenizer(tokenizer, tok_tmp)
-                merge_into_dir(tok_tmp, Path(tokenizer_output_dir))
-        return merge_into_dir(tmp, output_dir)
+    return output_dir
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _write_nanochat_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:

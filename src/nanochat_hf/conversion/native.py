@@ -23,8 +23,9 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ..atomic import staged_dir
 from ..model import NanoChatGPTConfig
-from .files import commit_dir, staging_dir
+from .files import check_output, files_in
 
 NATIVE_RMS_NORM_EPS = torch.finfo(torch.float32).eps
 # (nanochat name, native name); {i} is the layer index
@@ -91,18 +92,22 @@ def config_from_native(raw: dict, config_path: Path) -> NanoChatGPTConfig:
     )
 
 
-def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike) -> Path:
-    """Export our model directory to transformers' NanoChatForCausalLM (no custom code needed to load it)."""
+def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Export our model directory to transformers' NanoChatForCausalLM (no custom code needed to load it).
+
+    `output_dir` must be new or empty and apart from the source; `overwrite` lets it replace the files it writes
+    (other files are kept; the source's files are never replaced)."""
     from .nanochat import read_hf_model
 
     model_dir, output_dir = Path(model_dir), Path(output_dir)
+    check_output(output_dir, [model_dir], overwrite)
     state_dict, config = read_hf_model(model_dir)
     native = native_config(config)
-    with staging_dir(output_dir) as tmp:
+    with staged_dir(output_dir, overwrite, protect=files_in(model_dir)) as tmp:
         save_file({k: v.contiguous() for k, v in nanochat_to_native_names(state_dict).items()},
                   tmp / "model.safetensors", metadata={"format": "pt"})
         native.save_pretrained(tmp)
         for path in model_dir.iterdir():
             if path.is_file() and _CARRIED_FILES.fullmatch(path.name):
-                shutil.copy2(path, tmp / path.name)
-        return commit_dir(tmp, output_dir)
+                shutil.copyfile(path, tmp / path.name)  # not copy2: the mode comes from the umask
+    return output_dir

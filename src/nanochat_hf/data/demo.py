@@ -6,9 +6,9 @@ import hashlib
 import logging
 import os
 import shutil
-import tempfile
 from pathlib import Path
 
+from ..atomic import make_temp_dir
 from .conversation import conversation_texts, loads
 
 logger = logging.getLogger("nanochat_hf.data")
@@ -54,7 +54,7 @@ def demo_tokenizer(vocab_size: int = DEMO_VOCAB_SIZE, cache_dir: str | os.PathLi
         logger.info("Training the demo tokenizer (vocab %d) into %s", vocab_size, folder)
         tokenizer = train_tokenizer(texts, vocab_size)
         root.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=".demo_tokenizer-", dir=root))
+        tmp = make_temp_dir(root, "demo_tokenizer")  # mode from the umask, not mkdtemp's 0700
         try:
             tokenizer.save_pretrained(tmp)
             try:

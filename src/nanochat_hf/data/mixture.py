@@ -35,7 +35,7 @@ import yaml
 from datasets import Dataset, concatenate_datasets
 
 from .tasks import (FILE_TASKS, HUB_TASKS, SYNTHETIC_TASKS, TASK_NAMES, WORD_TASKS, TaskSpec, canonical_task_name,
-                    identity_file, load_task)
+                    check_data_file, identity_file, load_task)
 from .words import WORD_LISTS
 
 logger = logging.getLogger("nanochat_hf.data")
@@ -93,6 +93,10 @@ def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSp
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
             kind = "positive" if minimum else "non-negative"
             raise ValueError(f"{where}: {key} must be a {kind} integer, got {value!r}")
+    for key in ("split", "path", "config", "words"):
+        value = getattr(spec, key)
+        if value is not None and not isinstance(value, str):
+            raise ValueError(f"{where}: {key} must be a string, got {value!r}")
     if task in SYNTHETIC_TASKS and spec.size is None:
         raise ValueError(f"{where}: synthetic task needs 'size' (number of rows)")
     if task not in SYNTHETIC_TASKS and spec.size is not None:
@@ -103,13 +107,16 @@ def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSp
         raise ValueError(f"{where}: unknown word list {spec.words!r} (expected one of: {', '.join(WORD_LISTS)})")
     if spec.data_files and task not in HUB_TASKS:
         raise ValueError(f"{where}: 'data_files' only applies to hub tasks ({', '.join(HUB_TASKS)})")
-    files = [spec.data_files] if isinstance(spec.data_files, str) else list(spec.data_files or [])
+    files = [spec.data_files] if isinstance(spec.data_files, str) else spec.data_files or []
+    if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
+        raise ValueError(f"{where}: data_files must be a file name or a list of file names, got {spec.data_files!r}")
     spec.data_files = [_expand(f, base) for f in files]
     for f in spec.data_files:
         if not f.endswith((".json", ".jsonl", ".parquet")):
             raise ValueError(f"{where}: data file {f} must be .json, .jsonl or .parquet")
         if not os.path.isfile(f):
             raise FileNotFoundError(f"{where}: data file not found: {f}")
+        check_data_file(f, where)
     if spec.path is not None:
         local = _expand(spec.path, base)
         if task in FILE_TASKS or os.path.exists(local):  # otherwise a hub name like "cais/mmlu"
@@ -156,8 +163,13 @@ def read_mixture(path: str | os.PathLike | None, split: str = "train") -> tuple[
         raise FileNotFoundError(f"mixture file not found: {path}")
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except yaml.YAMLError as e:
-        raise ValueError(f"{path}: not valid YAML ({e})") from e
+    except UnicodeDecodeError as e:
+        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except yaml.YAMLError as e:  # its message spans several lines: keep the problem and where it is
+        mark = getattr(e, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
+        raise ValueError(f"{path}: not valid YAML ({problem}{at})") from None
     seed, specs = parse_mixture(config, split, str(path), path.parent)
     return seed, specs, str(path)
 

@@ -18,6 +18,8 @@ from pathlib import Path
 from typing import Callable
 
 from datasets import Dataset, Features, Value, load_dataset
+from datasets import config as datasets_config
+from datasets.exceptions import DatasetsError
 
 from . import synthetic
 from .conversation import check_messages, dumps
@@ -27,6 +29,39 @@ CONVERT_VERSION = 2  # feeds the datasets cache fingerprint of the conversion: b
 HUB_SHUFFLE_SEED = 42  # hub-backed tasks are shuffled with this seed right after loading
 _SOURCE_ROW = "__source_row__"  # row number in the source, kept through the shuffle for error messages
 DEMO_IDENTITY_FILE = Path(__file__).with_name("identity_demo.jsonl")
+
+
+class DataLoadError(ValueError):
+    """A task's data cannot be read (bad file, hub unreachable). A ValueError, as the other bad-input errors, so
+    the command line tools report it in one line."""
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+def check_data_file(path: str, where: str) -> None:
+    """One-line DataLoadError for a local data file that is empty or not in its extension's format. Reads only the
+    start (and a parquet file's footer): data files can be large; deeper damage is reported when loading."""
+    with open(path, "rb") as f:
+        if path.endswith(".parquet"):  # parquet files start and end with the magic bytes PAR1
+            head = f.read(4)
+            f.seek(max(os.path.getsize(path) - 4, 0))
+            if os.path.getsize(path) < 12 or head != b"PAR1" or f.read(4) != b"PAR1":
+                raise DataLoadError(f"{where}: data file {path} is not a parquet file (empty or damaged)")
+            return
+        number, first = next(((i, line) for i, line in enumerate(f, 1) if line.strip()), (0, None))
+    if first is None:
+        raise DataLoadError(f"{where}: data file {path} is empty (expected rows as JSON objects)")
+    if path.endswith(".json") and first.lstrip()[:1] in (b"[", b"{"):
+        return  # one JSON document (a list, or an object of columns) may span many lines
+    try:
+        json.loads(first)
+    except (ValueError, UnicodeDecodeError) as e:
+        reason = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8"
+        raise DataLoadError(f"{where}: data file {path} line {number} is not JSON ({reason}); expected one JSON "
+                            "object per line") from None
 
 
 # ---------------------------------------------------------------- row -> conversation
@@ -204,16 +239,29 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
     if spec.data_files:
         builder = "parquet" if all(f.endswith(".parquet") for f in spec.data_files) else "json"
         source = ", ".join(spec.data_files)
-        ds = load_dataset(builder, data_files={spec.split: spec.data_files}, split=spec.split, cache_dir=cache_dir)
+        try:
+            ds = load_dataset(builder, data_files={spec.split: spec.data_files}, split=spec.split, cache_dir=cache_dir)
+        except (DatasetsError, ValueError, OSError) as e:
+            cause = e.__cause__ or e  # datasets wraps the parser's error
+            raise DataLoadError(f"task {spec.label}: data file(s) {source} cannot be read as {builder} "
+                                f"({_first_line(cause)})") from None
+        if len(ds) == 0:
+            raise DataLoadError(f"task {spec.label}: data file(s) {source} hold no rows")
     else:
         name = spec.path or hub.dataset
         config = spec.config or (None if os.path.isdir(name) else hub.config(spec.split))
         source = name + (f"/{config}" if config else "")
         try:
             ds = load_dataset(name, config, split=spec.split, cache_dir=cache_dir)
-        except (ConnectionError, OSError) as e:
-            raise RuntimeError(f"task {spec.task}: could not load {source} split {spec.split!r} ({e}); "
-                               "offline? point `data_files` at local files of the same layout") from e
+        except (DatasetsError, ValueError, OSError) as e:
+            if datasets_config.HF_HUB_OFFLINE and not os.path.isdir(name):
+                raise DataLoadError(
+                    f"task {spec.label}: hub dataset {source} is not in the local cache and offline mode is on "
+                    "(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); give a local copy with `data_files:` (json / jsonl / "
+                    "parquet files in the dataset's column layout)") from None
+            raise DataLoadError(f"task {spec.label}: could not load {source} split {spec.split!r} "
+                                f"({_first_line(e)}); offline? point `data_files` at local files of the same "
+                                "layout") from None
     # Shuffle first, then slice: start/stop then pick nanochat's rows. The source row numbers ride along (an
     # in-memory column, the files are not rewritten) so that skipped rows can be named as they are in the file.
     ds = ds.add_column(_SOURCE_ROW, range(len(ds))).shuffle(seed=HUB_SHUFFLE_SEED)
@@ -230,7 +278,12 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
 
 def _load_jsonl(spec: TaskSpec) -> TaskResult:
     path = Path(spec.path) if spec.path else identity_file(spec.task)
-    lines = path.read_text(encoding="utf-8").splitlines()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise DataLoadError(f"task {spec.label}: {path} is not UTF-8 text ({e.reason} at byte {e.start})") from None
+    if not any(line.strip() for line in lines):
+        raise DataLoadError(f"task {spec.label}: {path} is empty (expected one JSON array of messages per line)")
     convs, bad = [], []
     for i in _slice(len(lines), spec):
         if not lines[i].strip():

@@ -11,13 +11,13 @@ import io
 import json
 import os
 import pickle
-import tempfile
 import warnings
 from pathlib import Path
 
 import torch
 from transformers import PreTrainedTokenizerFast
 
+from ..atomic import write_bytes
 from .tokenizer import SPECIAL_TOKENS, build_tokenizer, bytes_to_token, to_mergeable_ranks, token_bytes
 
 
@@ -146,18 +146,17 @@ def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: s
     except ImportError as e:
         raise ImportError("writing tokenizer.pkl needs tiktoken: pip install 'nanochat-hf[tiktoken]'") from e
     ranks, specials = to_mergeable_ranks(tokenizer)
+    # in id order: the vocab comes from a hash map, and a fixed order makes tokenizer.pkl the same bytes every time
+    ranks = dict(sorted(ranks.items(), key=lambda kv: kv[1]))
+    specials = dict(sorted(specials.items(), key=lambda kv: kv[1]))
     pattern = _split_pattern(tokenizer)
     enc = tiktoken.Encoding(name="nanochat", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer_dir.mkdir(parents=True, exist_ok=True)
-    for name, write in (
-        ("tokenizer.pkl", lambda f: pickle.dump(enc, f)),
-        ("token_bytes.pt", lambda f: torch.save(token_bytes(tokenizer).to(torch.int32), f)),
-    ):
-        fd, tmp = tempfile.mkstemp(dir=tokenizer_dir, prefix=f".{name}.")
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, tokenizer_dir / name)
+    token_lengths = io.BytesIO()
+    torch.save(token_bytes(tokenizer).to(torch.int32), token_lengths)
+    write_bytes(tokenizer_dir / "tokenizer.pkl", pickle.dumps(enc))
+    write_bytes(tokenizer_dir / "token_bytes.pt", token_lengths.getvalue())
     return tokenizer_dir
 
 

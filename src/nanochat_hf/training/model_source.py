@@ -5,7 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
+from safetensors import SafetensorError, safe_open
 
+from ..conversion.files import check_positive_ints, read_json
+from ..model import NanoChatGPTConfig
 from .arguments import MidTrainingArguments
 
 
@@ -32,6 +35,39 @@ def _load_nanochat(path: Path, args: MidTrainingArguments):
             f"no nanochat tokenizer at {tokenizer_dir / 'tokenizer.pkl'} (pass --tokenizer_dir DIR)"
         )
     return load_from_nanochat(checkpoint_dir, tokenizer_dir, step=args.step, trust_pickle=args.trust_pickle)
+
+
+def _load_hf_dir(path: Path):
+    """from_pretrained of a local directory, with one-line errors naming the damaged file or field."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    config_path = path / "config.json"
+    raw = read_json(config_path)
+    if not isinstance(raw.get("model_type"), str):
+        raise ValueError(f"{config_path}: no 'model_type' (a Hugging Face model config names its model type)")
+    if raw["model_type"] == NanoChatGPTConfig.model_type:
+        check_positive_ints(raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",),
+                            str(config_path))
+    for weights in sorted(path.glob("*.safetensors")):  # reads only the header: cheap, and names the bad file
+        try:
+            with safe_open(str(weights), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise ValueError(f"{weights}: not a readable safetensors file ({_first_line(e)})") from None
+    try:
+        model = AutoModelForCausalLM.from_pretrained(path)
+    except (OSError, ValueError, TypeError, KeyError, SafetensorError) as e:
+        raise ValueError(f"model_source {path}: the model cannot be loaded ({_first_line(e)})") from None
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(path)
+    except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
+        raise ValueError(f"model_source {path}: the tokenizer cannot be loaded ({_first_line(e)})") from None
+    return model, tokenizer
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _demo_model(args: MidTrainingArguments):
@@ -62,8 +98,7 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
         if path.is_dir() and (path / "config.json").is_file():
             if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
                 raise FileNotFoundError(f"model_source {path}: no tokenizer in the directory (tokenizer.json expected)")
-            model = AutoModelForCausalLM.from_pretrained(path)
-            tokenizer = AutoTokenizer.from_pretrained(path)
+            model, tokenizer = _load_hf_dir(path)
         elif path.is_dir() and _is_nanochat_dir(path):
             model, tokenizer = _load_nanochat(path, args)
         elif path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
