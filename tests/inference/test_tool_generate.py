@@ -10,25 +10,19 @@ from transformers import LogitsProcessorList
 from nanochat_hf.inference import CalculatorToolProcessor, generate_replies, generate_reply, generate_tokens
 from nanochat_hf.tokenizer import render_for_completion
 
-from .conftest import build_wired
-
 CASES = json.loads((Path(__file__).parent / "data" / "loop_outputs.json").read_text())["cases"]
 
 
-def case_model(case, tokenizer, random_model):
-    return random_model if case["model"] == "random" else build_wired(tokenizer, *case["chains"])
-
-
 @pytest.mark.parametrize("case", CASES, ids=[f"{c['model']}-{c['max_new_tokens']}" for c in CASES])
-def test_greedy_matches_the_former_loop(case, tokenizer, random_model):
-    model = case_model(case, tokenizer, random_model)
+def test_greedy_matches_the_former_loop(case, tokenizer, random_model, wired):
+    model = random_model if case["model"] == "random" else wired(*case["chains"])
     reply = generate_reply(model, tokenizer, case["conversation"], max_new_tokens=case["max_new_tokens"])
     assert reply["token_ids"] == case["token_ids"]
 
 
-def test_forced_output_longer_than_one_token(tokenizer, ids):
+def test_forced_output_longer_than_one_token(tokenizer, wired, ids):
     case = next(c for c in CASES if c["model"] == "wired_12*7+3" and c["max_new_tokens"] == 64)
-    reply = generate_reply(build_wired(tokenizer, *case["chains"]), tokenizer, case["conversation"])
+    reply = generate_reply(wired(*case["chains"]), tokenizer, case["conversation"])
     assert reply["token_ids"] == ids("<|python_start|>", "12", "*", "7", "+", "3", "<|python_end|>",
                                      "<|output_start|>", "8", "7", "<|output_end|>", "!", "<|assistant_end|>")
     assert reply["parts"][:2] == [{"type": "python", "text": "12*7+3"}, {"type": "python_output", "text": "87"}]
