@@ -79,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
-    state = PartialState()
+    # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
+    state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
     local = Path(args.model).expanduser()
     source = str(local) if local.is_dir() else args.model
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else

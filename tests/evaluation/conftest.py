@@ -90,3 +90,9 @@ def random_model(tokenizer):
         for p in model.parameters():
             p.copy_(torch.randn(p.shape, generator=g) * 0.5)
     return model.eval()
+
+
+@pytest.fixture
+def wired(tokenizer):
+    """build_wired bound to the session tokenizer: wired(chain, chain, ...) -> model."""
+    return lambda *chains: build_wired(tokenizer, *chains)
