@@ -3,7 +3,8 @@
     python scripts/chat.py --model DIR_OR_REPO --prompt "What is 12*7+3?"     # one reply, then exit
     python scripts/chat.py --model DIR_OR_REPO                                # REPL: 'clear' resets, 'quit' ends
 
-Tool calls are shown on their own lines: "[calculator] 12*7+3" then "[result] 87".
+Tool calls are shown on their own lines: "[calculator] 12*7+3" then "[result] 87". A conversation longer than
+the model's sequence_len (minus --max-new-tokens) is cut to <|bos|> and its most recent tokens, with a note.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from transformers.generation.streamers import BaseStreamer
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -19,7 +22,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", default=None, help="answer this one message and exit (default: interactive)")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
-    parser.add_argument("--max-new-tokens", type=int, default=256)
+    parser.add_argument("--max-new-tokens", type=int, default=None,
+                        help="default: 256, or half the model's sequence_len if that is less")
     parser.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
@@ -27,8 +31,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-class ReplyPrinter:
-    """Prints reply tokens as they come: text streamed, tool calls and results on lines of their own."""
+class ReplyPrinter(BaseStreamer):
+    """A generate() streamer printing reply tokens as they come: text streamed, tool calls and results on lines
+    of their own."""
 
     def __init__(self, tokenizer, at_line_start: bool = True, out=None):
         self.tokenizer, self.out = tokenizer, out or sys.stdout
@@ -39,6 +44,17 @@ class ReplyPrinter:
         self.run: list[int] = []
         self.shown = ""
         self.line_start = at_line_start
+        self.prompt_seen = False
+
+    def put(self, value) -> None:
+        if not self.prompt_seen:  # generate() first hands over the prompt
+            self.prompt_seen = True
+            return
+        for token in value.reshape(-1).tolist():  # one conversation: one token per step
+            self(token)
+
+    def end(self) -> None:
+        self.flush()
 
     def __call__(self, token: int) -> None:
         if token in self.stops:
@@ -72,7 +88,7 @@ class ReplyPrinter:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.max_new_tokens < 1 or args.temperature < 0 or args.top_k < 0:
+    if (args.max_new_tokens is not None and args.max_new_tokens < 1) or args.temperature < 0 or args.top_k < 0:
         print("error: --max-new-tokens must be >= 1, --temperature >= 0, --top-k >= 0", file=sys.stderr)
         return 2
     local = Path(args.model).expanduser()
@@ -85,7 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
-    from nanochat_hf.inference import iter_reply_tokens, parts_from_tokens
+    from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens
+    from nanochat_hf.tokenizer import render_for_completion
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else
@@ -98,13 +115,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
 
+    sequence_len = model.config.sequence_len
+    if args.max_new_tokens is None:
+        args.max_new_tokens = min(256, sequence_len // 2)
+    if args.max_new_tokens > sequence_len - 2:
+        print(f"error: --max-new-tokens {args.max_new_tokens} leaves no room for a prompt within the model's "
+              f"sequence_len {sequence_len}", file=sys.stderr)
+        return 2
+
     def reply(messages: list[dict], at_line_start: bool) -> dict:
+        prompt = render_for_completion(tokenizer, {"messages": messages})
+        fitted = fit_prompt(prompt, sequence_len, args.max_new_tokens)
+        if len(fitted) < len(prompt):
+            print(f"note: the conversation is {len(prompt)} tokens, more than the "
+                  f"model's sequence_len {sequence_len} minus --max-new-tokens {args.max_new_tokens}: the model sees "
+                  f"<|bos|> and the last {len(fitted) - 1} tokens", file=sys.stderr)
         printer = ReplyPrinter(tokenizer, at_line_start)
-        tokens = []
-        for token, _forced in iter_reply_tokens(model, tokenizer, {"messages": messages}, args.max_new_tokens,
-                                                args.temperature, top_k, args.seed):
-            tokens.append(token)
-            printer(token)
+        (tokens,) = generate_tokens(model, tokenizer, [fitted], args.max_new_tokens, args.temperature, top_k,
+                                    args.seed, streamer=printer)
         if not printer.line_start:
             printer.write("\n")
         return {"role": "assistant", "content": parts_from_tokens(tokenizer, tokens)}

@@ -1,21 +1,24 @@
-"""Chat inference with nanochat's calculator tool (spec section 3, last paragraph).
+"""Chat inference with nanochat's calculator tool (spec section 3, last paragraph), through `model.generate()`.
 
 The prompt is the conversation rendered with `render_for_completion` (ends in ``<|assistant_start|>``).
-Tokens are generated one at a time on a KV cache. When the model writes ``<|python_start|>`` expr
+`CalculatorToolProcessor` is a standard `LogitsProcessor`: when a row has written ``<|python_start|>`` expr
 ``<|python_end|>``, expr is evaluated with `calculate`; if it gives a result, ``<|output_start|>`` result
-``<|output_end|>`` is forced into the sequence (fed to the model in one forward) and generation goes on.
-Generation stops at ``<|assistant_end|>`` (or ``<|bos|>``, as nanochat's engine) or after `max_new_tokens`
-tokens (forced ones count, as in nanochat).
+``<|output_end|>`` is forced into that row over the next steps (every other logit masked), so generate() does
+nanochat's tool use on left-padded batches and under any sampling settings. Generation stops at
+``<|assistant_end|>`` (or ``<|bos|>``, as nanochat's engine) or after `max_new_tokens` tokens (forced ones count,
+as in nanochat).
 """
 
 from __future__ import annotations
 
 import ast
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+from transformers.generation.streamers import BaseStreamer
 
 from .tokenizer import render_for_completion
 
@@ -123,15 +126,67 @@ def _special_ids(tokenizer) -> dict[str, int]:
     return ids
 
 
-def _sample(logits: torch.Tensor, temperature: float, top_k: int | None, generator: torch.Generator | None) -> int:
-    if temperature == 0.0:
-        return int(logits.argmax())
-    logits = logits / temperature
-    if top_k is not None and top_k < logits.numel():
-        kth = torch.topk(logits, top_k).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+class CalculatorToolProcessor(LogitsProcessor):
+    """Forces ``<|output_start|>`` calculate(expr) ``<|output_end|>`` after each ``<|python_start|>`` expr
+    ``<|python_end|>`` a row writes; pass it to ``model.generate(logits_processor=[...])``.
+
+    Stateless: each step it reads the row's own tokens, so it works on left-padded batches, with sampling and
+    with beam search (rows may be reordered), and needs no reset between generate() calls. When the expression
+    gives no result (calculate returns None) nothing is forced and the model goes on by itself, as nanochat does.
+    """
+
+    def __init__(self, tokenizer):
+        ids = _special_ids(tokenizer)
+        self.tokenizer = tokenizer
+        self.python_start, self.python_end = ids["<|python_start|>"], ids["<|python_end|>"]
+        self.output_start, self.output_end = ids["<|output_start|>"], ids["<|output_end|>"]
+        self.special_set = {*tokenizer.all_special_ids, *ids.values()}
+        self.specials = torch.tensor(sorted(self.special_set))
+
+    def forced_reply(self, expression_ids: list[int]) -> list[int] | None:
+        """The tokens the tool writes after ``<|python_end|>`` for this expression, or None (no result)."""
+        result = calculate(self.tokenizer.decode(expression_ids)) if expression_ids else None
+        if result is None:
+            return None
+        return [self.output_start, *self.tokenizer.encode(result, add_special_tokens=False), self.output_end]
+
+    def _next_forced(self, row: list[int], last_special: int) -> int | None:
+        # row[last_special] is <|python_end|> (then it is the row's last token) or <|output_start|>
+        end = last_special if row[last_special] == self.python_end else last_special - 1
+        if end < 1 or row[end] != self.python_end:
+            return None
+        start = end - 1  # the expression: non-special tokens back to <|python_start|>
+        while start >= 0 and row[start] not in self.special_set:
+            start -= 1
+        if start < 0 or row[start] != self.python_start:
+            return None
+        forced = self.forced_reply(row[start + 1:end])
+        written = row[end + 1:]
+        if forced is None or len(written) >= len(forced) or forced[:len(written)] != written:
+            return None
+        return forced[len(written)]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        # only rows whose last special token opens or is about to open a tool output can need forcing:
+        # find them with tensor ops, then walk just those rows in Python
+        is_special = torch.isin(input_ids, self.specials.to(input_ids.device))
+        positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+        last = torch.where(is_special, positions, -1).max(dim=1).values
+        last_token = input_ids.gather(1, last.clamp(min=0)[:, None])[:, 0]
+        pending = (last >= 0) & ((last_token == self.output_start)
+                                 | ((last_token == self.python_end) & (last == input_ids.shape[1] - 1)))
+        rows, tokens = [], []
+        for r in pending.nonzero()[:, 0].tolist():
+            token = self._next_forced(input_ids[r].tolist(), int(last[r]))
+            if token is not None:
+                rows.append(r)
+                tokens.append(token)
+        if not rows:
+            return scores
+        scores = scores.clone()
+        scores[rows] = float("-inf")
+        scores[rows, tokens] = 0.0
+        return scores
 
 
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
@@ -143,64 +198,58 @@ def _check_options(max_new_tokens: int, temperature: float, top_k: int | None) -
         raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
 
 
-def iter_reply_tokens(model, tokenizer, conversation: Mapping | list, max_new_tokens: int = 256,
-                      temperature: float = 0.0, top_k: int | None = None,
-                      seed: int | None = None) -> Iterator[tuple[int, bool]]:
-    """Yield (token_id, forced) for each token of the assistant reply, the final stop token included.
-
-    `forced` is True for the calculator's ``<|output_start|>`` result ``<|output_end|>`` tokens. `model` is the
-    bare causal LM (unwrap DDP/accelerate first); it is put in eval mode while generating and restored after.
-    Bad options and conversations raise ValueError here, before the first token.
-    """
-    _check_options(max_new_tokens, temperature, top_k)
-    ids = _special_ids(tokenizer)
-    prompt = render_for_completion(tokenizer, conversation)
-    return _generate(model, tokenizer, prompt, ids, max_new_tokens, temperature, top_k, seed)
+def fit_prompt(prompt: list[int], sequence_len: int, max_new_tokens: int) -> list[int]:
+    """`prompt` cut so that prompt + `max_new_tokens` fits in `sequence_len`: the first token (``<|bos|>``) and
+    the most recent tokens are kept (the model never saw longer sequences in training). Unchanged when it fits."""
+    keep = sequence_len - max_new_tokens
+    if len(prompt) <= keep:
+        return prompt
+    if keep < 2:
+        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the model's "
+                         f"sequence_len={sequence_len}")
+    return prompt[:1] + prompt[len(prompt) - keep + 1:]
 
 
 @torch.no_grad()
-def _generate(model, tokenizer, prompt: list[int], ids: dict[str, int], max_new_tokens: int, temperature: float,
-              top_k: int | None, seed: int | None) -> Iterator[tuple[int, bool]]:
-    stop = {ids["<|assistant_end|>"], ids["<|bos|>"]}
-    device = next(model.parameters()).device
-    generator = None
-    if seed is not None and temperature > 0.0:
-        generator = torch.Generator(device=device).manual_seed(seed)
+def generate_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256,
+                    temperature: float = 0.0, top_k: int | None = None, seed: int | None = None,
+                    streamer: BaseStreamer | None = None) -> list[list[int]]:
+    """Reply tokens for each prompt (token ids), generated as one left-padded batch by ``model.generate()`` with
+    the calculator tool. Each reply ends at its first stop token (included) or after `max_new_tokens` tokens.
 
+    `model` is the bare causal LM (unwrap DDP/accelerate first); it is put in eval mode while generating and
+    restored after. temperature 0 = greedy; `seed` makes sampling reproducible (the global RNG is left as it was).
+    """
+    _check_options(max_new_tokens, temperature, top_k)
+    if not prompts or not all(prompts):
+        raise ValueError("prompts must be a non-empty list of non-empty token id lists")
+    ids = _special_ids(tokenizer)
+    stops = [ids["<|assistant_end|>"], ids["<|bos|>"]]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids["<|bos|>"]
+    device = next(model.parameters()).device
+    width = max(len(p) for p in prompts)
+    input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    sampling = temperature > 0.0
+    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling,
+                              temperature=temperature if sampling else None, top_k=top_k if sampling else None,
+                              eos_token_id=stops, pad_token_id=pad)
     was_training = model.training
     model.eval()
     try:
-        feed = prompt
-        cache = None
-        produced = 0
-        in_python, expr = False, []
-        while produced < max_new_tokens:
-            out = model(input_ids=torch.tensor([feed], device=device), past_key_values=cache, use_cache=True,
-                        logits_to_keep=1)
-            cache = out.past_key_values
-            token = _sample(out.logits[0, -1], temperature, top_k, generator)
-            produced += 1
-            yield token, False
-            if token in stop:
-                return
-            feed = [token]
-            if token == ids["<|python_start|>"]:
-                in_python, expr = True, []
-            elif token == ids["<|python_end|>"] and in_python:
-                in_python = False
-                result = calculate(tokenizer.decode(expr)) if expr else None
-                if result is not None:  # no result: the model goes on by itself (nanochat does the same)
-                    forced = [ids["<|output_start|>"], *tokenizer.encode(result, add_special_tokens=False),
-                              ids["<|output_end|>"]]
-                    forced = forced[:max_new_tokens - produced]
-                    for t in forced:
-                        yield t, True
-                    produced += len(forced)
-                    feed += forced
-            elif in_python:
-                expr.append(token)
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            if seed is not None:
+                torch.manual_seed(seed)
+            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
+                                 logits_processor=LogitsProcessorList([CalculatorToolProcessor(tokenizer)]),
+                                 streamer=streamer)
     finally:
         model.train(was_training)
+    replies = []
+    for row in out[:, width:].tolist():
+        stop_at = next((i for i, t in enumerate(row) if t in stops), None)
+        replies.append(row if stop_at is None else row[:stop_at + 1])
+    return replies
 
 
 def parts_from_tokens(tokenizer, token_ids: list[int]) -> list[dict[str, str]]:
@@ -234,6 +283,30 @@ def parts_from_tokens(tokenizer, token_ids: list[int]) -> list[dict[str, str]]:
     return parts
 
 
+def _reply(tokenizer, tokens: list[int], stops: tuple[int, int]) -> dict[str, Any]:
+    parts = parts_from_tokens(tokenizer, tokens)
+    return {
+        "message": {"role": "assistant", "content": parts},
+        "parts": parts,
+        "text": "".join(p["text"] for p in parts if p["type"] == "text"),
+        "token_ids": tokens,
+        "finish_reason": "stop" if tokens and tokens[-1] in stops else "length",
+    }
+
+
+def generate_replies(model, tokenizer, conversations: list[Mapping | list], max_new_tokens: int = 256,
+                     temperature: float = 0.0, top_k: int | None = None,
+                     seed: int | None = None) -> list[dict[str, Any]]:
+    """The assistant's reply to each conversation (nanochat format, last message from the user), generated as
+    one left-padded batch; see `generate_reply` for what each reply holds."""
+    _check_options(max_new_tokens, temperature, top_k)  # before rendering: bad options fail first
+    prompts = [render_for_completion(tokenizer, c) for c in conversations]
+    ids = _special_ids(tokenizer)
+    stops = (ids["<|assistant_end|>"], ids["<|bos|>"])
+    return [_reply(tokenizer, tokens, stops) for tokens in
+            generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k, seed)]
+
+
 def generate_reply(model, tokenizer, conversation: Mapping | list, max_new_tokens: int = 256,
                    temperature: float = 0.0, top_k: int | None = None, seed: int | None = None) -> dict[str, Any]:
     """Generate the assistant's reply to `conversation` (nanochat format, last message from the user).
@@ -243,18 +316,7 @@ def generate_reply(model, tokenizer, conversation: Mapping | list, max_new_token
     "length"}. Append result["message"] to the conversation to continue the chat. temperature 0 = greedy;
     `seed` makes sampling reproducible.
     """
-    tokens = [t for t, _ in iter_reply_tokens(model, tokenizer, conversation, max_new_tokens, temperature, top_k,
-                                              seed)]
-    ids = _special_ids(tokenizer)
-    stopped = bool(tokens) and tokens[-1] in (ids["<|assistant_end|>"], ids["<|bos|>"])
-    parts = parts_from_tokens(tokenizer, tokens)
-    return {
-        "message": {"role": "assistant", "content": parts},
-        "parts": parts,
-        "text": "".join(p["text"] for p in parts if p["type"] == "text"),
-        "token_ids": tokens,
-        "finish_reason": "stop" if stopped else "length",
-    }
+    return generate_replies(model, tokenizer, [conversation], max_new_tokens, temperature, top_k, seed)[0]
 
 
 def format_parts(parts: list[dict[str, str]]) -> str:
@@ -272,4 +334,5 @@ def format_parts(parts: list[dict[str, str]]) -> str:
     return "".join(out)
 
 
-__all__ = ["calculate", "format_parts", "generate_reply", "iter_reply_tokens", "parts_from_tokens"]
+__all__ = ["CalculatorToolProcessor", "calculate", "fit_prompt", "format_parts", "generate_replies", "generate_reply",
+           "generate_tokens", "parts_from_tokens"]

@@ -66,3 +66,28 @@ def test_bad_model_dir_is_one_line_error(tmp_path, capsys):
     chat = load_script()
     assert chat.main(["--model", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err == f"error: --model {tmp_path / 'missing'}: no such model directory\n"
+
+
+@pytest.mark.slow
+def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
+    # the wired model answers "!" right after the last prompt token, so the reply shows the cut prompt still ends
+    # in <|assistant_start|>; sequence_len 64 with --max-new-tokens 8 leaves 56 prompt tokens
+    model_dir = tmp_path / "m"
+    wired(["<|assistant_start|>", "!", "<|assistant_end|>"]).save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    prompt = "hello there " * 40
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", prompt,
+                           "--temperature", "0", "--max-new-tokens", "8"], capture_output=True, text=True,
+                          timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == "!\n"
+    n = len(tokenizer.encode(prompt, add_special_tokens=False)) + 4  # bos, user_start, user_end, assistant_start
+    assert [line for line in proc.stderr.splitlines() if line.startswith("note")] == [
+        f"note: the conversation is {n} tokens, more than the model's sequence_len 64 minus "
+                           "--max-new-tokens 8: the model sees <|bos|> and the last 55 tokens"]
+    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "hi",
+                           "--max-new-tokens", "63"], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 2
+    assert proc.stderr.splitlines()[-1] == ("error: --max-new-tokens 63 leaves no room for a prompt within "
+                                            "the model's sequence_len 64")

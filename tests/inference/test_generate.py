@@ -1,7 +1,7 @@
 import pytest
 import torch
 
-from nanochat_hf.inference import format_parts, generate_reply, iter_reply_tokens, parts_from_tokens
+from nanochat_hf.inference import fit_prompt, format_parts, generate_reply, parts_from_tokens
 from nanochat_hf.tokenizer import render_conversation, render_for_completion
 
 TOOL_CALL = ["<|assistant_start|>", "<|python_start|>", "2", "+", "3", "<|python_end|>",
@@ -24,12 +24,6 @@ def test_tool_output_is_forced_and_generation_stops(tokenizer, wired, ids, conve
     # the message renders back to exactly the generated tokens (prompt + reply)
     rendered, _ = render_conversation(tokenizer, {"messages": conversation["messages"] + [reply["message"]]})
     assert rendered == render_for_completion(tokenizer, conversation) + reply["token_ids"]
-
-
-def test_forced_flags(tokenizer, wired, conversation):
-    model = wired(TOOL_CALL, ["<|output_end|>", "!"], ["!", "<|assistant_end|>"])
-    flags = [forced for _, forced in iter_reply_tokens(model, tokenizer, conversation)]
-    assert flags == [False] * 5 + [True] * 3 + [False] * 2
 
 
 def test_no_result_continues_without_forcing(tokenizer, wired, ids, conversation):
@@ -70,9 +64,8 @@ def test_uses_kv_cache_and_matches_full_forward(tokenizer, random_model, convers
     reply = generate_reply(random_model, tokenizer, conversation, max_new_tokens=12)
     tokens = reply["token_ids"]
     prompt = render_for_completion(tokenizer, conversation)
-    # prefill once, then only the new tokens are fed (the last one never is)
-    assert fed[0] == len(prompt) and sum(fed) == len(prompt) + len(tokens) - 1
-    assert all(n == 1 for n in fed[1:]) or "<|output_start|>" in tokenizer.decode(tokens)
+    # prefill once, then one new token per forward (the last one is never fed)
+    assert fed == [len(prompt)] + [1] * (len(tokens) - 1)
     # every generated token is the argmax of a full (cache-free) forward over the sequence before it
     del random_model.forward
     with torch.no_grad():
@@ -113,6 +106,15 @@ def test_parts_from_tokens_text_only(tokenizer):
     assert parts_from_tokens(tokenizer, []) == []
 
 
-def test_iter_reply_tokens_checks_eagerly(tokenizer, random_model):
+def test_bad_conversation(tokenizer, random_model):
     with pytest.raises(ValueError, match="roles alternate"):
-        iter_reply_tokens(random_model, tokenizer, {"messages": [{"role": "assistant", "content": "hi"}]})
+        generate_reply(random_model, tokenizer, {"messages": [{"role": "assistant", "content": "hi"}]})
+
+
+def test_fit_prompt_keeps_bos_and_the_most_recent_tokens():
+    prompt = list(range(100, 120))
+    assert fit_prompt(prompt, sequence_len=64, max_new_tokens=8) == prompt
+    assert fit_prompt(prompt, sequence_len=16, max_new_tokens=6) == [100, *range(111, 120)]  # 10 + 6 = 16
+    with pytest.raises(ValueError, match="max_new_tokens=15 leaves no room for a prompt within the model's "
+                                         "sequence_len=16"):
+        fit_prompt(prompt, sequence_len=16, max_new_tokens=15)

@@ -1,0 +1,111 @@
+"""nanochat's chat evaluation of a model: ARC-Easy, ARC-Challenge, MMLU, GSM8K, HumanEval, SpellingBee; ChatCORE.
+
+    python scripts/chat_eval.py --model DIR_OR_REPO [--tasks ARC-Easy,GSM8K] [--max_problems 100]
+    accelerate launch scripts/chat_eval.py --model DIR_OR_REPO          # each process takes a share
+    python scripts/chat_eval.py --model DIR --data_files GSM8K=gsm8k_test.jsonl --tasks GSM8K   # offline copies
+
+Prints a table (task, mode, accuracy, baseline, centered, n) and ChatCORE; --report adds it to a report.md.
+HumanEval runs the model's code in a sandboxed subprocess (time, memory and file-size limits, no sockets, a
+temporary working directory).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+from accelerate import PartialState
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
+from nanochat_hf.evaluation import EVAL_TASKS, results_table, run_chat_eval, scores_as_dicts, task_by_name
+from nanochat_hf.evaluation import write_report_section
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", required=True, help="model directory or Hub repo id (tokenizer alongside)")
+    parser.add_argument("--tasks", default=",".join(EVAL_TASKS), help="comma-separated (default: all six)")
+    parser.add_argument("--max_problems", type=int, default=None, help="per task: the first N after the shuffle")
+    parser.add_argument("--batch_size", type=int, default=8)
+    parser.add_argument("--max_new_tokens", type=int, default=512)
+    parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
+    parser.add_argument("--top_k", type=int, default=50)
+    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--data_files", action="append", default=[], metavar="TASK=FILE[,FILE]",
+                        help="local copies of a task's hub data, in its column layout (repeatable)")
+    parser.add_argument("--report", default=None, help="add the results section to this report.md")
+    parser.add_argument("--json", default=None, help="also write the per-task results to this JSON file")
+    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
+                        help="default: bfloat16 on cuda, float32 otherwise")
+    return parser.parse_args(argv)
+
+
+def check_args(args: argparse.Namespace) -> str | None:
+    """One line saying what is wrong, or None."""
+    try:
+        args.tasks = [task_by_name(t.strip()).name for t in args.tasks.split(",") if t.strip()]
+        files = {}
+        for item in args.data_files:
+            name, eq, paths = item.partition("=")
+            if not eq or not paths:
+                return f"--data_files {item!r}: expected TASK=FILE[,FILE]"
+            files[task_by_name(name).name] = paths.split(",")
+    except ValueError as e:
+        return str(e)
+    missing = [f for paths in files.values() for f in paths if not Path(f).is_file()]
+    if missing:
+        return f"--data_files: no such file {missing[0]}"
+    args.data_files = files
+    if not args.tasks:
+        return "--tasks: no task given"
+    if (args.max_problems is not None and args.max_problems < 1) or args.batch_size < 1 or args.max_new_tokens < 1:
+        return "--max_problems, --batch_size and --max_new_tokens must be >= 1"
+    if args.temperature < 0 or args.top_k < 0:
+        return "--temperature and --top_k must be >= 0"
+    local = Path(args.model).expanduser()
+    if (local.is_absolute() or args.model.startswith((".", "~"))) and not local.is_dir():
+        return f"--model {args.model}: no such model directory"
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    error = check_args(args)
+    if error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+
+    # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
+    state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
+    local = Path(args.model).expanduser()
+    source = str(local) if local.is_dir() else args.model
+    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else
+                                                           torch.float32)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(state.device).eval()
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    try:
+        scores = run_chat_eval(model, tokenizer, args.tasks, args.max_problems, args.batch_size,
+                               args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
+                               args.data_files)
+    except (RuntimeError, ValueError) as e:  # offline hub task, malformed local rows: one line
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    if state.is_main_process:
+        print(results_table(scores))
+        if args.report:
+            write_report_section(args.report, scores)
+        if args.json:
+            Path(args.json).write_text(json.dumps(scores_as_dicts(scores), indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

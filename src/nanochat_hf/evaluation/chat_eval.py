@@ -1,0 +1,226 @@
+"""nanochat's chat evaluation: categorical and generative modes, several processes, ChatCORE, report, model card.
+
+Categorical (multiple choice): one batched forward over the left-padded prompts; the prediction is the answer
+letter with the highest logit at the last position, among the problem's letters only. Generative: batched,
+left-padded `generate()` with the calculator tool (`CalculatorToolProcessor`), then the task's checker on the
+reply's text. Under ``accelerate launch`` each process takes every world_size-th problem and the outcomes are
+gathered, so every process returns the same results.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import datasets
+import evaluate
+import torch
+from accelerate import PartialState
+from accelerate.utils import gather_object
+from huggingface_hub import EvalResult
+
+from ..inference import generate_tokens, parts_from_tokens
+from ..tokenizer import render_for_completion
+from .tasks import EVAL_TASKS, EvalTask, Problem, load_problems, task_by_name
+
+REPORT_HEADING = "## Chat evaluation"
+
+
+@dataclass(frozen=True)
+class TaskScore:
+    task: str
+    mode: str
+    accuracy: float
+    baseline: float
+    n: int
+
+    @property
+    def centered(self) -> float:
+        """Accuracy centered on the random baseline: 0 = guessing, 1 = perfect (nanochat's ChatCORE terms)."""
+        return (self.accuracy - self.baseline) / (1.0 - self.baseline)
+
+
+def chatcore(scores: list[TaskScore]) -> float | None:
+    """ChatCORE: the mean over tasks of (accuracy - baseline) / (1 - baseline); None without tasks."""
+    return sum(s.centered for s in scores) / len(scores) if scores else None
+
+
+# ---------------------------------------------------------------- the two modes
+
+
+def _left_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
+    return ids, mask
+
+
+def _letter_ids(tokenizer, letters: str) -> list[int]:
+    ids = [tokenizer.encode(letter, add_special_tokens=False) for letter in letters]
+    if any(len(i) != 1 for i in ids):
+        raise ValueError(f"answer letters {letters!r} are not single tokens of this tokenizer")
+    return [i[0] for i in ids]
+
+
+@torch.no_grad()
+def categorical_outcomes(model, tokenizer, problems: list[Problem], batch_size: int = 8) -> list[bool]:
+    """Per problem: is the highest-logit answer letter (at the position after the prompt) the right one?"""
+    device = next(model.parameters()).device
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
+    outcomes = []
+    for start in range(0, len(problems), batch_size):
+        batch = problems[start:start + batch_size]
+        prompts = [render_for_completion(tokenizer, {"messages": p.messages}) for p in batch]
+        ids, mask = _left_pad(prompts, pad, device)
+        logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits[:, -1].float()
+        for row, problem in zip(logits, batch):
+            choice = row[_letter_ids(tokenizer, problem.letters)].argmax().item()
+            outcomes.append(problem.letters[choice] == problem.answer)
+    return outcomes
+
+
+def generative_replies(model, tokenizer, problems: list[Problem], batch_size: int = 8, max_new_tokens: int = 512,
+                       temperature: float = 0.0, top_k: int | None = 50, seed: int | None = None) -> list[str]:
+    """Per problem: the text of the reply (text parts joined; calculator calls and outputs left out)."""
+    replies = []
+    for start in range(0, len(problems), batch_size):
+        batch = problems[start:start + batch_size]
+        prompts = [render_for_completion(tokenizer, {"messages": p.messages}) for p in batch]
+        for tokens in generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k,
+                                      None if seed is None else seed + start):
+            replies.append("".join(p["text"] for p in parts_from_tokens(tokenizer, tokens) if p["type"] == "text"))
+    return replies
+
+
+# ---------------------------------------------------------------- one task, all tasks
+
+
+def evaluate_task(model, tokenizer, task: EvalTask, problems: list[Problem], batch_size: int = 8,
+                  max_new_tokens: int = 512, temperature: float = 0.0, top_k: int | None = 50,
+                  seed: int | None = None) -> TaskScore:
+    """Score `problems` of `task`; under several processes each takes a strided share, outcomes are gathered."""
+    state = PartialState()
+    mine = list(range(state.process_index, len(problems), state.num_processes))
+    share = [problems[i] for i in mine]
+    if task.mode == "categorical":
+        outcomes = categorical_outcomes(model, tokenizer, share, batch_size) if share else []
+    else:
+        replies = generative_replies(model, tokenizer, share, batch_size, max_new_tokens, temperature, top_k,
+                                     seed) if share else []
+        outcomes = [task.check(p, r) for p, r in zip(share, replies)]
+    pairs = list(zip(mine, outcomes))
+    if state.num_processes > 1:
+        pairs = gather_object(pairs)
+    correct = sum(ok for _, ok in pairs)
+    return TaskScore(task.name, task.mode, correct / len(problems) if problems else 0.0, task.baseline,
+                     len(problems))
+
+
+def run_chat_eval(model, tokenizer, tasks: list[str] | None = None, max_problems: int | None = None,
+                  batch_size: int = 8, max_new_tokens: int = 512, temperature: float = 0.0,
+                  top_k: int | None = 50, seed: int | None = None,
+                  data_files: dict[str, list[str]] | None = None, cache_dir: str | None = None) -> list[TaskScore]:
+    """nanochat's chat evaluation of `model` (the bare causal LM, on its device) on `tasks` (default: all six).
+
+    `data_files` maps a task name to local files in its hub layout (for offline runs). Returns one TaskScore
+    per task, the same on every process; `chatcore(scores)` gives ChatCORE.
+    """
+    names = list(EVAL_TASKS) if tasks is None else [task_by_name(t).name for t in tasks]
+    files = {task_by_name(k).name: v for k, v in (data_files or {}).items()}
+    was_training = model.training
+    model.eval()
+    try:
+        scores = []
+        for name in names:
+            task = EVAL_TASKS[name]
+            problems = load_problems(task, files.get(name), max_problems, cache_dir)
+            scores.append(evaluate_task(model, tokenizer, task, problems, batch_size, max_new_tokens, temperature,
+                                        top_k, seed))
+        return scores
+    finally:
+        model.train(was_training)
+
+
+# ---------------------------------------------------------------- results: table, report.md, model card
+
+
+def results_table(scores: list[TaskScore]) -> str:
+    """Markdown table (task, mode, accuracy, baseline, centered, n) and the ChatCORE line."""
+    lines = ["| task | mode | accuracy | baseline | centered | n |", "|---|---|---|---|---|---|"]
+    lines += [f"| {s.task} | {s.mode} | {s.accuracy:.4f} | {s.baseline:.2f} | {s.centered:.4f} | {s.n} |"
+              for s in scores]
+    core = chatcore(scores)
+    if core is not None:
+        partial = "" if len(scores) == len(EVAL_TASKS) else f" (over {len(scores)} of {len(EVAL_TASKS)} tasks)"
+        lines += ["", f"ChatCORE{partial}: {core:.4f}"]
+    return "\n".join(lines)
+
+
+def report_section(scores: list[TaskScore]) -> str:
+    return f"{REPORT_HEADING}\n\n{results_table(scores)}\n"
+
+
+def write_report_section(path: str | os.PathLike, scores: list[TaskScore]) -> None:
+    """Put the chat-evaluation section into `path` (report.md): replaces an earlier one, else appends; the rest
+    of the file is kept. Written to a temporary file and renamed, so the report is never half-written."""
+    path = Path(path)
+    text = path.read_text(encoding="utf-8") if path.exists() else ""
+    section = report_section(scores)
+    pattern = re.compile(rf"^{re.escape(REPORT_HEADING)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
+    if pattern.search(text):
+        text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
+    else:
+        text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + section
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the usual umask-derived mode
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def model_index_results(scores: list[TaskScore]) -> list[EvalResult]:
+    """`model-index` entries for the model card (``ModelCardData(eval_results=..., model_name=...)``)."""
+    results = []
+    for s in scores:
+        task = EVAL_TASKS[s.task]
+        results.append(EvalResult(
+            task_type="text-generation", dataset_type=task.dataset or "nanochat-hf/spelling-bee",
+            dataset_name=s.task, dataset_config=task.config, dataset_split=task.split, metric_type="accuracy",
+            metric_name=f"{s.mode} accuracy ({s.n} problems)", metric_value=round(s.accuracy, 4)))
+    return results
+
+
+# ---------------------------------------------------------------- an `evaluate` metric
+
+
+class ChatCORE(evaluate.Metric):
+    """ChatCORE as an `evaluate` metric: add per-problem outcomes (``correct`` 0/1 and ``task`` name), compute
+    per-task accuracy and ChatCORE (baselines from the task registry).
+
+    >>> metric = ChatCORE()
+    >>> metric.compute(correct=[1, 0, 1], task=["MMLU", "MMLU", "GSM8K"])["chatcore"]
+    0.6666...
+    """
+
+    def _info(self) -> evaluate.MetricInfo:
+        return evaluate.MetricInfo(
+            description="Mean over tasks of (accuracy - baseline) / (1 - baseline), nanochat's ChatCORE.",
+            citation="", inputs_description="correct: 0/1 per problem; task: its chat-eval task name",
+            features=datasets.Features({"correct": datasets.Value("int8"), "task": datasets.Value("string")}))
+
+    def _compute(self, correct: list[int], task: list[str]) -> dict:
+        totals: dict[str, list[int]] = {}
+        for ok, name in zip(correct, task):
+            totals.setdefault(task_by_name(name).name, []).append(int(ok))
+        scores = [TaskScore(name, EVAL_TASKS[name].mode, sum(v) / len(v), EVAL_TASKS[name].baseline, len(v))
+                  for name, v in totals.items()]
+        return {"chatcore": chatcore(scores), **{f"{s.task}/accuracy": s.accuracy for s in scores}}
+
+
+def scores_as_dicts(scores: list[TaskScore]) -> list[dict]:
+    return [{**asdict(s), "centered": s.centered} for s in scores]
