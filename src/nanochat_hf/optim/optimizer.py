@@ -353,6 +353,28 @@ class MuonAdamW(torch.optim.Optimizer):
                 finish()
 
 
+def state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]],
+                         world_size: int) -> list[int]:
+    """Optimizer state bytes each rank holds after a step, from the sharding rule of the module docstring.
+
+    ``muon_shapes``: the Muon matrices in group order (one float32 momentum buffer each, on the owning rank);
+    ``adamw_shapes``: the AdamW parameters (two float32 moments for the rank's ceil(n/W) rows of dim 0).
+    """
+    per_rank = [0] * world_size
+    counts: dict[tuple[int, ...], int] = {}
+    for shape in muon_shapes:
+        i = counts.get(tuple(shape), 0)
+        counts[tuple(shape)] = i + 1
+        per_rank[i % world_size] += 4 * torch.Size(shape).numel()
+    for shape in adamw_shapes:
+        k = -(-shape[0] // world_size)
+        row = torch.Size(shape[1:]).numel()
+        for r in range(world_size):
+            rows = max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
+            per_rank[r] += 2 * 4 * rows * row
+    return per_rank
+
+
 def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
                     unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
                     muon_momentum: float = 0.95, ns_steps: int = 5, betas: tuple[float, float] = (0.8, 0.95),
