@@ -3,11 +3,14 @@
     python benchmarks/optim_step.py            # d12 on CPU, d20 (and d12) when CUDA is available
     python benchmarks/optim_step.py --quick    # small smoke run
 
-Both optimizers get identical float32 parameters and gradients and the same math (Nesterov momentum 0.95,
-5 bf16 Newton-Schulz steps, lr * max(1, rows/cols)^0.5, no weight decay); torch's loops over the matrices one
-at a time, ours runs one batched Newton-Schulz per shape. The bf16 matmul rate of the machine is measured in the
-same run with plain batched matmuls of exactly the shapes Newton-Schulz multiplies, and the table reports which
-fraction of it our step reaches (Newton-Schulz FLOPs / our step time / matmul rate).
+Every optimizer gets the same float32 parameters and gradients and the same math (Nesterov momentum 0.95,
+5 bf16 Newton-Schulz steps, lr * max(1, rows/cols)^0.5, no weight decay). torch's loops over the matrices one
+at a time; ours runs Newton-Schulz batched over each shape or one matrix at a time (the default picks by device
+and shape, marked "*"), and optionally with the Gram iteration for rectangular matrices. The bf16 matmul rate of
+the machine is measured in the same run with plain batched matmuls of exactly the shapes Newton-Schulz
+multiplies, and the table reports which fraction of it each step reaches (standard Newton-Schulz FLOPs / step
+time / matmul rate). Then: the Gram iteration's speed and deviation on the rectangular shapes, and the optimizer
+state per rank for 1 and 2 processes of the sharded step.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import time
 
 import torch
 
-from nanochat_hf.optim import MuonAdamW
+from nanochat_hf.optim import MuonAdamW, newton_schulz, ns_batch_size, state_bytes_per_rank
 
 
 def block_shapes(depth: int) -> list[tuple[int, int]]:
@@ -42,12 +45,20 @@ def sync(device: torch.device) -> None:
         torch.cuda.synchronize()
 
 
-def timed(fn, device: torch.device) -> float:
-    sync(device)
-    t0 = time.perf_counter()
-    fn()
-    sync(device)
-    return time.perf_counter() - t0
+def interleaved(fns: dict, repeats: int, device: torch.device) -> dict[str, float]:
+    """Median seconds of each function, after one warm-up call each, the functions alternating in every round so
+    that a change in load on shared cores hits all of them alike."""
+    for fn in fns.values():  # warm-up: allocations, kernels, optimizer state
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
 
 
 def matmuls(shapes: list[tuple[int, int]], device: torch.device):
@@ -68,35 +79,74 @@ def matmuls(shapes: list[tuple[int, int]], device: torch.device):
     return run
 
 
-def bench(depth: int, repeats: int, device: torch.device) -> dict[str, float]:
+def bench_step(depth: int, repeats: int, device: torch.device) -> None:
     shapes = block_shapes(depth)
     torch.manual_seed(0)
-    grads = [torch.randn(s, device=device) for s in shapes]
+    # one set of parameters for every optimizer: the step's cost does not depend on the values, and the memory
+    # of a d20 model's matrices is then held once
+    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape, device=device)
 
-    def params():
-        ps = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
-        for p, g in zip(ps, grads):
-            p.grad = g
-        return ps
+    def ours(**ns):
+        group = {"params": params, "kind": "muon", "name": "muon/matrix", "lr": 0.02, "initial_lr": 0.02,
+                 "momentum": 0.95, "nesterov": True, "ns_steps": 5, **ns}
+        return MuonAdamW([group], sharded=False).step
 
-    ours = MuonAdamW([{"params": params(), "kind": "muon", "name": "muon/matrix", "lr": 0.02, "initial_lr": 0.02,
-                       "momentum": 0.95, "nesterov": True, "ns_steps": 5}], sharded=False)
-    ref = torch.optim.Muon(params(), lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True, ns_steps=5,
-                           adjust_lr_fn="original")
-    mm = matmuls(shapes, device)
-    fns = {"ours": ours.step, "torch": ref.step, "mm": mm}
-    for fn in fns.values():  # warm-up: allocations, kernels, optimizer state
-        fn()
-    # interleaved, so that a change in load on shared cores hits all three alike
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            times[k].append(timed(fn, device))
-    t_ours, t_ref, t_mm = (statistics.median(times[k]) for k in fns)
-    rate = ns_flops(shapes, steps=1) / t_mm
+    default = "batched" if ns_batch_size(device, shapes[0]) == 0 else "per matrix"
+    fns = {"ours, batched": ours(ns_batch_size=0), "ours, per matrix": ours(ns_batch_size=1),
+           "ours, Gram (default batching)": ours(ns_gram=True),
+           "torch.optim.Muon": torch.optim.Muon(params, lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True,
+                                                ns_steps=5, adjust_lr_fn="original").step,
+           "bf16 matmuls": matmuls(shapes, device)}
+    t = interleaved(fns, repeats, device)
+    rate = ns_flops(shapes, steps=1) / t["bf16 matmuls"]
     flops = ns_flops(shapes)
-    return {"depth": depth, "matrices": len(shapes), "tflop": flops / 1e12, "ours": t_ours, "torch": t_ref,
-            "ours_rate": flops / t_ours, "matmul_rate": rate}
+    print(f"\nd{depth}: {len(shapes)} matrices, {flops / 1e12:.3f} TFLOP of standard Newton-Schulz per step; "
+          f"bf16 matmul rate {rate / 1e12:.3f} TFLOP/s; default path here: {default}")
+    header = f"{'optimizer step':<32} {'s':>9} {'/ torch':>8} {'TFLOP/s':>8} {'of mm rate':>10}"
+    print(header + "\n" + "-" * len(header))
+    for name, sec in t.items():
+        if name == "bf16 matmuls":
+            continue
+        mark = "*" if name == f"ours, {default}" else ""
+        print(f"{name + mark:<32} {sec:>9.4f} {sec / t['torch.optim.Muon']:>8.2f} {flops / sec / 1e12:>8.3f} "
+              f"{flops / sec / rate:>10.0%}")
+
+
+def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
+    """Speed and deviation of the Gram iteration on the model's rectangular matrices (default batching)."""
+    d = 64 * depth
+    torch.manual_seed(1)
+    rect = {(4 * d, d): torch.randn(depth, 4 * d, d, device=device),
+            (d, 4 * d): torch.randn(depth, d, 4 * d, device=device)}
+
+    def run(gram):
+        return lambda: [newton_schulz(g, gram=gram) for g in rect.values()]
+
+    t = interleaved({"standard": run(False), "gram": run(True)}, repeats, device)
+    print(f"\nGram Newton-Schulz on the {2 * depth} rectangular matrices of d{depth}: standard {t['standard']:.4f} s, "
+          f"Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x")
+    header = f"{'shape':>12} {'dtype':>9} {'max |gram-std|':>15} {'rel Frobenius':>14} {'std vs float64':>15}"
+    print(header + "\n" + "-" * len(header))
+    for shape, g in rect.items():
+        exact = newton_schulz(g[:2], dtype=torch.float64)
+        for dtype in (torch.bfloat16, torch.float32):
+            std = newton_schulz(g[:2], dtype=dtype).double()
+            diff = newton_schulz(g[:2], gram=True, dtype=dtype).double() - std
+            print(f"{str(shape):>12} {str(dtype).removeprefix('torch.'):>9} {diff.abs().max().item():>15.3g} "
+                  f"{(diff.norm() / std.norm()).item():>14.3g} {((std - exact).norm() / exact.norm()).item():>15.3g}")
+
+
+def print_state_bytes(depth: int, vocab: int) -> None:
+    d = 64 * depth
+    adamw = [(vocab, d), (vocab, d)]  # lm_head and wte
+    print(f"\noptimizer state per rank, d{depth} (vocab {vocab}), from the sharding rule of the sharded step "
+          f"(tests/optim/test_distributed.py checks the rule against a 2-process run):")
+    for world in (1, 2):
+        per_rank = state_bytes_per_rank(block_shapes(depth), adamw, world)
+        print(f"  {world} process{'es' if world > 1 else ''}: " +
+              ", ".join(f"rank {r} {b / 2**20:,.1f} MiB" for r, b in enumerate(per_rank)))
 
 
 def main() -> None:
@@ -104,25 +154,21 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="d2 and 2 repeats: a smoke run")
     parser.add_argument("--depth", type=int, nargs="*", help="model depths (default: 12, plus 20 on CUDA)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--vocab", type=int, default=65536, help="vocabulary for the state sizes (nanochat's)")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     depths = args.depth or ([2] if args.quick else [12, 20] if device.type == "cuda" else [12])
     repeats = 2 if args.quick else args.repeats
     name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device: {name}; torch {torch.__version__}; median of {repeats} interleaved steps after one warm-up")
+    print(f"device: {name}; torch {torch.__version__}; median of {repeats} interleaved runs after one warm-up")
     if hasattr(os, "getloadavg"):
         print(f"load average before: {os.getloadavg()[0]:.2f} (other processes share these cores if > ~0)")
-    header = (f"{'model':>5} {'mats':>4} {'NS TFLOP':>8} {'ours s':>9} {'torch s':>9} {'ours/torch':>10} "
-              f"{'ours TFLOP/s':>12} {'bf16 mm TFLOP/s':>15} {'of mm rate':>10}")
-    print(header)
-    print("-" * len(header))
     for depth in depths:
-        r = bench(depth, repeats, device)
-        print(f"{'d' + str(r['depth']):>5} {r['matrices']:>4} {r['tflop']:>8.3f} {r['ours']:>9.4f} "
-              f"{r['torch']:>9.4f} {r['ours'] / r['torch']:>10.2f} {r['ours_rate'] / 1e12:>12.3f} "
-              f"{r['matmul_rate'] / 1e12:>15.3f} {r['ours_rate'] / r['matmul_rate']:>10.0%}")
+        bench_step(depth, repeats, device)
+        bench_gram(depth, repeats, device)
+        print_state_bytes(depth, args.vocab)
     if hasattr(os, "getloadavg"):
-        print(f"load average after: {os.getloadavg()[0]:.2f}")
+        print(f"\nload average after: {os.getloadavg()[0]:.2f}")
 
 
 if __name__ == "__main__":

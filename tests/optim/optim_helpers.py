@@ -133,7 +133,14 @@ def dist_worker(rank, world, port, steps):
             else:
                 assert torch.allclose(p, q, rtol=2e-6, atol=1e-7), f"{name}: max diff {diff}"
 
-        # 3. state genuinely sharded
+        # 3. state genuinely sharded, exactly as much as the sharding rule says (benchmarks/optim_step.py prints it)
+        from nanochat_hf.optim import state_bytes_per_rank
+
+        muon_shapes = [tuple(p.shape) for n, p in model.named_parameters() if n in muon_names]
+        adamw_shapes = [tuple(p.shape) for n, p in model.named_parameters() if n not in muon_names]
+        for w, sd in ((world, opt.state_dict()), (1, ref_opt.state_dict())):
+            expected = state_bytes_per_rank(muon_shapes, adamw_shapes, w)[rank if w > 1 else 0]
+            assert state_bytes(sd) == expected, f"world {w} rank {rank}: {state_bytes(sd)} bytes, rule {expected}"
         fraction = state_bytes(opt.state_dict()) / state_bytes(ref_opt.state_dict())
         print(f"rank {rank} holds {fraction:.1%} of the single-process optimizer state")
         assert fraction <= 0.55, f"rank {rank} holds {fraction:.1%} of the single-process optimizer state"

@@ -7,27 +7,84 @@ from torch import Tensor
 
 NS_COEFFS = (3.4445, -4.7750, 2.0315)
 NS_EPS = 1e-7
+# Gram Newton-Schulz pays 2*m^2*n twice (Gram matrix, final product) plus about 8*m^3 per iteration, the standard
+# one 4*m^2*n + 2*m^3 per iteration: with 5 iterations it needs fewer FLOPs once n > 1.5 m.
+GRAM_MIN_ASPECT = 1.5
+# On CPU a matrix with min(r, c)^2 * max(r, c) at least this big is orthogonalised on its own (see ns_batch_size)
+CPU_PER_MATRIX_MIN_WORK = 2**28
 
 
-def newton_schulz(g: Tensor, steps: int = 5) -> Tensor:
-    """Quintic Newton-Schulz orthogonalisation in bfloat16.
+def _orthogonalise(x: Tensor, steps: int) -> Tensor:
+    """The standard iteration on a stack (n, m, k) of wide (m <= k), Frobenius-normalised matrices."""
+    a, b, c = NS_COEFFS
+    for _ in range(steps):
+        gram = torch.bmm(x, x.mT)
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b*A + c*A@A
+        x = torch.baddbmm(x, poly, x, beta=a)  # a*X + B@X
+    return x
 
-    ``g`` is one matrix (r, c) or a stack of same-shaped matrices (n, r, c); every matrix of the stack is
-    processed independently with batched matmuls. Returns bfloat16 of the same shape.
+
+def _orthogonalise_gram(x: Tensor, steps: int) -> Tensor:
+    """The same polynomial iterated on the small Gram matrix: X_k = Q_k X_0 with A_k = X_k X_k^T.
+
+    Each iteration is X <- P X with P = a I + b A + c A^2 a polynomial in A, so A <- P A P and Q <- P Q, all
+    m x m products; X_0 (m x k) is touched only twice. Exact arithmetic gives the standard result; in low precision
+    the rounding of A and Q compounds over the iterations (see benchmarks/optim_step.py for the measured deviation).
     """
     a, b, c = NS_COEFFS
-    x = g.bfloat16()
+    gram = torch.bmm(x, x.mT)
+    q = None
+    for i in range(steps):
+        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)
+        poly.diagonal(dim1=-2, dim2=-1).add_(a)  # P = a I + b A + c A^2
+        q = poly if q is None else torch.bmm(poly, q)
+        if i + 1 < steps:
+            gram = torch.bmm(poly, torch.bmm(gram, poly))
+    return torch.bmm(q, x)
+
+
+def _newton_schulz_chunk(x: Tensor, steps: int, gram: bool) -> Tensor:
+    """Normalise and orthogonalise a stack of wide matrices (every one independently)."""
+    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + NS_EPS)
+    if gram and x.size(-1) >= GRAM_MIN_ASPECT * x.size(-2):
+        return _orthogonalise_gram(x, steps)
+    return _orthogonalise(x, steps)
+
+
+def ns_batch_size(device: torch.device, shape: tuple[int, ...]) -> int:
+    """How many same-shaped matrices one batched Newton-Schulz matmul should cover (0: all of them)."""
+    if device.type != "cpu":
+        return 0  # accelerators: one launch per product for the whole stack
+    # CPU: batching saves per-call overhead, which only matters for small matrices; for large ones one matmul
+    # already keeps both cores busy, and a matrix at a time keeps its products in cache (measured on 2 cores: a
+    # batch of 768 x 768 matrices was up to 1.4x slower than looping, batches of 256 x 256 ones 2x faster).
+    m, k = min(shape[-2:]), max(shape[-2:])
+    return 1 if m * m * k >= CPU_PER_MATRIX_MIN_WORK else 0
+
+
+def newton_schulz(g: Tensor, steps: int = 5, *, batch_size: int | None = None, gram: bool = False,
+                  dtype: torch.dtype = torch.bfloat16) -> Tensor:
+    """Quintic Newton-Schulz orthogonalisation, by default in bfloat16.
+
+    ``g`` is one matrix (r, c) or a stack of same-shaped matrices (n, r, c); every matrix is processed
+    independently, ``batch_size`` of them per batched matmul (0: the whole stack; None: chosen by
+    :func:`ns_batch_size`). The result does not depend on the batching. ``gram=True`` iterates on the Gram
+    matrix for matrices at least GRAM_MIN_ASPECT times wider than tall (or taller than wide): fewer FLOPs, same
+    polynomial, different rounding. Returns ``dtype`` of the input's shape.
+    """
+    x = g.to(dtype)
     squeeze = x.ndim == 2
     if squeeze:
         x = x.unsqueeze(0)
     tall = x.size(-2) > x.size(-1)
     if tall:  # iterate on the wide orientation: the Gram matrix X X^T is then the small one
         x = x.mT
-    x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + NS_EPS)
-    for _ in range(steps):
-        gram = torch.bmm(x, x.mT)
-        poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b*A + c*A@A
-        x = torch.baddbmm(x, poly, x, beta=a)  # a*X + B@X
+    if batch_size is None:
+        batch_size = ns_batch_size(x.device, tuple(x.shape[1:]))
+    if batch_size <= 0 or batch_size >= x.size(0):
+        x = _newton_schulz_chunk(x, steps, gram)
+    else:
+        x = torch.cat([_newton_schulz_chunk(part, steps, gram) for part in x.split(batch_size)])
     if tall:
         x = x.mT
     return x.squeeze(0) if squeeze else x
@@ -39,21 +96,32 @@ def muon_lr_scale(shape: torch.Size | tuple[int, ...]) -> float:
 
 
 def muon_update(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *, lr: float,
-                momentum: float, nesterov: bool, ns_steps: int) -> None:
-    """One Muon step for same-shaped matrices: momentum (float32 buffers), one batched Newton-Schulz, update."""
+                momentum: float, nesterov: bool, ns_steps: int, batch_size: int | None = None,
+                gram: bool = False) -> None:
+    """One Muon step for same-shaped matrices: momentum (float32 buffers), Newton-Schulz, update.
+
+    ``batch_size`` matrices (0: all; None: :func:`ns_batch_size`) go through momentum blend, Newton-Schulz and
+    update together, so that on the per-matrix path each matrix's data stays in cache from start to end.
+    ``gram`` selects the Gram iteration for rectangular matrices (see :func:`newton_schulz`).
+    """
     if not params:
         return
     grads = [g.float() for g in grads]
     torch._foreach_lerp_(bufs, grads, 1.0 - momentum)
-    # the Nesterov blend (float32) is rounded straight into the bf16 stack that Newton-Schulz consumes,
-    # instead of stacking in float32 and casting the stack: one full-size float32 pass fewer
-    stack = torch.empty((len(params), *params[0].shape), dtype=torch.bfloat16, device=params[0].device)
-    for g, buf, out in zip(grads, bufs, stack.unbind(0)):
-        out.copy_(torch.lerp(g, buf, momentum) if nesterov else buf)
-    ortho = newton_schulz(stack, ns_steps)
+    if batch_size is None:
+        batch_size = ns_batch_size(params[0].device, tuple(params[0].shape))
+    batch_size = batch_size if 0 < batch_size < len(params) else len(params)
     step = -lr * muon_lr_scale(params[0].shape)
-    for p, o in zip(params, ortho.unbind(0)):
-        p.add_(o, alpha=step)
+    for i0 in range(0, len(params), batch_size):
+        chunk = slice(i0, i0 + batch_size)
+        # the Nesterov blend (float32) is rounded straight into the bf16 stack that Newton-Schulz consumes,
+        # instead of stacking in float32 and casting the stack: one full-size float32 pass fewer
+        stack = torch.empty((len(params[chunk]), *params[0].shape), dtype=torch.bfloat16, device=params[0].device)
+        for g, buf, out in zip(grads[chunk], bufs[chunk], stack.unbind(0)):
+            out.copy_(torch.lerp(g, buf, momentum) if nesterov else buf)
+        ortho = newton_schulz(stack, ns_steps, batch_size=0, gram=gram)
+        for p, o in zip(params[chunk], ortho.unbind(0)):
+            p.add_(o, alpha=step)
 
 
 def adamw_update(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step: int, lr: float,

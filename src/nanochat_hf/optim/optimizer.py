@@ -1,6 +1,6 @@
 """One torch Optimizer holding nanochat's Muon and AdamW groups, with an optional sharded (ZeRO-2 style) step.
 
-Single process: Muon (batched Newton-Schulz over same-shaped matrices) + AdamW (float32 moments).
+Single process: Muon (Newton-Schulz batched over same-shaped matrices where that is faster) + AdamW (float32 moments).
 torch.distributed initialised with world size W > 1: the optimizer does all gradient communication itself
 (``reduces_gradients`` is True, so the caller must NOT all-reduce gradients):
 - AdamW: reduce-scatter (average) each gradient along dim 0, rank r owns rows [r*k, (r+1)*k) with k = ceil(n/W)
@@ -40,6 +40,13 @@ def _shape_buckets(params: list[Tensor]) -> list[list[Tensor]]:
     return list(buckets.values())
 
 
+def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
+    """muon_update's keyword arguments from a Muon param group (the Newton-Schulz keys are optional)."""
+    return {"lr": group["lr"], "momentum": group["momentum"], "nesterov": group["nesterov"],
+            "ns_steps": group["ns_steps"], "batch_size": group.get("ns_batch_size"),
+            "gram": group.get("ns_gram", False)}
+
+
 class _SliceWork:
     """Async handle for the all-reduce fallback of reduce-scatter: on wait, copy this rank's slice out."""
 
@@ -56,6 +63,8 @@ class MuonAdamW(torch.optim.Optimizer):
 
     Every param group needs ``kind`` ("muon" or "adamw"), ``name``, ``lr`` and ``initial_lr``; Muon groups
     also ``momentum``, ``nesterov``, ``ns_steps``; AdamW groups ``betas``, ``eps``, ``weight_decay``.
+    Muon groups may set ``ns_batch_size`` (matrices per batched Newton-Schulz; default: by device and shape)
+    and ``ns_gram`` (see :meth:`set_newton_schulz`).
     Use :func:`build_optimizer` to get nanochat's grouping.
     """
 
@@ -93,6 +102,21 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["kind"] == "muon":
                 group["momentum"] = momentum
+
+    def set_newton_schulz(self, *, gram: bool | None = None, batch_size: int | None = None) -> None:
+        """Choose the Newton-Schulz variant of every Muon group.
+
+        ``gram=True`` iterates on the Gram matrix of rectangular matrices (fewer FLOPs, same polynomial; in
+        bfloat16 about twice the standard iteration's rounding error). It is off by default because it changes the
+        updates by a few percent and must first be shown to reproduce nanochat's training curve on the demo.
+        ``batch_size``: matrices per batched matmul (0: all of a shape), instead of the device/shape default.
+        """
+        for group in self.param_groups:
+            if group["kind"] == "muon":
+                if gram is not None:
+                    group["ns_gram"] = gram
+                if batch_size is not None:
+                    group["ns_batch_size"] = batch_size
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -261,8 +285,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 continue
             for bucket in _shape_buckets(params):
                 muon_update(bucket, [p.grad for p in bucket], [self._muon_buf(p) for p in bucket],
-                            lr=group["lr"], momentum=group["momentum"], nesterov=group["nesterov"],
-                            ns_steps=group["ns_steps"])
+                            **_muon_options(group))
 
     def _step_sharded(self) -> None:
         world, rank, pg = self.world_size, self.rank, self.process_group
@@ -318,8 +341,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 if rank < len(chunk):
                     owned.append(chunk[rank])
                     grads.append(self._averaged(out))
-            muon_update(owned, grads, [self._muon_buf(p) for p in owned], lr=group["lr"],
-                        momentum=group["momentum"], nesterov=group["nesterov"], ns_steps=group["ns_steps"])
+            muon_update(owned, grads, [self._muon_buf(p) for p in owned], **_muon_options(group))
             for chunk, out, _ in chunks:
                 src = chunk[rank] if rank < len(chunk) else out  # a padding rank sends scratch, dropped below
                 outputs = list(chunk) + [torch.empty_like(out) for _ in range(world - len(chunk))]
@@ -329,6 +351,28 @@ class MuonAdamW(torch.optim.Optimizer):
             work.wait()
             if finish is not None:
                 finish()
+
+
+def state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]],
+                         world_size: int) -> list[int]:
+    """Optimizer state bytes each rank holds after a step, from the sharding rule of the module docstring.
+
+    ``muon_shapes``: the Muon matrices in group order (one float32 momentum buffer each, on the owning rank);
+    ``adamw_shapes``: the AdamW parameters (two float32 moments for the rank's ceil(n/W) rows of dim 0).
+    """
+    per_rank = [0] * world_size
+    counts: dict[tuple[int, ...], int] = {}
+    for shape in muon_shapes:
+        i = counts.get(tuple(shape), 0)
+        counts[tuple(shape)] = i + 1
+        per_rank[i % world_size] += 4 * torch.Size(shape).numel()
+    for shape in adamw_shapes:
+        k = -(-shape[0] // world_size)
+        row = torch.Size(shape[1:]).numel()
+        for r in range(world_size):
+            rows = max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
+            per_rank[r] += 2 * 4 * rows * row
+    return per_rank
 
 
 def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
