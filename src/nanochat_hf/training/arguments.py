@@ -197,6 +197,8 @@ class MidTrainingArguments(TrainingArguments):
             self.save_strategy = "steps" if self.save_steps > 0 else "no"
         if self.dry_run:
             self.save_strategy, self.push_to_hub = "no", False
+        if self.metric_for_best_model and self.greater_is_better is None and "bpb" in self.metric_for_best_model:
+            self.greater_is_better = False  # bits per byte: lower is better (the stock guess is "not a loss")
         # Device autodetection CUDA > MPS > CPU is Accelerate's; on a machine with neither, say CPU explicitly so
         # that several processes (torchrun / accelerate launch --multi_gpu without GPUs) form a gloo group.
         if not (torch.cuda.is_available() or torch.backends.mps.is_available()):
