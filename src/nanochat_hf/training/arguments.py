@@ -152,6 +152,7 @@ class MidTrainingArguments(TrainingArguments):
             if ours is None:
                 setattr(self, knob, int(theirs) if theirs is not None else theirs)
             elif theirs not in (default, ours):
+                theirs = int(theirs) if float(theirs).is_integer() else theirs
                 raise ValueError(f"{knob}={ours} and {hf}={theirs} conflict: they are the same setting, give one")
             else:
                 setattr(self, hf, ours)

@@ -47,7 +47,7 @@ class NanoChatLogger(TrainerCallback):
       as `last_loss`), averaged over the processes, debiased by 1 / (1 - 0.9^(n + 1)) after n steps, as
       nanochat's mid-training does. A non-finite value raises `NonFiniteLossError` on every rank.
     - lrm: the multiplier the optimizer's LR was set to for this step (read from the optimizer right after it
-      stepped, i.e. what the scheduler applied), progress: the schedule's progress of this step.
+      stepped, i.e. what the scheduler applied), progress: of the run after this step.
     - dt, tok/s, MFU, total time (the first 10 steps are not counted).
     `enrich(logs)` adds them to a training log before it reaches any reporter. The EMA and the total time are
     saved in checkpoints (`state_dict`) so a resumed run logs the same numbers.
@@ -58,7 +58,7 @@ class NanoChatLogger(TrainerCallback):
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak = peak_flops * world_size if peak_flops else None
-        self.progress = progress  # step (from 0) -> schedule progress; set by MidTrainer.create_scheduler
+        self.progress = progress  # step (from 0) -> progress shown; set by MidTrainer.create_scheduler
         self.ema = 0.0
         self.total_time = 0.0
         self.dt = 0.0

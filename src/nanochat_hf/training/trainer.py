@@ -134,10 +134,12 @@ class MidTrainer(Trainer):
         if self.lr_scheduler is None:
             if self.args.num_iterations > 0:
                 progress = steps_progress(num_training_steps)
+                # the console shows the fraction of steps done (nanochat: of micro-batches drawn)
+                self.nanochat_log.progress = lambda step: (step + 1) / num_training_steps
             else:
                 stream, ga = self.get_train_dataloader().stream, self.args.gradient_accumulation_steps
                 progress = lambda step: stream.lr_progress(step, ga)  # noqa: E731
-            self.nanochat_log.progress = progress
+                self.nanochat_log.progress = progress  # nanochat shows the schedule's progress
             self.lr_scheduler = nanochat_scheduler(self.optimizer if optimizer is None else optimizer, progress)
             self._created_lr_scheduler = True
         return self.lr_scheduler
