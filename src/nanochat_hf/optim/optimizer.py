@@ -47,11 +47,15 @@ class _SliceWork:
         self.work, self.full, self.out, self.rank, self.world = work, full, out, rank, world
 
     def wait(self) -> None:
-        if self.full is None:  # waited on already (gradient clipping waits early): keep `out` as it is now
-            return
         self.work.wait()
         self.out.copy_(self.full.chunk(self.world)[self.rank])
-        self.full = None
+
+
+class _Done:
+    """A collective already waited on (waiting again may copy its result over the clipped gradient)."""
+
+    def wait(self) -> None:
+        return
 
 
 class MuonAdamW(torch.optim.Optimizer):
@@ -318,6 +322,8 @@ class MuonAdamW(torch.optim.Optimizer):
         if self.max_grad_norm > 0:
             self._clip_reduced([out for _, _, out, _ in adamw_jobs], [c for _, chunks in muon_jobs for c in chunks],
                                [work for *_, work in adamw_jobs])
+            adamw_jobs = [(group, p, out, _Done()) for group, p, out, _ in adamw_jobs]
+            muon_jobs = [(group, [(c, out, _Done()) for c, out, _ in chunks]) for group, chunks in muon_jobs]
         gathers: list[tuple[Any, Callable[[], Any] | None]] = []
         # 2. AdamW on this rank's rows, then all-gather the parameter
         for group, p, out, work in adamw_jobs:
