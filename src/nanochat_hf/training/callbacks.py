@@ -81,9 +81,12 @@ class NanoChatLogger(TrainerCallback):
         self._sync()
         self._t0 = time.perf_counter()
 
-    def on_optimizer_step(self, args, state, control, optimizer=None, **kwargs):
+    def on_optimizer_step(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         group = getattr(optimizer, "optimizer", optimizer).param_groups[0]
-        self.lrm = group["lr"] / group["initial_lr"]
+        if group["initial_lr"]:
+            self.lrm = group["lr"] / group["initial_lr"]
+        else:  # init_lr_frac 0: the ratio is undefined, ask the scheduler what it applied to this step
+            self.lrm = lr_scheduler.lr_lambdas[0](lr_scheduler.last_epoch)
 
     def on_step_end(self, args, state, control, **kwargs):
         self._sync()
