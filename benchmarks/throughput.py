@@ -60,7 +60,7 @@ def build_model(a, device) -> NanoChatGPTForCausalLM:
 def plain_loop(a, device, bf16: bool) -> float:
     model = build_model(a, device)
     opt = build_optimizer(model)
-    stream = iter(RandomStream(a.vocab, a.batch, a.seq, a.steps * a.grad_accum))
+    stream = RandomStream(a.vocab, a.batch, a.seq, a.steps * a.grad_accum).read()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     total = a.steps
