@@ -24,7 +24,7 @@ import nanochat_hf  # noqa: F401
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.arguments import parse_args
-from nanochat_hf.training.callbacks import muon_momentum
+from nanochat_hf.training.schedule import muon_momentum
 from nanochat_hf.training.trainer import MidTrainer
 
 
@@ -42,8 +42,8 @@ class RandomStream:
     def state_dict(self) -> dict:
         return {}
 
-    def __iter__(self):
-        for i in range(self.count):
+    def read(self, count: int | None = None):
+        for i in range(self.count if count is None else count):
             x = self.batches[i % len(self.batches)]
             yield {"input_ids": x, "labels": x}
 
@@ -60,7 +60,7 @@ def build_model(a, device) -> NanoChatGPTForCausalLM:
 def plain_loop(a, device, bf16: bool) -> float:
     model = build_model(a, device)
     opt = build_optimizer(model)
-    stream = iter(RandomStream(a.vocab, a.batch, a.seq, a.steps * a.grad_accum))
+    stream = RandomStream(a.vocab, a.batch, a.seq, a.steps * a.grad_accum).read()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
     total = a.steps

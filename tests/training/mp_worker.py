@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback
 
 from nanochat_hf.data import PackedStream
-from nanochat_hf.training.run import main
+from nanochat_hf.training.run import build_trainer, finish, resolve_resume, setup, train
 from nanochat_hf.training.trainer import MidTrainer
 
 PROBES = ("transformer.h.0.attn.c_q.weight", "lm_head.weight")
@@ -37,9 +37,13 @@ class Interleaved:
         for p, s in zip(self.parts, state["parts"]):
             p.load_state_dict(s)
 
-    def __iter__(self):
-        for a, b in zip(*self.parts):
+    def read(self, count=None):
+        for i, (a, b) in enumerate(zip(*(p.read() for p in self.parts))):
+            if count is not None and 2 * i >= count:
+                return
             yield a
+            if count is not None and 2 * i + 1 >= count:
+                return
             yield b
 
 
@@ -71,4 +75,6 @@ class Probe(TrainerCallback):
 
 if __name__ == "__main__":
     torch.use_deterministic_algorithms(False)
-    main(trainer_cls=WorkerTrainer, callbacks=[Probe()])
+    trainer = build_trainer(*setup(), trainer_cls=WorkerTrainer, callbacks=[Probe()])
+    resolve_resume(trainer.args)
+    finish(trainer, train(trainer))

@@ -38,7 +38,7 @@ def _launch(tmp, out, nproc, extra=(), env=None):
 
 def _losses(checkpoint: Path):
     history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
-    return [(h["step"], h["loss"], h["ema_loss"]) for h in history if "loss" in h]
+    return [(h["step"], h["loss"], h["train_loss_mean"]) for h in history if "lrm" in h]
 
 
 @pytest.fixture(scope="module")
@@ -67,9 +67,9 @@ def test_two_processes_match_one_and_reduce_once(two_proc):
     # ... and their average is the single process's accumulated gradient (the optimizer averages them once).
     for key in g:
         torch.testing.assert_close((g0[key] + g1[key]) / 2, g[key], rtol=1e-4, atol=1e-6, msg=key)
-    # logged losses agree too
-    l2 = [x[1] for x in _losses(two / "checkpoint-6")]
-    l1 = [x[1] for x in _losses(one / "checkpoint-6")]
+    # logged losses (the mean over the step's micro-batches of all ranks) agree too
+    l2 = [x[2] for x in _losses(two / "checkpoint-6")]
+    l1 = [x[2] for x in _losses(one / "checkpoint-6")]
     assert l2 == pytest.approx(l1, rel=1e-5)
 
 
@@ -88,3 +88,4 @@ def test_resume_reproduces_logged_losses(two_proc, nproc):
     assert _losses(resumed / "checkpoint-6") == _losses(full / "checkpoint-6")
     a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
+

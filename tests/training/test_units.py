@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from nanochat_hf.training.arguments import parse_args
-from nanochat_hf.training.callbacks import lr_multiplier, muon_momentum
+from nanochat_hf.training.schedule import lr_multiplier, muon_momentum, nanochat_scheduler, steps_progress
 from nanochat_hf.training.checkpoint_io import (
     load_optimizer_state,
     load_rng_state,
@@ -43,18 +43,100 @@ def test_dtype_request_and_dry_run():
 
 
 @pytest.mark.parametrize("n", [1, 3, 5, 7, 10, 37, 150, 1001])
-def test_wsd_schedule_is_nanochat_multiplier(n):
-    from transformers.optimization import get_wsd_schedule
-
+def test_fixed_step_schedule_is_nanochat_multiplier(n):
     p = torch.nn.Parameter(torch.zeros(1))
     opt = torch.optim.SGD([p], lr=2.0)
-    sched = get_wsd_schedule(opt, num_warmup_steps=0, num_stable_steps=0.8 * n, num_decay_steps=n - 0.8 * n,
-                             decay_type="linear", min_lr_ratio=0.0)
+    sched = nanochat_scheduler(opt, steps_progress(n))
     for step in range(n):
-        assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * lr_multiplier(step, n), abs=1e-12), step
+        progress = step / n
+        expected = 1.0 if progress < 0.8 else 1.0 - (progress - 0.8) / 0.2
+        assert opt.param_groups[0]["lr"] == pytest.approx(2.0 * expected, abs=1e-12), step
         opt.step()
         sched.step()
-    assert opt.param_groups[0]["lr"] == 0.0  # progress 1.0
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.0, abs=1e-12)  # progress 1.0
+    assert lr_multiplier(0.9) == pytest.approx(0.5)
+
+
+def test_the_issue_example_gives_what_was_asked_or_says_why_not():
+    args = parse_args(["--max_steps", "10", "--per_device_train_batch_size", "4", "--bf16", "true"])
+    assert (args.max_steps, args.num_iterations) == (10, 10)
+    assert (args.per_device_train_batch_size, args.device_batch_size) == (4, 4)
+    assert args.bf16 and args.dtype == "bfloat16"
+    with pytest.raises(ValueError, match="learning_rate=0.001 is not used by this recipe: use matrix_lr"):
+        parse_args(["--max_steps", "10", "--learning_rate", "1e-3"])
+    with pytest.raises(ValueError, match="lr_scheduler_type=cosine is not used"):
+        parse_args(["--lr_scheduler_type", "cosine"])
+    assert parse_args(["--eval_steps", "5"]).eval_every == 5
+    assert parse_args(["--model_source", "demo", "--eval_steps", "5"]).eval_steps == 5
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--max_steps", "5", "--num_iterations", "6"], "num_iterations=6 and max_steps=5 conflict"),
+    (["--device_batch_size", "4", "--per_device_train_batch_size", "2"], "device_batch_size=4 and per_device"),
+    (["--eval_every", "3", "--eval_steps", "4"], "eval_every=3 and eval_steps=4 conflict"),
+    (["--bf16", "true", "--dtype", "float32"], "dtype=float32 and bf16=True conflict"),
+    (["--gradient_accumulation_steps", "3"], "gradient_accumulation_steps=3 conflicts with total_batch_size"),
+    (["--per_device_eval_batch_size", "3"], "validation uses device_batch_size"),
+    (["--optim", "adamw_torch"], "optim=adamw_torch is not used"),
+    (["--warmup_steps", "10"], "no LR warm-up"),
+    (["--adam_beta2", "0.99"], "(0.8, 0.95)"),
+    (["--num_train_epochs", "2"], "use num_iterations"),
+    (["--dataloader_num_workers", "2"], "main process"),
+])
+def test_conflicts_and_unused_fields_are_refused(argv, message):
+    with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        parse_args(argv)
+
+
+def test_demo_defaults_with_or_without_model_source_demo_and_no_side_effects():
+    threads = torch.get_num_threads()
+    plain, demo = parse_args([]), parse_args(["--model_source", "demo"])
+    for name in ("max_seq_len", "device_batch_size", "total_batch_size", "eval_every", "eval_tokens", "demo_depth",
+                 "gradient_accumulation_steps", "per_device_train_batch_size", "eval_steps"):
+        assert getattr(plain, name) == getattr(demo, name), name
+    assert (demo.device_batch_size, demo.max_seq_len) == (8, 256)
+    assert parse_args(["--num_threads", "1"]).num_threads == 1 and torch.get_num_threads() == threads
+    # a config value of an alias gives way to a flag naming the other name of the pair
+    assert parse_args(["--per_device_train_batch_size", "4"]).device_batch_size == 4
+
+
+def _reference_progress(lengths, world, grad_accum, tokens_per_batch, steps):
+    """nanochat's rank-0 generator: cursor 0, W, 2W, ... wrapping; progress after each micro-step's prefetch."""
+    size, cursor, buf, progress, out, approx = len(lengths), 0, 0, 0.0, [], 0.0
+
+    def draw():
+        nonlocal cursor, buf, approx
+        while buf < tokens_per_batch:
+            buf += lengths[cursor]
+            cursor += world
+            if cursor >= size:
+                cursor -= size
+        buf -= tokens_per_batch
+        approx = cursor / size
+
+    draw()  # prefetch
+    for _ in range(steps):
+        for _ in range(grad_accum):
+            draw()
+            progress = max(progress, approx)
+        out.append(progress)
+    return out
+
+
+@pytest.mark.parametrize("world, grad_accum", [(1, 1), (1, 3), (2, 2), (3, 1)])
+def test_stream_progress_is_nanochats_cursor(world, grad_accum):
+    from datasets import Dataset
+
+    from nanochat_hf.data import PackedStream
+
+    rng = random.Random(world * 10 + grad_accum)
+    lengths = [rng.randint(3, 40) for _ in range(101)]
+    ds = Dataset.from_dict({"input_ids": [[1] * n for n in lengths], "labels": [[1] * n for n in lengths],
+                            "num_tokens": lengths})
+    stream = PackedStream(ds, max_seq_len=8, device_batch_size=2, rank=world - 1, world_size=world)
+    steps = stream.epoch_steps(grad_accum) + 2  # into the next epoch, where the max keeps the pre-wrap value
+    expected = _reference_progress(lengths, world, grad_accum, 17, steps)
+    assert [stream.lr_progress(s, grad_accum) for s in range(steps)] == pytest.approx(expected, abs=1e-12)
 
 
 def test_muon_momentum_warmup():

@@ -58,6 +58,13 @@ class _SliceWork:
         self.out.copy_(self.full.chunk(self.world)[self.rank])
 
 
+class _Done:
+    """A collective already waited on (waiting again may copy its result over the clipped gradient)."""
+
+    def wait(self) -> None:
+        return
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for hidden matrices plus AdamW for embedding/unembedding, in one optimizer (see module docstring).
 
@@ -89,6 +96,10 @@ class MuonAdamW(torch.optim.Optimizer):
         self.world_size = dist.get_world_size(process_group) if sharded else 1
         self.rank = dist.get_rank(process_group) if sharded else 0
         self.reduces_gradients = self.world_size > 1
+        # Sharded step only: clip the AVERAGED gradient to this global norm (0: off). One process clips before
+        # step() (e.g. the Trainer's max_grad_norm), where the gradients already are the averaged ones.
+        self.max_grad_norm = 0.0
+        self.last_grad_norm: float | None = None  # pre-clip norm of the averaged gradient, when clipping
         if self.reduces_gradients:
             self._native_rs = self._probe_reduce_scatter()
             # AVG is only relied upon where it is native (NCCL, which serves CUDA tensors also in a mixed
@@ -272,6 +283,24 @@ class MuonAdamW(torch.optim.Optimizer):
             out[key] = full[: p.shape[0]].clone()
         return out
 
+    def _clip_reduced(self, adamw_outs: list[Tensor], muon_chunks: list, adamw_works: list) -> None:
+        """Scale the reduced gradients so the averaged gradient's global norm is at most max_grad_norm.
+
+        Waits for every reduce-scatter first (clipping needs the whole norm). The ranks' reduced pieces are
+        disjoint (padding is zero), so the norm is the square root of the all-reduced sum of their squares;
+        the coefficient is torch.nn.utils.clip_grad_norm_'s: min(1, max_norm / (norm + 1e-6)).
+        """
+        for work in adamw_works + [work for _, _, work in muon_chunks]:
+            work.wait()
+        outs = adamw_outs + [out for _, out, _ in muon_chunks]
+        sumsq = torch.stack([o.float().pow(2).sum() for o in outs]).sum()
+        dist.all_reduce(sumsq, group=self.process_group)
+        norm = sumsq.sqrt() / (1 if self._native_avg else self.world_size)
+        self.last_grad_norm = norm.item()
+        coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+        for o in outs:
+            o.mul_(coef.to(o.dtype))
+
     # ------------------------------------------------------------------------------------------ steps
     def _step_local(self) -> None:
         for group in self.param_groups:
@@ -313,6 +342,11 @@ class MuonAdamW(torch.optim.Optimizer):
                     out = torch.empty_like(grads[0])
                     chunks.append((chunk, out, self._reduce_scatter(out, stacked)))
                 muon_jobs.append((group, chunks))
+        if self.max_grad_norm > 0:
+            self._clip_reduced([out for _, _, out, _ in adamw_jobs], [c for _, chunks in muon_jobs for c in chunks],
+                               [work for *_, work in adamw_jobs])
+            adamw_jobs = [(group, p, out, _Done()) for group, p, out, _ in adamw_jobs]
+            muon_jobs = [(group, [(c, out, _Done()) for c, out, _ in chunks]) for group, chunks in muon_jobs]
         gathers: list[tuple[Any, Callable[[], Any] | None]] = []
         # 2. AdamW on this rank's rows, then all-gather the parameter
         for group, p, out, work in adamw_jobs:

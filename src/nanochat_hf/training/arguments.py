@@ -1,12 +1,20 @@
-"""`MidTrainingArguments`: nanochat's mid-training knobs on top of `TrainingArguments`.
+"""`MidTrainingArguments`: where every argument is defined and validated.
 
-nanochat's names and defaults (spec section 5) are the user-facing fields; `__post_init__` maps them onto the
-`TrainingArguments` fields the `Trainer` actually reads (batch size, accumulation, max_steps, eval/save cadence,
-precision), the way TRL's configs do.
+TRL's convention: a `TrainingArguments` subclass whose dataclass defaults are the recipe's (nanochat's
+mid-training, spec'd in docs/), and a `__post_init__` that only checks and fills DERIVED values, never
+overwrites a value the user gave. One name per knob:
+- a `TrainingArguments` field that means the same as a nanochat knob is an ALIAS of it (`ALIASES`): either name
+  may be given, both end up holding the value, and two different values are refused;
+- a field this recipe does not use (nanochat has its own knob) is REFUSED when set (`REFUSED`), with one line
+  naming the knob to use;
+- every other field keeps its `TrainingArguments` meaning.
+Parsing has no side effects (threads, devices are set up when training starts, in `MidTrainer`).
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 import sys
 from dataclasses import dataclass, field
@@ -16,18 +24,36 @@ import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
-DEMO_OUTPUT_DIR = "outputs/nanochat-hf-demo"
+# The demo run's settings (also `configs/demo.yaml`, a link to this file): used when neither a config file nor a
+# --model_source other than "demo" is given. Flags still override them.
+DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
 
-# Used when neither a config file nor --model_source is given: the small from-scratch CPU demo
-# (configs/demo.yaml spells out the same values). Flags still override them.
-DEMO_DEFAULTS = {
-    "model_source": "demo",
-    "max_seq_len": 256,
-    "device_batch_size": 8,
-    "total_batch_size": 4096,
-    "eval_every": 50,
-    "eval_tokens": 16384,
-    "num_iterations": -1,
+# nanochat knob -> the TrainingArguments field it is an alias of
+ALIASES = {
+    "num_iterations": "max_steps",
+    "device_batch_size": "per_device_train_batch_size",
+    "eval_every": "eval_steps",
+}
+
+# TrainingArguments fields this recipe does not read: setting one (to anything but its default) is an error.
+REFUSED = {
+    "learning_rate": "use matrix_lr / embedding_lr / unembedding_lr (nanochat's per-group rates) and init_lr_frac",
+    "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last 20% of progress)",
+    "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last 20% of progress)",
+    "warmup_steps": "nanochat's schedule has no LR warm-up (Muon's momentum warms up over 300 steps)",
+    "optim": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
+    "optim_args": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
+    "optim_target_modules": "Muon takes every transformer.h matrix, AdamW the embedding and lm_head",
+    "adam_beta1": "nanochat's AdamW betas are fixed at (0.8, 0.95)",
+    "adam_beta2": "nanochat's AdamW betas are fixed at (0.8, 0.95)",
+    "adam_epsilon": "nanochat's AdamW eps is fixed at 1e-10",
+    "fp16": "use dtype (auto, bfloat16, float32): nanochat trains in bfloat16 autocast on CUDA",
+    "num_train_epochs": "use num_iterations (-1 = one epoch of the train mixture, N = N optimizer steps)",
+    "label_smoothing_factor": "nanochat trains on plain cross-entropy",
+    "auto_find_batch_size": "set device_batch_size (grad accumulation is derived from total_batch_size)",
+    "dataloader_num_workers": "the per-rank token stream keeps its position in the main process",
+    "ignore_data_skip": "the data position is restored from the checkpoint, never skipped",
+    "average_tokens_across_devices": "nanochat's loss is the per-micro-batch mean / grad accumulation",
 }
 
 
@@ -50,17 +76,22 @@ class MidTrainingArguments(TrainingArguments):
     train_mixture: str | None = field(default=None, metadata={"help": "mixture YAML (None: offline demo mixture)"})
     val_mixture: str | None = field(default=None, metadata={"help": "validation mixture YAML (None: train_mixture)"})
     # --- nanochat's knobs (names and defaults of nanochat's mid_train) ----------------------------------------
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, float32"})
-    num_iterations: int = field(default=-1, metadata={"help": "optimizer steps; -1 = one epoch of the mixture"})
+    dtype: str = field(default="auto", metadata={"help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, "
+                                                 "float32; --bf16 true is the same as bfloat16"})
+    num_iterations: int | None = field(default=None, metadata={
+        "help": "optimizer steps; -1 = one epoch of the mixture (alias of max_steps; default -1)"})
     max_seq_len: int = 2048
-    device_batch_size: int = 32
-    total_batch_size: int = field(default=524288, metadata={"help": "tokens per optimizer step, all ranks"})
+    device_batch_size: int | None = field(default=None, metadata={
+        "help": "rows per micro-batch per process (alias of per_device_train_batch_size; default 32)"})
+    total_batch_size: int = field(default=524288, metadata={
+        "help": "tokens per optimizer step, all ranks; gradient_accumulation_steps is derived from it"})
     unembedding_lr: float = 0.004
     embedding_lr: float = 0.2
     matrix_lr: float = 0.02
     init_lr_frac: float = 1.0
-    weight_decay: float = 0.0
-    eval_every: int = field(default=150, metadata={"help": "evaluate val bpb every N steps (<=0: only at the end)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (embedding, lm_head)"})
+    eval_every: int | None = field(default=None, metadata={
+        "help": "evaluate val bpb every N steps, <=0: only at the end (alias of eval_steps; default 150)"})
     eval_tokens: int = 20 * 524288
     dry_run: bool = field(default=False, metadata={"help": "train and log but write no checkpoint or model"})
     # --- extras -------------------------------------------------------------------------------------------
@@ -72,21 +103,81 @@ class MidTrainingArguments(TrainingArguments):
     peak_flops: float | None = field(default=None, metadata={"help": "device peak FLOP/s for MFU (default: known GPUs)"})
     spelling_eval_rows: int = field(default=64, metadata={"help": "held-out SimpleSpelling rows for exact match"})
     sample_prompt: str = field(default="Spell the word: apple", metadata={"help": "prompt of the final sample chat"})
-    # --- TrainingArguments fields whose defaults differ for this recipe ------------------------------------
-    output_dir: str | None = field(default=DEMO_OUTPUT_DIR)
+    # --- TrainingArguments fields whose defaults are the recipe's -----------------------------------------
+    output_dir: str | None = field(default="outputs/nanochat-hf-demo")
+    max_steps: int = field(default=-1, metadata={"help": "alias of num_iterations"})
+    per_device_train_batch_size: int = field(default=32, metadata={"help": "alias of device_batch_size"})
+    per_device_eval_batch_size: int | None = field(default=None, metadata={
+        "help": "validation rows per micro-batch: nanochat uses device_batch_size (the default)"})
+    gradient_accumulation_steps: int | None = field(default=None, metadata={
+        "help": "derived: total_batch_size / (device_batch_size * max_seq_len * processes)"})
+    num_train_epochs: float = 1.0
+    bf16: bool | None = field(default=None, metadata={"help": "alias of dtype=bfloat16 (false: float32)"})
+    eval_strategy: str = field(default="steps", metadata={"help": "steps (every eval_every steps) or no"})
+    eval_steps: float | None = field(default=150, metadata={"help": "alias of eval_every"})
+    eval_on_start: bool = field(default=True, metadata={"help": "nanochat evaluates at step 0"})
+    save_strategy: str | None = field(default=None, metadata={
+        "help": "default: steps when save_steps > 0, else no"})
     save_steps: float = field(default=0, metadata={"help": "write a resumable checkpoint every N steps (0: none)"})
     logging_steps: float = field(default=1, metadata={"help": "nanochat logs every step"})
+    logging_nan_inf_filter: bool = field(default=False, metadata={
+        "help": "a non-finite loss stops the run (nanochat does not filter it)"})
     max_grad_norm: float = field(default=0.0, metadata={"help": "nanochat does not clip gradients"})
-    eval_on_start: bool = field(default=True, metadata={"help": "nanochat evaluates at step 0"})
+    average_tokens_across_devices: bool = False
+    ignore_data_skip: bool = True
+    remove_unused_columns: bool = False
+    ddp_find_unused_parameters: bool | None = False
     report_to: None | str | list[str] = field(default="none")
     seed: int = 42
 
     def __post_init__(self) -> None:
-        for name in ("device_batch_size", "max_seq_len", "total_batch_size"):
+        self._refuse_unused()
+        self._resolve_aliases()
+        self._check_nanochat_knobs()
+        self._derive()
+        super().__post_init__()
+
+    # ---- validation steps (each raises ValueError with one line) ------------------------------------------
+    def _refuse_unused(self) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for name, hint in REFUSED.items():
+            value = getattr(self, name)
+            if value != defaults[name] and str(value) != str(defaults[name]):
+                raise ValueError(f"{name}={value} is not used by this recipe: {hint}")
+
+    def _resolve_aliases(self) -> None:
+        defaults = {f.name: f.default for f in dataclasses.fields(self)}
+        for knob, hf in ALIASES.items():
+            ours, theirs, default = getattr(self, knob), getattr(self, hf), defaults[hf]
+            if ours is None:
+                setattr(self, knob, int(theirs) if theirs is not None else theirs)
+            elif theirs not in (default, ours):
+                theirs = int(theirs) if float(theirs).is_integer() else theirs
+                raise ValueError(f"{knob}={ours} and {hf}={theirs} conflict: they are the same setting, give one")
+            else:
+                setattr(self, hf, ours)
+        if self.bf16 is not None:
+            wanted = "bfloat16" if self.bf16 else "float32"
+            if self.dtype not in ("auto", wanted):
+                raise ValueError(f"dtype={self.dtype} and bf16={self.bf16} conflict: they are the same setting")
+            self.dtype = wanted
+        if self.per_device_eval_batch_size not in (None, self.device_batch_size):
+            raise ValueError(f"per_device_eval_batch_size={self.per_device_eval_batch_size}: validation uses "
+                             f"device_batch_size ({self.device_batch_size}), as nanochat does")
+
+    def _check_nanochat_knobs(self) -> None:
+        for name in ("device_batch_size", "max_seq_len", "total_batch_size", "eval_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype={self.dtype!r}: expected one of auto, bfloat16, float32")
+        if self.num_iterations == 0 or self.num_iterations < -1:
+            raise ValueError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
+        if self.max_grad_norm < 0:
+            raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
+
+    def _derive(self) -> None:
+        """Fill the fields that follow from the others (never one the user set: those were checked above)."""
         world = int(os.environ.get("WORLD_SIZE", "1"))
         tokens_per_micro = self.device_batch_size * self.max_seq_len * world
         if self.total_batch_size % tokens_per_micro:
@@ -94,60 +185,73 @@ class MidTrainingArguments(TrainingArguments):
                 f"total_batch_size={self.total_batch_size} is not divisible by device_batch_size*max_seq_len*"
                 f"world_size = {self.device_batch_size}*{self.max_seq_len}*{world} = {tokens_per_micro}"
             )
-        self.gradient_accumulation_steps = self.total_batch_size // tokens_per_micro
-        self.per_device_train_batch_size = self.device_batch_size
+        accumulation = self.total_batch_size // tokens_per_micro
+        if self.gradient_accumulation_steps not in (None, accumulation):
+            raise ValueError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} conflicts with "
+                             f"total_batch_size: {self.total_batch_size} / ({tokens_per_micro} tokens per micro-batch"
+                             f" on all processes) = {accumulation}; set total_batch_size instead")
+        self.gradient_accumulation_steps = accumulation
         self.per_device_eval_batch_size = self.device_batch_size
-        self.max_steps = self.num_iterations if self.num_iterations > 0 else -1
-        self.num_train_epochs = 1
-        if self.eval_every > 0:
-            self.eval_strategy, self.eval_steps = "steps", self.eval_every
-        else:  # evaluate once, at the end (MidTrainer asks for it)
+        if self.eval_every <= 0:  # evaluate once, at the end (the run asks for it)
             self.eval_strategy, self.eval_on_start = "no", False
-        self.save_strategy = "steps" if self.save_steps > 0 and not self.dry_run else "no"
+        if self.save_strategy is None:
+            self.save_strategy = "steps" if self.save_steps > 0 else "no"
         if self.dry_run:
-            self.push_to_hub = False
+            self.save_strategy, self.push_to_hub = "no", False
+        if self.metric_for_best_model and self.greater_is_better is None and "bpb" in self.metric_for_best_model:
+            self.greater_is_better = False  # bits per byte: lower is better (the stock guess is "not a loss")
         # Device autodetection CUDA > MPS > CPU is Accelerate's; on a machine with neither, say CPU explicitly so
         # that several processes (torchrun / accelerate launch --multi_gpu without GPUs) form a gloo group.
         if not (torch.cuda.is_available() or torch.backends.mps.is_available()):
             self.use_cpu = True
-        if self.use_cpu:
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(self.num_threads or max(1, cores // world))
-        # Precision: nanochat autocasts to bf16 on CUDA only; CPU/MPS default to fp32. Accelerate does the autocast.
+        # nanochat autocasts to bf16 on CUDA only; CPU/MPS default to fp32. Accelerate does the autocast.
         if self.dtype == "auto":
             self.bf16 = torch.cuda.is_available() and not self.use_cpu
         else:
             self.bf16 = self.dtype == "bfloat16"
-        self.fp16 = False
-        # The sharded optimizer averages gradients itself; see MidTrainer._prepare_for_training for DDP.
-        # (The model has no buffers, so DDP has none to broadcast.)
-        self.ddp_find_unused_parameters = False
-        # Loss = mean per micro-batch / grad_accum (nanochat), no cross-rank token counting.
-        self.average_tokens_across_devices = False
-        # The per-rank data position is restored from the checkpoint, so the Trainer must not skip batches.
-        self.ignore_data_skip = True
-        self.remove_unused_columns = False
-        self.dataloader_num_workers = 0
-        super().__post_init__()
+
+
+def _config_defaults(path: Path, known: set[str]) -> dict:
+    if not path.is_file():
+        raise FileNotFoundError(f"config file {path} not found")
+    values = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(values, dict):
+        raise ValueError(f"config file {path}: expected a mapping of argument names to values")
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
+    return values
+
+
+def _flags(argv: list[str]) -> set[str]:
+    return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
+
+
+def _drop_overridden(values: dict, argv: list[str]) -> dict:
+    """A config value of an alias pair gives way to a flag naming EITHER name of the pair."""
+    given = _flags(argv)
+    pairs = [*ALIASES.items(), ("dtype", "bf16")]
+    overridden = {name for pair in pairs if given & set(pair) for name in pair}
+    return {k: v for k, v in values.items() if k not in overridden}
 
 
 def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
-    """Parse `[config.yaml] [--field value ...]`: YAML values become defaults, command-line flags override them."""
+    """Parse `[config.yaml] [--field value ...]`: the config's values become defaults, flags override them.
+
+    Without a config file, the demo config is the defaults unless --model_source names a real model (then the
+    dataclass defaults, nanochat's recipe, apply).
+    """
     argv = list(sys.argv[1:] if argv is None else argv)
     parser = HfArgumentParser(MidTrainingArguments)
+    known = {action.dest for action in parser._actions}
     if argv and argv[0].endswith((".yaml", ".yml")):
         path = Path(argv.pop(0))
-        if not path.is_file():
-            raise FileNotFoundError(f"config file {path} not found")
-        values = yaml.safe_load(path.read_text()) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"config file {path}: expected a mapping of argument names to values")
-        known = {action.dest for action in parser._actions}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise ValueError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
-        parser.set_defaults(**values)
-    elif not any(a.split("=")[0] == "--model_source" for a in argv):
-        parser.set_defaults(**DEMO_DEFAULTS)
+        parser.set_defaults(**_drop_overridden(_config_defaults(path, known), argv))
+    else:
+        peek = argparse.ArgumentParser(add_help=False)
+        peek.add_argument("--model_source", default=None)
+        source = peek.parse_known_args(argv)[0].model_source
+        if source in (None, "", "demo"):
+            parser.set_defaults(**_drop_overridden(_config_defaults(DEMO_CONFIG, known), argv))
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     return args

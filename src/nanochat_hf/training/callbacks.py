@@ -1,27 +1,25 @@
-"""Trainer callbacks: Muon momentum warm-up and nanochat's per-step log line."""
+"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics and its console lines."""
 
 from __future__ import annotations
 
+import math
+import sys
 import time
 
 import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 
+from .schedule import muon_momentum
+
 # bf16 dense peak per device, for MFU (nanochat uses the H100 number)
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
+EMA_BETA = 0.9
 
 
-def muon_momentum(step: int) -> float:
-    """Linear warm-up 0.85 -> 0.95 over the first 300 optimizer steps (spec section 5)."""
-    frac = min(step / 300, 1.0)
-    return (1 - frac) * 0.85 + frac * 0.95
-
-
-def lr_multiplier(step: int, num_steps: int) -> float:
-    """nanochat's LR multiplier at progress step/num_steps: 1 until 0.8, then linear to 0 at 1.0 (reference)."""
-    progress = step / num_steps
-    return 1.0 if progress < 0.8 else 1.0 - (progress - 0.8) / 0.2
+class NonFiniteLossError(RuntimeError):
+    """The training loss became NaN or infinite: the run stops (the run script exits non-zero)."""
 
 
 def device_peak_flops(device: torch.device, override: float | None = None) -> float | None:
@@ -43,20 +41,29 @@ class MuonMomentumCallback(TrainerCallback):
 
 
 class NanoChatLogger(TrainerCallback):
-    """Times each optimizer step and turns the Trainer's per-step logs into nanochat's metrics.
+    """nanochat's per-step metrics, updated every optimizer step (whatever logging_steps is).
 
-    `MidTrainer.log` calls `enrich(logs)` before the logs reach any reporter (tensorboard, wandb, ...), so the
-    nanochat metrics (ema loss, lrm, dt, tok/s, mfu) are reported like any other; `line(logs)` formats the
-    console line. Its state (EMA, total time) is saved in checkpoints so a resumed run logs the same numbers.
+    - loss: EMA (beta 0.9) of the LAST micro-batch's loss of each step (`MidTrainer.compute_loss` hands it over
+      as `last_loss`), averaged over the processes, debiased by 1 / (1 - 0.9^(n + 1)) after n steps, as
+      nanochat's mid-training does. A non-finite value raises `NonFiniteLossError` on every rank.
+    - lrm: the multiplier the optimizer's LR was set to for this step (read from the optimizer right after it
+      stepped, i.e. what the scheduler applied), progress: of the run after this step.
+    - dt, tok/s, MFU, total time (the first 10 steps are not counted).
+    `enrich(logs)` adds them to a training log before it reaches any reporter. The EMA and the total time are
+    saved in checkpoints (`state_dict`) so a resumed run logs the same numbers.
     """
 
-    def __init__(self, tokens_per_step: int, flops_per_token: int, peak_flops: float | None, world_size: int):
+    def __init__(self, tokens_per_step: int, flops_per_token: int, peak_flops: float | None, world_size: int,
+                 progress=None):
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak = peak_flops * world_size if peak_flops else None
+        self.progress = progress  # step (from 0) -> progress shown; set by MidTrainer.create_scheduler
         self.ema = 0.0
         self.total_time = 0.0
         self.dt = 0.0
+        self.lrm = float("nan")
+        self.last_loss: torch.Tensor | None = None
         self._t0 = 0.0
 
     def state_dict(self) -> dict:
@@ -74,19 +81,35 @@ class NanoChatLogger(TrainerCallback):
         self._sync()
         self._t0 = time.perf_counter()
 
+    def on_optimizer_step(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
+        group = getattr(optimizer, "optimizer", optimizer).param_groups[0]
+        if group["initial_lr"]:
+            self.lrm = group["lr"] / group["initial_lr"]
+        else:  # init_lr_frac 0: the ratio is undefined, ask the scheduler what it applied to this step
+            self.lrm = lr_scheduler.lr_lambdas[0](lr_scheduler.last_epoch)
+
     def on_step_end(self, args, state, control, **kwargs):
         self._sync()
         self.dt = time.perf_counter() - self._t0
         if state.global_step > 10:  # nanochat leaves the first 10 steps (warm-up, compilation) out
             self.total_time += self.dt
+        loss = self.last_loss.detach().float().clone()
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(loss)
+            loss /= dist.get_world_size()
+        value = loss.item()
+        if not math.isfinite(value):
+            raise NonFiniteLossError(f"the training loss is {value} at step {state.global_step} (the model "
+                                     "diverged); no final model was written")
+        self.ema = EMA_BETA * self.ema + (1 - EMA_BETA) * value
 
-    def enrich(self, logs: dict, step: int, max_steps: int) -> None:
-        """Add nanochat's metrics to a training log of optimizer step `step` (1-based)."""
-        beta = 0.9
-        self.ema = beta * self.ema + (1 - beta) * logs["loss"]
-        logs["ema_loss"] = self.ema / (1 - beta**step)
-        logs["lrm"] = lr_multiplier(step - 1, max_steps)
-        logs["progress"] = 100.0 * step / max_steps
+    def enrich(self, logs: dict, step: int) -> None:
+        """Add nanochat's metrics to the training log written after optimizer step `step` (1-based): `loss`
+        becomes nanochat's debiased EMA, the Trainer's mean over micro-batches moves to `train_loss_mean`."""
+        logs["train_loss_mean"] = logs.pop("loss")
+        logs["loss"] = self.ema / (1 - EMA_BETA ** (step + 1))
+        logs["lrm"] = self.lrm
+        logs["progress"] = 100.0 * self.progress(step - 1)
         logs["dt_ms"] = self.dt * 1000
         tok_per_sec = self.tokens_per_step / self.dt if self.dt > 0 else 0.0
         logs["tok_per_sec"] = tok_per_sec
@@ -94,39 +117,59 @@ class NanoChatLogger(TrainerCallback):
             logs["mfu"] = 100.0 * self.flops_per_token * tok_per_sec / self.peak
         logs["total_time_min"] = self.total_time / 60
 
-    @staticmethod
-    def line(logs: dict, step: int, max_steps: int) -> str:
-        mfu = f"{logs['mfu']:.2f}" if "mfu" in logs else "n/a"
-        return (
-            f"step {step:05d}/{max_steps:05d} ({logs['progress']:.2f}%) | loss: {logs['ema_loss']:.6f} | "
-            f"lrm: {logs['lrm']:.2f} | dt: {logs['dt_ms']:.2f}ms | tok/sec: {logs['tok_per_sec']:,.0f} | "
-            f"mfu: {mfu} | total time: {logs['total_time_min']:.2f}m"
-        )
-
 
 def format_log(logs: dict, state) -> str | None:
     """nanochat's console line for a training-step log or an evaluation log (None for other logs)."""
-    if "ema_loss" in logs:
-        return NanoChatLogger.line(logs, state.global_step, state.max_steps)
+    if "lrm" in logs:
+        mfu = f"{logs['mfu']:.2f}" if "mfu" in logs else "n/a"
+        return (
+            f"step {state.global_step:05d}/{state.max_steps:05d} ({logs['progress']:.2f}%) | "
+            f"loss: {logs['loss']:.6f} | lrm: {logs['lrm']:.2f} | dt: {logs['dt_ms']:.2f}ms | "
+            f"tok/sec: {logs['tok_per_sec']:,.0f} | mfu: {mfu} | total time: {logs['total_time_min']:.2f}m"
+        )
     if "eval_val_bpb" in logs:
         return (f"step {state.global_step:05d} | validation bpb: {logs['eval_val_bpb']:.4f} "
                 f"(min {logs['eval_min_val_bpb']:.4f})")
     return None
 
 
-class NanoChatProgressCallback(ProgressCallback):
-    """The Trainer's progress bar, printing nanochat's lines instead of the raw log dicts."""
+class NanoChatConsole(ProgressCallback):
+    """The console: nanochat's lines on stdout (rank 0), and the Trainer's progress bar on stderr only when both
+    streams are a terminal, where tqdm clears the bar, prints the line above it and redraws it. Redirected to
+    files (or with --disable_tqdm true) no bar is drawn: stdout and stderr would interleave the bar's
+    carriage-return updates and the lines unpredictably (stdout is block-buffered when redirected).
+    """
+
+    def __init__(self, show_bar: bool):
+        super().__init__()
+        self.show_bar = show_bar and sys.stdout.isatty() and sys.stderr.isatty()
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        if self.show_bar:
+            super().on_train_begin(args, state, control, **kwargs)
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.show_bar:
+            super().on_step_end(args, state, control, **kwargs)
+
+    def on_prediction_step(self, args, state, control, eval_dataloader=None, **kwargs):
+        return
+
+    def on_evaluate(self, args, state, control, **kwargs):
+        return
+
+    def on_predict(self, args, state, control, **kwargs):
+        return
 
     def on_log(self, args, state, control, logs=None, **kwargs):
         line = format_log(logs or {}, state)
-        if state.is_world_process_zero and self.training_bar is not None and line:
-            self.training_bar.write(line)
-
-
-class NanoChatPrinterCallback(TrainerCallback):
-    """Replaces the Trainer's PrinterCallback (--disable_tqdm): nanochat's lines on rank 0."""
-
-    def on_log(self, args, state, control, logs=None, **kwargs):
-        line = format_log(logs or {}, state)
-        if state.is_world_process_zero and line:
+        if not (state.is_world_process_zero and line):
+            return
+        if self.training_bar is not None:
+            self.training_bar.write(line)  # tqdm.write: clear the bar, print the line, redraw the bar
+        else:
             print(line, flush=True)
+
+    def on_train_end(self, args, state, control, **kwargs):
+        if self.show_bar:
+            super().on_train_end(args, state, control, **kwargs)

@@ -1,21 +1,27 @@
-"""Entry point of `accelerate launch scripts/mid_train.py [config.yaml] [--flag value ...]`."""
+"""Entry point of `accelerate launch scripts/mid_train.py [config.yaml] [--flag value ...]`.
+
+`main` is the sequence setup -> build_trainer -> train -> finish; a script that needs another Trainer subclass
+or extra callbacks composes the same steps.
+"""
 
 from __future__ import annotations
 
 import logging
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from .arguments import parse_args
+from .arguments import MidTrainingArguments, parse_args
+from .callbacks import NonFiniteLossError
 
 logger = logging.getLogger("nanochat_hf.mid_train")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     print(f"mid_train: error: {message}", file=sys.stderr, flush=True)
-    sys.exit(2)
+    sys.exit(code)
 
 
 def setup(argv: list[str] | None = None):
@@ -41,6 +47,52 @@ def setup(argv: list[str] | None = None):
     return args, model, tokenizer, train_tokens, val_tokens
 
 
+def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, val_tokens, trainer_cls=None,
+                  callbacks: list | None = None):
+    """The trainer, with the data stream built (fails fast when the mixture is too small for one step)."""
+    from .trainer import MidTrainer
+
+    end_id = tokenizer.convert_tokens_to_ids("<|assistant_end|>")
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = end_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    trainer = (trainer_cls or MidTrainer)(
+        model=model, args=args, processing_class=tokenizer, train_dataset=train_tokens, eval_dataset=val_tokens,
+        callbacks=callbacks,
+    )
+    trainer.get_train_dataloader()
+    return trainer
+
+
+def latest_checkpoint(output_dir: str) -> str | None:
+    """The newest complete checkpoint-<step> (trainer_state.json is written last) in output_dir."""
+    done = [p for p in Path(output_dir).glob("checkpoint-*")
+            if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()]
+    return str(max(done, key=lambda p: int(p.name.split("-")[-1]))) if done else None
+
+
+def resolve_resume(args: MidTrainingArguments) -> None:
+    """resume_from_checkpoint true/last/latest -> the newest complete checkpoint (error when there is none)."""
+    resume = args.resume_from_checkpoint
+    if isinstance(resume, str) and resume.lower() in ("true", "last", "latest"):
+        args.resume_from_checkpoint = latest_checkpoint(args.output_dir)
+        if args.resume_from_checkpoint is None:
+            raise FileNotFoundError(f"resume_from_checkpoint: no complete checkpoint-<step> in {args.output_dir}")
+    if args.resume_from_checkpoint:
+        args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
+
+
+def train(trainer) -> float:
+    """Train (resuming if asked), evaluate at the last step if the schedule did not; returns seconds."""
+    t0 = time.time()
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint or None)
+    seconds = time.time() - t0
+    evals = [h for h in trainer.state.log_history if "eval_val_bpb" in h]
+    if not evals or evals[-1]["step"] != trainer.state.global_step:  # nanochat evaluates at the last step
+        trainer.evaluate()
+    return seconds
+
+
 def spelling_conversations(n: int, demo: bool = True) -> list[dict]:
     """Held-out SimpleSpelling rows (test-split seeds 1000.., never in the train mixture): the demo mixture's
     `spelling_eval` rows (its small word list) for the demo, else the same seeds on the full word list."""
@@ -51,43 +103,28 @@ def spelling_conversations(n: int, demo: bool = True) -> list[dict]:
     return [simple_spelling(1000 + i, "test", words) for i in range(n)]
 
 
-def main(argv: list[str] | None = None, trainer_cls=None, callbacks: list | None = None) -> dict:
-    """Parse, set up, train, evaluate, save, report, push. `trainer_cls`/`callbacks` let tests instrument it."""
-    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    try:
-        args, model, tokenizer, train_tokens, val_tokens = setup(argv)
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
+def post_training_eval(trainer, metrics: dict) -> str | None:
+    """Rank 0: SimpleSpelling exact match into `metrics`, and a sample chat (returned)."""
     from nanochat_hf.inference import format_parts, generate_reply
 
     from .evaluation import exact_match_accuracy
+
+    args, tokenizer = trainer.args, trainer.processing_class
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    model.eval()
+    with torch.no_grad():  # Accelerate's autocast is part of the prepared model's forward
+        if args.spelling_eval_rows > 0:
+            metrics["spelling_exact_match"] = exact_match_accuracy(
+                model, tokenizer, spelling_conversations(args.spelling_eval_rows, demo=args.val_mixture is None))
+        conv = {"messages": [{"role": "user", "content": args.sample_prompt}]}
+        return format_parts(generate_reply(model, tokenizer, conv, max_new_tokens=64)["parts"])
+
+
+def finish(trainer, train_time: float) -> dict:
+    """Final metrics, post-training evaluation, model + card + report + trainer state, hub push, summary."""
     from .report import write_report
-    from .trainer import MidTrainer
 
-    end_id = tokenizer.convert_tokens_to_ids("<|assistant_end|>")
-    model.generation_config.bos_token_id = tokenizer.bos_token_id
-    model.generation_config.eos_token_id = end_id
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    try:
-        trainer = (trainer_cls or MidTrainer)(
-            model=model, args=args, processing_class=tokenizer, train_dataset=train_tokens, eval_dataset=val_tokens,
-            callbacks=callbacks,
-        )
-        trainer.get_train_dataloader()  # fails fast (mixture too small) before training starts
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    resume = args.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() in ("true", "last", "latest"):
-        resume = True  # the latest checkpoint-<step> in output_dir
-    if resume:
-        args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
-    t0 = time.time()
-    trainer.train(resume_from_checkpoint=resume)
-    train_time = time.time() - t0
-    last = [h for h in trainer.state.log_history if "eval_val_bpb" in h]
-    if not last or last[-1]["step"] != trainer.state.global_step:  # eval_every <= 0: evaluate once at the end
-        trainer.evaluate()
-
+    args = trainer.args
     metrics = {
         "steps": trainer.state.global_step,
         "tokens": trainer.state.global_step * args.total_batch_size,
@@ -95,19 +132,10 @@ def main(argv: list[str] | None = None, trainer_cls=None, callbacks: list | None
         "min_val_bpb": trainer.min_val_bpb,
         "train_time_s": round(train_time, 1),
     }
-    sample = None
-    if trainer.is_world_process_zero():
-        unwrapped = trainer.accelerator.unwrap_model(trainer.model)
-        unwrapped.eval()
-        with torch.no_grad():  # Accelerate's autocast is part of the prepared model's forward
-            if args.spelling_eval_rows > 0:
-                metrics["spelling_exact_match"] = exact_match_accuracy(
-                    unwrapped, tokenizer, spelling_conversations(args.spelling_eval_rows, demo=args.val_mixture is None)
-                )
-            conv = {"messages": [{"role": "user", "content": args.sample_prompt}]}
-            sample = format_parts(generate_reply(unwrapped, tokenizer, conv, max_new_tokens=64)["parts"])
+    sample = post_training_eval(trainer, metrics) if trainer.is_world_process_zero() else None
     if not args.dry_run:
         trainer.save_model()  # final model + tokenizer (rank 0), atomic per file
+        trainer.save_state()  # trainer_state.json: the whole log history
         if trainer.is_world_process_zero():
             trainer.create_model_card()
             write_report(trainer, args.output_dir, metrics)
@@ -123,6 +151,21 @@ def main(argv: list[str] | None = None, trainer_cls=None, callbacks: list | None
             print(f"model written to {args.output_dir}")
     trainer.accelerator.wait_for_everyone()
     return metrics
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """Parse, set up, train, evaluate, save, report, push."""
+    logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    try:
+        trainer = build_trainer(*setup(argv))
+        resolve_resume(trainer.args)
+    except (ValueError, FileNotFoundError) as e:
+        _fail(str(e))
+    try:
+        train_time = train(trainer)
+    except NonFiniteLossError as e:
+        _fail(str(e), code=1)
+    return finish(trainer, train_time)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,43 @@
+"""The gradient contract between DDP, Accelerate and the sharded optimizer, stated and guarded in one place.
+
+With several processes, `MuonAdamW` (``reduces_gradients=True``) does ALL gradient communication: it
+reduce-scatters (averages) the gradients inside its step. Therefore:
+1. DDP (which Accelerate always wraps a multi-process model in) must not all-reduce them too: `silence_ddp`
+   registers a communication hook that returns the local bucket unchanged (DDP still broadcasts rank 0's weights
+   when wrapping, and `no_sync` during accumulation keeps its meaning). `silence_ddp` refuses an optimizer that
+   does not reduce gradients itself, which would silently train each rank on its own gradients.
+2. Before the optimizer step each rank holds only its LOCAL gradient, so anything that needs the global gradient
+   (clipping by the norm of the averaged gradient) must happen inside the optimizer step, after the
+   reduction: `clip_in_optimizer` hands `max_grad_norm` to the optimizer instead of clipping locally.
+With one process the gradients are already the averaged ones and the Trainer's own clipping is used.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def reduces_gradients(optimizer) -> bool:
+    return bool(getattr(getattr(optimizer, "optimizer", optimizer), "reduces_gradients", False))
+
+
+def _local_gradients_hook(state, bucket):  # no annotations: DDP checks them against the real (not string) types
+    """DDP communication hook that communicates nothing: gradients stay local for the sharded optimizer."""
+    fut = torch.futures.Future()
+    fut.set_result(bucket.buffer())
+    return fut
+
+
+def silence_ddp(model: torch.nn.Module, optimizer) -> None:
+    """Make a DDP-wrapped model (possibly inside torch.compile's wrapper) leave gradient reduction to the optimizer."""
+    ddp = getattr(model, "_orig_mod", model)
+    if not isinstance(ddp, torch.nn.parallel.DistributedDataParallel):
+        return
+    if not reduces_gradients(optimizer):
+        raise RuntimeError("multi-process training needs the sharded optimizer (reduces_gradients=True)")
+    ddp.register_comm_hook(state=None, hook=_local_gradients_hook)
+
+
+def clip_in_optimizer(optimizer, max_grad_norm: float) -> None:
+    """Ask the sharded optimizer to clip the AVERAGED gradient to `max_grad_norm` (0: no clipping) in its step."""
+    getattr(optimizer, "optimizer", optimizer).max_grad_norm = max_grad_norm

@@ -1,0 +1,40 @@
+"""nanochat's schedules: the LR multiplier (as a checkpointable `LambdaLR`) and Muon's momentum warm-up."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def lr_multiplier(progress: float) -> float:
+    """1 until progress 0.8, then linear to 0 at progress 1.0."""
+    return 1.0 if progress < 0.8 else 1.0 - (progress - 0.8) / 0.2
+
+
+def muon_momentum(step: int) -> float:
+    """Linear warm-up 0.85 -> 0.95 over the first 300 optimizer steps."""
+    frac = min(step / 300, 1.0)
+    return (1 - frac) * 0.85 + frac * 0.95
+
+
+def steps_progress(num_steps: int) -> Callable[[int], float]:
+    """Progress of optimizer step s (from 0) when the run has a fixed number of steps: s / num_steps.
+
+    (nanochat divides a micro-batch counter by num_iterations there; ours counts optimizer steps.)
+    """
+    return lambda step: step / num_steps
+
+
+def nanochat_scheduler(optimizer: torch.optim.Optimizer, progress: Callable[[int], float]) -> LambdaLR:
+    """`LambdaLR` setting every group's lr to initial_lr * lr_multiplier(progress(s)) for optimizer step s.
+
+    `progress` must be a pure function of the step (the stream's `lr_progress` or `steps_progress`), so the
+    scheduler's checkpointed state (its step count) is all a resumed run needs. LambdaLR reads each group's
+    `initial_lr` (set by build_optimizer, already scaled by init_lr_frac).
+    """
+    def multiplier(step: int) -> float:
+        return lr_multiplier(progress(step))
+
+    return LambdaLR(optimizer, multiplier)
