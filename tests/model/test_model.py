@@ -1,4 +1,4 @@
-"""Our model against the spec's math, its init, loss conventions, cache, padding and generation."""
+"""Our model against nanochat's math (docs/nanochat.md), its init, loss conventions, cache, padding and generation."""
 
 from __future__ import annotations
 

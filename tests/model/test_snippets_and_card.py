@@ -88,7 +88,7 @@ def test_readme_snippet_runs_without_a_prompt(model_dir, tmp_path):
 def test_model_card_metadata(tmp_path):
     mixture = tmp_path / "mix.yaml"
     local = tmp_path / "gsm8k.jsonl"
-    local.write_text("")
+    local.write_text('{"question": "1+1?", "answer": "2\\n#### 2"}\n')
     mixture.write_text("tasks:\n  - {task: smoltalk}\n  - {task: mmlu}\n  - {task: smoltalk, start: 5}\n"
                        f"  - {{task: gsm8k, data_files: [{local}]}}\n  - {{task: simple_spelling, size: 10}}\n")
     path = write_model_card(fake_trainer(card_args(model_source="someone/nanochat-d20", train_mixture=str(mixture))),

@@ -1,4 +1,4 @@
-"""Shared by tests/optim: a tiny nanochat model, reference math written from the spec, the 2-process worker."""
+"""Shared by tests/optim: a tiny nanochat model, reference math written from docs/nanochat.md, the 2-process worker."""
 
 import copy
 import os

@@ -12,7 +12,7 @@ def _rel(u, v):
 
 @pytest.mark.parametrize("shape", SHAPES)
 def test_newton_schulz_matches_spec_reference_within_bf16(helpers, shape):
-    """Our fused bf16 iteration vs the spec's one-op-at-a-time bf16 iteration: they differ by bf16 rounding only,
+    """Our fused bf16 iteration vs the documented one-op-at-a-time bf16 iteration: they differ by bf16 rounding only,
     i.e. about as much as the reference itself differs from exact (float64) arithmetic, and ours is no farther
     from exact than the reference is."""
     torch.manual_seed(0)
@@ -41,7 +41,7 @@ def test_batched_equals_one_at_a_time(shape):
 
 
 def test_muon_steps_match_spec_reference(helpers):
-    """Three optimizer steps on every block matrix vs the spec's Muon step applied one matrix at a time."""
+    """Three optimizer steps on every block matrix vs the documented Muon step (docs/nanochat.md) applied one matrix at a time."""
     model = helpers.tiny_model(n_layer=2)
     ref = {n: p.detach().clone() for n, p in model.named_parameters()}
     bufs = {n: torch.zeros_like(p) for n, p in ref.items()}

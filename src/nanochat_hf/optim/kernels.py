@@ -1,4 +1,4 @@
-"""The per-tensor math of nanochat's optimizers (spec section 6), free of any distribution logic."""
+"""The per-tensor math of nanochat's optimizers (docs/nanochat.md, section 6), free of any distribution logic."""
 
 from __future__ import annotations
 
