@@ -38,7 +38,7 @@ def rotary_cos_sin(config: NanoChatGPTConfig, position_ids: torch.Tensor) -> tup
     ``config.rotary_dtype``. Computed for the positions in use, so there is no maximum length.
 
     Full width, with the sign of the rotation folded into sin (``cat(cos, cos)``, ``cat(sin, -sin)``): built once
-    per forward, they let each of the 2 * n_layer rotations be three elementwise ops (see ``apply_rotary``)."""
+    per forward, they make each of the 2 * n_layer rotations a roll, two products and a sum (see ``apply_rotary``)."""
     hd = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32,
                                                           device=position_ids.device) / hd))
