@@ -6,6 +6,8 @@ The backbone is mounted as ``transformer`` (holding ``wte`` and ``h``), so param
 and a nanochat state dict loads with ``strict=True``.
 """
 
+import inspect
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
@@ -32,21 +34,28 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
 
 
 def rotary_cos_sin(config: NanoChatGPTConfig, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """cos/sin of shape (B, T, head_dim/2) for the given positions, computed in float32 then rounded to
-    ``config.rotary_dtype``. Computed for the positions in use, so there is no maximum length."""
+    """cos/sin tables of shape (B, T, head_dim) for the given positions, computed in float32 then rounded to
+    ``config.rotary_dtype``. Computed for the positions in use, so there is no maximum length.
+
+    Full width, with the sign of the rotation folded into sin (``cat(cos, cos)``, ``cat(sin, -sin)``): built once
+    per forward, they make each of the 2 * n_layer rotations a roll, two products and a sum (see ``apply_rotary``)."""
     hd = config.head_dim
     inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32,
                                                           device=position_ids.device) / hd))
     angles = position_ids.to(torch.float32)[..., None] * inv_freq
+    angles = torch.cat((angles, angles), dim=-1)
+    sin = angles.sin()
+    sin[..., hd // 2:].neg_()
     dtype = getattr(torch, config.rotary_dtype)
-    return angles.cos().to(dtype), angles.sin().to(dtype)
+    return angles.cos().to(dtype), sin.to(dtype)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: (B, H, T, hd); cos/sin: (B, T, hd/2). nanochat's convention (rotation by -theta on halves)."""
+    """x: (B, H, T, hd); cos/sin: (B, T, hd) from ``rotary_cos_sin``. nanochat's convention (rotation by -theta
+    on halves x1, x2): ``cat(x1 cos + x2 sin, x2 cos - x1 sin)``, written as ``x * cos + swap_halves(x) * sin``
+    with the sign in the table, the same products and sums, so bit-identical."""
     cos, sin = cos[:, None], sin[:, None]
-    x1, x2 = x.chunk(2, dim=-1)
-    return torch.cat((x1 * cos + x2 * sin, x2 * cos - x1 * sin), dim=-1).to(x.dtype)
+    return (x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin).to(x.dtype)
 
 
 def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
@@ -310,6 +319,11 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         if num_items_in_batch is not None:  # gradient accumulation: normalise by the tokens of the whole step
             return total / torch.as_tensor(num_items_in_batch, device=total.device)
         return total / (targets != -100).sum()
+
+
+# generate() asks for inspect.signature(forward) of a remote-code model at every decoding step (transformers looks for
+# a legacy cache_position argument); that costs more than a decoding step's rotary tables, so compute it once here
+NanoChatGPTForCausalLM.forward.__signature__ = inspect.signature(NanoChatGPTForCausalLM.forward)
 
 
 class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
