@@ -11,8 +11,9 @@ Every override below says what it adds; where the stock behaviour is wanted it c
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
 - checkpoints: the stock `_save_checkpoint` (best-checkpoint tracking, rotation that keeps the best, callback
-  state export, hub pushes) with our pieces saved by the per-piece hooks it calls: safetensors/JSON only, one
-  optimizer shard + data position + RNG state per rank; the matching `_load_*` hooks restore them.
+  state export) into a fresh folder, with our pieces saved by the per-piece hooks it calls: safetensors/JSON only
+  (plus the run fingerprint), one optimizer shard + data position + RNG state per rank, umask-derived modes; the
+  matching `_load_*` hooks restore them (and apply a changed LR). Hub pushes of checkpoints carry no pickle.
 """
 
 from __future__ import annotations
