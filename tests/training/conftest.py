@@ -28,7 +28,7 @@ TINY_ARGS = [
     "--model_source", "demo", "--demo_depth", "2", "--demo_n_embd", "64",
     "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
     "--eval_every", "4", "--eval_tokens", "512", "--spelling_eval_rows", "4",
-    "--report_to", "none", "--disable_tqdm", "true",
+    "--report_to", "none", "--disable_tqdm", "true", "--chat_eval_tasks", "",
 ]
 
 

@@ -15,7 +15,7 @@ from safetensors.torch import save_file
 from transformers import TrainerCallback
 
 from nanochat_hf.data import PackedStream
-from nanochat_hf.training.run import build_trainer, finish, resolve_resume, setup, train
+from nanochat_hf.training.run import build_trainer, finish, setup, train
 from nanochat_hf.training.trainer import MidTrainer
 
 PROBES = ("transformer.h.0.attn.c_q.weight", "lm_head.weight")
@@ -76,5 +76,4 @@ class Probe(TrainerCallback):
 if __name__ == "__main__":
     torch.use_deterministic_algorithms(False)
     trainer = build_trainer(*setup(), trainer_cls=WorkerTrainer, callbacks=[Probe()])
-    resolve_resume(trainer.args)
     finish(trainer, train(trainer))

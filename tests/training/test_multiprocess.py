@@ -12,10 +12,11 @@ from safetensors.torch import load_file
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 WORKER = str(Path(__file__).with_name("mp_worker.py"))
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
 RUN = ["--model_source", "demo", "--demo_depth", "2", "--demo_n_embd", "64", "--max_seq_len", "64",
        "--device_batch_size", "2", "--total_batch_size", "256", "--num_iterations", "6", "--save_steps", "3",
        "--eval_every", "3", "--eval_tokens", "512", "--spelling_eval_rows", "0", "--disable_tqdm", "true",
-       "--num_threads", "1"]  # same kernels (thread count) in both layouts, for bitwise-comparable math
+       "--num_threads", "1", "--chat_eval_tasks", ""]  # same kernels (thread count) in both layouts, for bitwise-comparable math
 
 
 def _launch(tmp, out, nproc, extra=(), env=None):
@@ -89,3 +90,34 @@ def test_resume_reproduces_logged_losses(two_proc, nproc):
     a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
 
+
+
+@pytest.mark.parametrize("fault", ["changed_seed", "output_dir_is_a_file"])
+def test_refusals_under_two_processes_are_one_line(two_proc, fault):
+    """A resume refusal (every rank finds it) and an output_dir refusal (found on rank 0, shared with rank 1):
+    our one line, once, no traceback from our code, non-zero exit, and no rank left waiting."""
+    import os
+    import subprocess
+
+    tmp, two, _ = two_proc
+    if fault == "changed_seed":
+        out = tmp / "seed7"
+        out.mkdir()
+        shutil.copytree(two / "checkpoint-3", out / "checkpoint-3")
+        extra, expected = ["--resume_from_checkpoint", "true", "--seed", "7"], "seed was 42"
+    else:
+        out = tmp / "a_file"
+        out.write_text("mine")
+        extra, expected = [], "is a file"
+    before = {p: p.read_bytes() for p in [out, *out.rglob("*")] if p.is_file()}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+           "--main_process_port", str(29700 + os.getpid() % 1000), str(SCRIPT), *RUN, "--output_dir", str(out),
+           "--ddp_timeout", "60", *extra]
+    proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode != 0
+    ours = [line for line in proc.stderr.splitlines() if line.startswith("mid_train: error: ")]
+    assert len(ours) == 1 and expected in ours[0], proc.stderr[-3000:]
+    assert "nanochat_hf" not in proc.stderr.replace(ours[0], ""), proc.stderr[-3000:]  # no frame of ours
+    assert {p: p.read_bytes() for p in [out, *out.rglob("*")] if p.is_file()} == before

@@ -95,6 +95,9 @@ def test_demo_defaults_with_or_without_model_source_demo_and_no_side_effects():
                  "gradient_accumulation_steps", "per_device_train_batch_size", "eval_steps"):
         assert getattr(plain, name) == getattr(demo, name), name
     assert (demo.device_batch_size, demo.max_seq_len) == (8, 256)
+    # the demo runs nanochat's chat eval on SpellingBee (offline); the library default runs none
+    assert (demo.chat_eval_task_list, demo.chat_eval_max_problems) == (["SpellingBee"], 32)
+    assert parse_args(["--model_source", "some/model"]).chat_eval_task_list == []
     assert parse_args(["--num_threads", "1"]).num_threads == 1 and torch.get_num_threads() == threads
     # a config value of an alias gives way to a flag naming the other name of the pair
     assert parse_args(["--per_device_train_batch_size", "4"]).device_batch_size == 4

@@ -24,6 +24,10 @@ import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
+from nanochat_hf.evaluation.tasks import task_by_name
+
+from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
+
 # The demo run's settings (also `configs/demo.yaml`, a link to this file): used when neither a config file nor a
 # --model_source other than "demo" is given. Flags still override them.
 DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
@@ -58,7 +62,7 @@ REFUSED = {
 
 
 @dataclass
-class MidTrainingArguments(TrainingArguments):
+class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     # --- where the model comes from -------------------------------------------------------------------------
     model_source: str | None = field(
         default=None,
@@ -102,9 +106,17 @@ class MidTrainingArguments(TrainingArguments):
     )
     peak_flops: float | None = field(default=None, metadata={"help": "device peak FLOP/s for MFU (default: known GPUs)"})
     spelling_eval_rows: int = field(default=64, metadata={"help": "held-out SimpleSpelling rows for exact match"})
+    chat_eval_tasks: str | None = field(default=None, metadata={
+        "help": "comma list of chat-eval tasks run after training (ARC-Easy, ARC-Challenge, MMLU, GSM8K, HumanEval, "
+                "SpellingBee; the hub ones need their data); results go to report.md and the model card"})
+    chat_eval_max_problems: int | None = field(default=None, metadata={
+        "help": "at most this many problems per chat-eval task (default: all)"})
     sample_prompt: str = field(default="Spell the word: apple", metadata={"help": "prompt of the final sample chat"})
     # --- TrainingArguments fields whose defaults are the recipe's -----------------------------------------
     output_dir: str | None = field(default="outputs/nanochat-hf-demo")
+    # (transformers 5 dropped this TrainingArguments flag; same name and meaning as its 4.x one)
+    overwrite_output_dir: bool = field(default=False, metadata={
+        "help": "allow an output_dir that holds another run (its files are replaced as this run writes its own)"})
     max_steps: int = field(default=-1, metadata={"help": "alias of num_iterations"})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "alias of device_batch_size"})
     per_device_eval_batch_size: int | None = field(default=None, metadata={
@@ -175,6 +187,14 @@ class MidTrainingArguments(TrainingArguments):
             raise ValueError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
+        for name in self.chat_eval_task_list:
+            task_by_name(name)  # one line naming the unknown task and the known ones
+        if self.chat_eval_max_problems is not None and self.chat_eval_max_problems <= 0:
+            raise ValueError(f"chat_eval_max_problems={self.chat_eval_max_problems} must be a positive integer")
+
+    @property
+    def chat_eval_task_list(self) -> list[str]:
+        return [t.strip() for t in (self.chat_eval_tasks or "").split(",") if t.strip()]
 
     def _derive(self) -> None:
         """Fill the fields that follow from the others (never one the user set: those were checked above)."""
@@ -214,7 +234,13 @@ class MidTrainingArguments(TrainingArguments):
 def _config_defaults(path: Path, known: set[str]) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"config file {path} not found")
-    values = yaml.safe_load(path.read_text()) or {}
+    try:
+        values = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        problem = getattr(e, "problem", None) or "malformed"
+        raise ValueError(f"config file {path}: not valid YAML{line} ({problem})") from None
     if not isinstance(values, dict):
         raise ValueError(f"config file {path}: expected a mapping of argument names to values")
     unknown = sorted(set(values) - known)

@@ -29,7 +29,9 @@ PER_RANK_FILES = (
 )
 MODEL_FILE, MODEL_INDEX = "model.safetensors", "model.safetensors.index.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-STAGING_PREFIX = ".tmp-checkpoint-"  # the trainer writes here first and renames when every rank is done
+# A staging folder left by an interrupted save is reported, never used. (MidTrainer writes checkpoint-<step> in place,
+# trainer_state.json last, into a fresh folder; an incomplete one fails `verify_checkpoint`.)
+STAGING_PREFIX = ".tmp-checkpoint-"
 AUTO_RESUME = ("true", "last", "latest")
 
 FINGERPRINT_FILE = "run_fingerprint.json"

@@ -12,13 +12,23 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from nanochat_hf.atomic import current_umask, write_text
+
 
 def write_json(path: str | Path, obj: Any) -> None:
-    """Atomic JSON write (temp file + os.replace)."""
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2))
-    os.replace(tmp, path)
+    """Atomic JSON write (temp file + os.replace), mode 0666 & ~umask."""
+    write_text(path, json.dumps(obj, indent=2))
+
+
+def usual_modes(directory: str | Path) -> None:
+    """Give every file under `directory` the mode a plain open() would (0666 & ~umask), folders 0777 & ~umask.
+
+    safetensors' `save_file` (model weights, optimizer shards, RNG states) creates 0600 files, which a group
+    sharing the run could not read.
+    """
+    mask = current_umask()
+    for path in Path(directory).rglob("*"):
+        os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
 def read_json(path: str | Path) -> Any:

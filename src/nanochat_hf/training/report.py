@@ -7,7 +7,9 @@ from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
+from ..atomic import current_umask, write_text
 from ..data.mixture import read_mixture
+from ..evaluation import model_index_results, results_table, write_report_section
 from ..data.tasks import HUB_TASKS
 
 
@@ -15,12 +17,6 @@ def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]
     losses = [(h["step"], h["loss"]) for h in trainer.state.log_history if "loss" in h]
     bpbs = [(h["step"], h["eval_val_bpb"]) for h in trainer.state.log_history if "eval_val_bpb" in h]
     return losses, bpbs
-
-
-def _atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
 
 
 def plot_curves(trainer, path: Path) -> None:
@@ -42,6 +38,7 @@ def plot_curves(trainer, path: Path) -> None:
     tmp = path.with_name(path.stem + ".tmp.png")
     fig.savefig(tmp, dpi=100)
     plt.close(fig)
+    os.chmod(tmp, 0o666 & ~current_umask())
     os.replace(tmp, path)
 
 
@@ -61,7 +58,9 @@ def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
     lines += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
     lines += ["", "![training curves](training_curves.png)", ""]
     path = out / "report.md"
-    _atomic_write_text(path, "\n".join(lines))
+    write_text(path, "\n".join(lines))
+    if trainer.chat_eval_scores:
+        write_report_section(path, trainer.chat_eval_scores)
     return path
 
 
@@ -78,13 +77,14 @@ def _hub_datasets(mixture: str | None) -> list[str]:
     return ids
 
 
-def _card_data(a) -> ModelCardData:
+def _card_data(a, scores: list, name: str) -> ModelCardData:
     source = a.model_source
     # a base model on the hub is named by its repo id; a local directory or nanochat checkpoint has none to link
     hub_base = source if source and source.count("/") == 1 and not os.path.exists(source) else None
     return ModelCardData(
         base_model=hub_base, datasets=_hub_datasets(a.train_mixture) or None, license="mit", language=["en"],
         library_name="transformers", pipeline_tag="text-generation", tags=["nanochat", "mid-training", "custom_code"],
+        eval_results=model_index_results(scores) or None, model_name=name if scores else None,
     )
 
 
@@ -99,6 +99,8 @@ def write_model_card(trainer, output_dir: str | os.PathLike) -> Path:
     bpb = trainer.min_val_bpb
     bpb_last = next((h["eval_val_bpb"] for h in reversed(trainer.state.log_history) if "eval_val_bpb" in h), None)
     repo = a.hub_model_id or str(Path(output_dir).resolve())
+    scores = trainer.chat_eval_scores
+    chat_eval = f"\n## Chat evaluation\n\n{results_table(scores)}\n" if scores else ""
     body = f"""
 # {Path(repo).name}
 
@@ -122,13 +124,13 @@ inputs = tokenizer.apply_chat_template(messages, add_generation_prompt=True, ret
 out = model.generate(**inputs, max_new_tokens=64, do_sample=False)
 print(tokenizer.decode(out[0, inputs["input_ids"].shape[1]:], skip_special_tokens=True))
 ```
-
+{chat_eval}
 (`trust_remote_code=True` on the tokenizer too: the tokenizer itself is plain, but `AutoTokenizer` reads the model's
 config first, and that needs the model's code. After `import nanochat_hf` neither needs it.)
 """
-    card = ModelCard(f"---\n{_card_data(a).to_yaml()}\n---\n{body}")
+    card = ModelCard(f"---\n{_card_data(a, scores, Path(repo).name).to_yaml()}\n---\n{body}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "README.md"
-    _atomic_write_text(path, str(card))
+    write_text(path, str(card))
     return path

@@ -7,21 +7,83 @@ or extra callbacks composes the same steps.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
-from pathlib import Path
+from collections.abc import Callable
+from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
+from .checkpoint_check import check_fingerprint, load_fingerprint, resolve_resume_checkpoint, run_fingerprint
+from .checkpoint_io import read_json
+from .output_dir import prepare_output_dir
 
 logger = logging.getLogger("nanochat_hf.mid_train")
 
 
+def _is_main() -> bool:
+    """Rank 0 (of torchrun / accelerate launch), known before any process group exists."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def _fail(message: str, code: int = 2) -> None:
-    print(f"mid_train: error: {message}", file=sys.stderr, flush=True)
+    """One line on stderr (from rank 0 only: every rank fails the same way), exit `code` on every rank."""
+    if _is_main():
+        print(f"mid_train: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
     sys.exit(code)
+
+
+def _say(lines: list[str]) -> None:
+    if _is_main():
+        for line in lines:
+            print(f"mid_train: {line}", flush=True)
+
+
+def on_main_process(args: MidTrainingArguments, fn: Callable[[], Any]) -> Any:
+    """fn() on the main process only; every process gets its result, or its ValueError/OSError as a ValueError
+    (so that all ranks stop with the same one line instead of the others waiting at the next collective)."""
+    outcome: list = [None]
+    if args.process_index == 0:
+        try:
+            outcome = [(True, fn())]
+        except (ValueError, OSError) as e:
+            outcome = [(False, str(e))]
+    if args.world_size > 1 and dist.is_initialized():
+        dist.broadcast_object_list(outcome, src=0)
+    ok, value = outcome[0]
+    if not ok:
+        raise ValueError(value)
+    return value
+
+
+def prepare_output(args: MidTrainingArguments) -> None:
+    """Before the model is built: output_dir checked (rank 0; writable, not another run's), and the checkpoint to
+    resume from verified on every rank; `args.resume_from_checkpoint` becomes its path, or None."""
+    if not args.dry_run:
+        _say(on_main_process(args, lambda: prepare_output_dir(
+            args.output_dir, args.overwrite_output_dir, resuming=bool(args.resume_from_checkpoint))))
+    path, messages = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint, args.world_size)
+    _say(messages)
+    # never True: transformers would pick the newest checkpoint itself, unverified
+    args.resume_from_checkpoint = str(path) if path else None
+    if path:
+        args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
+
+
+def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_fingerprint: str | None) -> dict:
+    """This run's fingerprint (data stream + optimizer setup), compared with the checkpoint's when resuming:
+    ValueError naming a changed field; a changed LR is applied (by `MidTrainer`) and said."""
+    fingerprint = run_fingerprint(args, train_fingerprint, val_fingerprint, args.world_size)
+    if args.resume_from_checkpoint:
+        path = args.resume_from_checkpoint
+        step = read_json(os.path.join(path, "trainer_state.json"))["global_step"]
+        _say(check_fingerprint(load_fingerprint(path), fingerprint, step))
+        _say([f"resuming from {path} (step {step})"])
+    return fingerprint
 
 
 def setup(argv: list[str] | None = None):
@@ -37,18 +99,20 @@ def setup(argv: list[str] | None = None):
                          "has a `val:` split)")
     read_mixture(args.train_mixture, "train")  # validates the files without reading data: fail before the model
     read_mixture(args.val_mixture, "val")
+    prepare_output(args)
     model, tokenizer = load_model_and_tokenizer(args)
     train = load_mixture(args.train_mixture, split="train")
     val = load_mixture(args.val_mixture, split="val")
+    fingerprint = check_resume(args, train._fingerprint, val._fingerprint)
     # mid-training trains on every token (nanochat ignores the assistant mask here)
     with args.main_process_first(desc="tokenizing"):
         train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048, assistant_only=False)
         val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=False)
-    return args, model, tokenizer, train_tokens, val_tokens
+    return args, model, tokenizer, train_tokens, val_tokens, fingerprint
 
 
-def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, val_tokens, trainer_cls=None,
-                  callbacks: list | None = None):
+def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, val_tokens,
+                  fingerprint: dict | None = None, trainer_cls=None, callbacks: list | None = None):
     """The trainer, with the data stream built (fails fast when the mixture is too small for one step)."""
     from .trainer import MidTrainer
 
@@ -58,34 +122,16 @@ def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, va
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     trainer = (trainer_cls or MidTrainer)(
         model=model, args=args, processing_class=tokenizer, train_dataset=train_tokens, eval_dataset=val_tokens,
-        callbacks=callbacks,
+        callbacks=callbacks, run_fingerprint=fingerprint,
     )
     trainer.get_train_dataloader()
     return trainer
 
 
-def latest_checkpoint(output_dir: str) -> str | None:
-    """The newest complete checkpoint-<step> (trainer_state.json is written last) in output_dir."""
-    done = [p for p in Path(output_dir).glob("checkpoint-*")
-            if p.name.split("-")[-1].isdigit() and (p / "trainer_state.json").is_file()]
-    return str(max(done, key=lambda p: int(p.name.split("-")[-1]))) if done else None
-
-
-def resolve_resume(args: MidTrainingArguments) -> None:
-    """resume_from_checkpoint true/last/latest -> the newest complete checkpoint (error when there is none)."""
-    resume = args.resume_from_checkpoint
-    if isinstance(resume, str) and resume.lower() in ("true", "last", "latest"):
-        args.resume_from_checkpoint = latest_checkpoint(args.output_dir)
-        if args.resume_from_checkpoint is None:
-            raise FileNotFoundError(f"resume_from_checkpoint: no complete checkpoint-<step> in {args.output_dir}")
-    if args.resume_from_checkpoint:
-        args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
-
-
 def train(trainer) -> float:
     """Train (resuming if asked), evaluate at the last step if the schedule did not; returns seconds."""
     t0 = time.time()
-    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint or None)
+    trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)  # a verified path or None
     seconds = time.time() - t0
     evals = [h for h in trainer.state.log_history if "eval_val_bpb" in h]
     if not evals or evals[-1]["step"] != trainer.state.global_step:  # nanochat evaluates at the last step
@@ -120,6 +166,25 @@ def post_training_eval(trainer, metrics: dict) -> str | None:
         return format_parts(generate_reply(model, tokenizer, conv, max_new_tokens=64)["parts"])
 
 
+def chat_eval(trainer) -> None:
+    """Every rank (each takes its share of the problems): nanochat's chat evaluation of the trained model into
+    `trainer.chat_eval_scores`, printed as a table on rank 0. Runs after the model is saved; a task whose data
+    cannot be loaded is reported in one line and skipped (the run's model and report are kept)."""
+    from nanochat_hf.evaluation import results_table, run_chat_eval
+
+    args = trainer.args
+    model = trainer.accelerator.unwrap_model(trainer.model)
+    for task in args.chat_eval_task_list:
+        try:
+            with torch.no_grad():
+                trainer.chat_eval_scores += run_chat_eval(model, trainer.processing_class, [task],
+                                                          args.chat_eval_max_problems, seed=args.seed)
+        except (ValueError, OSError, ConnectionError) as e:  # e.g. a hub task while offline
+            _say([f"chat eval {task} skipped: {' '.join(str(e).split())}"])
+    if trainer.chat_eval_scores and _is_main():
+        print(f"chat evaluation:\n{results_table(trainer.chat_eval_scores)}", flush=True)
+
+
 def finish(trainer, train_time: float) -> dict:
     """Final metrics, post-training evaluation, model + card + report + trainer state, hub push, summary."""
     from .report import write_report
@@ -136,6 +201,8 @@ def finish(trainer, train_time: float) -> dict:
     if not args.dry_run:
         trainer.save_model()  # final model + tokenizer (rank 0), atomic per file
         trainer.save_state()  # trainer_state.json: the whole log history
+    chat_eval(trainer)
+    if not args.dry_run:
         if trainer.is_world_process_zero():
             trainer.create_model_card()
             write_report(trainer, args.output_dir, metrics)
@@ -158,7 +225,6 @@ def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     try:
         trainer = build_trainer(*setup(argv))
-        resolve_resume(trainer.args)
     except (ValueError, FileNotFoundError) as e:
         _fail(str(e))
     try:

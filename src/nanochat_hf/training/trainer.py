@@ -11,8 +11,9 @@ Every override below says what it adds; where the stock behaviour is wanted it c
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
 - checkpoints: the stock `_save_checkpoint` (best-checkpoint tracking, rotation that keeps the best, callback
-  state export, hub pushes) with our pieces saved by the per-piece hooks it calls: safetensors/JSON only, one
-  optimizer shard + data position + RNG state per rank; the matching `_load_*` hooks restore them.
+  state export) into a fresh folder, with our pieces saved by the per-piece hooks it calls: safetensors/JSON only
+  (plus the run fingerprint), one optimizer shard + data position + RNG state per rank, umask-derived modes; the
+  matching `_load_*` hooks restore them (and apply a changed LR). Hub pushes of checkpoints carry no pickle.
 """
 
 from __future__ import annotations
@@ -26,11 +27,17 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
+from transformers.utils import PushInProgress
+from transformers.utils.hub import hf_api
 
 from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
-from .checkpoint_io import load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state, write_json
+from .checkpoint_check import save_fingerprint
+from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
+                            usual_modes, write_json)
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
+from .output_dir import final_save_staging_dir, publish_staged
 from .schedule import nanochat_scheduler, steps_progress
 
 
@@ -52,8 +59,11 @@ class StreamLoader:
 
 
 class MidTrainer(Trainer):
-    def __init__(self, *args, token_bytes: torch.Tensor | None = None, **kwargs):
+    def __init__(self, *args, token_bytes: torch.Tensor | None = None, run_fingerprint: dict | None = None,
+                 **kwargs):
         super().__init__(*args, **kwargs)
+        self.run_fingerprint = run_fingerprint  # saved into every checkpoint, checked on resume (run.setup)
+        self.chat_eval_scores: list = []  # filled by run.finish when chat_eval_tasks are set
         if token_bytes is None:
             from nanochat_hf.tokenizer import token_bytes as compute_token_bytes
 
@@ -197,12 +207,55 @@ class MidTrainer(Trainer):
         if dist.is_available() and dist.is_initialized():
             dist.barrier()
 
+    def _save_checkpoint(self, model, trial) -> None:
+        """The stock save, into a fresh folder: a checkpoint-<step> already there (an earlier run's, or a damaged
+        one skipped on resume) is renamed aside and removed only once the new one is complete."""
+        target = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
+        aside = target.with_name(f".replaced-{target.name}-{os.getpid()}")
+        if self.args.should_save and target.exists():
+            os.replace(target, aside)
+        self._barrier()
+        super()._save_checkpoint(model, trial)
+        if self.args.should_save and aside.exists():
+            shutil.rmtree(aside)
+
+    def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
+        """Push the checkpoint's model files (not a pickle in sight).
+
+        Written out because the stock version copies the weights into output_dir and `torch.save`s the arguments
+        there as training_args.bin (a pickle) before uploading output_dir. Here the model files are uploaded
+        straight from the checkpoint folder (safetensors + JSON + code + tokenizer); with hub_strategy checkpoint /
+        all_checkpoints the whole folder too (it holds only safetensors and JSON).
+        """
+        a = self.args
+        if not self.is_world_process_zero() or a.hub_strategy == HubStrategy.END:
+            return
+        if not a.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
+            return
+        self.callback_handler.on_push_begin(a, self.state, self.control)
+        message = f"Training in progress, step {self.state.global_step}"
+        common = dict(repo_id=self.hub_model_id, folder_path=checkpoint_folder, token=a.hub_token,
+                      run_as_future=True, revision=a.hub_revision)
+        model_files = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
+                       "*.py", "tokenizer*", "special_tokens_map.json", "chat_template.*", "training_args.json"]
+        jobs = [hf_api().upload_folder(**common, commit_message=message, allow_patterns=model_files,
+                                       ignore_patterns=["optimizer.*", "rng_state.*"])]
+        if a.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
+            where = "last-checkpoint" if a.hub_strategy == HubStrategy.CHECKPOINT else Path(checkpoint_folder).name
+            jobs.append(hf_api().upload_folder(**common, path_in_repo=where, commit_message=message + ", checkpoint"))
+        if self.push_in_progress is None or self.push_in_progress.is_done():
+            self.push_in_progress = PushInProgress(jobs)
+        else:
+            self.push_in_progress.jobs.extend(jobs)
+
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         out, rank = Path(output_dir), self.accelerator.process_index
         out.mkdir(parents=True, exist_ok=True)
         save_optimizer_state(self.optimizer.state_dict(), out / f"optimizer.rank{rank}.safetensors")
         write_json(out / f"data_state.rank{rank}.json", self._train_loader.stream.state_dict())
         if self.args.should_save:
+            if self.run_fingerprint is not None:
+                save_fingerprint(out, self.run_fingerprint)
             write_json(out / "scheduler.json", self.lr_scheduler.state_dict())
             write_json(out / "nanochat_state.json", {
                 "logger": self.nanochat_log.state_dict(),
@@ -218,6 +271,8 @@ class MidTrainer(Trainer):
         checkpoint (`run.latest_checkpoint` only resumes from such)."""
         save_rng_state(output_dir, self.accelerator.process_index)
         self._barrier()
+        if self.args.should_save:
+            usual_modes(output_dir)  # safetensors' save_file makes 0600 files: the umask-derived mode instead
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         if checkpoint is None:
@@ -229,8 +284,16 @@ class MidTrainer(Trainer):
                 f"{ckpt}: written by {meta['world_size']} processes, resuming with {self.accelerator.num_processes}; "
                 "the optimizer shards and data positions are per rank"
             )
+        fresh = [g["initial_lr"] for g in self.optimizer.param_groups]  # from this run's arguments
         self.optimizer.load_state_dict(load_optimizer_state(ckpt / f"optimizer.rank{rank}.safetensors"))
         self.lr_scheduler.load_state_dict(read_json(ckpt / "scheduler.json"))
+        if fresh != [g["initial_lr"] for g in self.optimizer.param_groups]:
+            # a changed LR (run.setup checked the fingerprint and said so): the new base rates, same multiplier
+            multiplier = self.lr_scheduler.lr_lambdas[0](self.lr_scheduler.last_epoch)
+            self.lr_scheduler.base_lrs = list(fresh)
+            for group, lr in zip(self.optimizer.param_groups, fresh):
+                group["initial_lr"], group["lr"] = lr, lr * multiplier
+            self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reports
         self.get_train_dataloader().stream.load_state_dict(read_json(ckpt / f"data_state.rank{rank}.json"))
         self.nanochat_log.load_state_dict(meta["logger"])
         self.min_val_bpb = meta["min_val_bpb"]
@@ -244,21 +307,20 @@ class MidTrainer(Trainer):
 
     # ---- model files --------------------------------------------------------------------------------------
     def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
-        """save_pretrained (safetensors, config + auto_map + code, generation config), tokenizer, args as JSON;
-        written aside and moved in file by file (each move atomic)."""
+        """save_pretrained (safetensors, config + auto_map + code, generation config), tokenizer, args as JSON
+        (never the stock training_args.bin pickle); staged INSIDE the target (its parent may not be writable) and
+        moved in file by file (each move atomic), with the umask-derived file modes."""
         if not self.args.should_save:
             return
         out = Path(output_dir or self.args.output_dir)
-        tmp = out.parent / f".tmp-save-{out.name}"
-        shutil.rmtree(tmp, ignore_errors=True)
+        out.mkdir(parents=True, exist_ok=True)
+        tmp = final_save_staging_dir(out)
         self.accelerator.unwrap_model(self.model, keep_torch_compile=False).save_pretrained(tmp)
         if self.processing_class is not None:
             self.processing_class.save_pretrained(tmp)
         write_json(tmp / "training_args.json", self.args.to_dict())
-        out.mkdir(parents=True, exist_ok=True)
-        for f in tmp.iterdir():
-            os.replace(f, out / f.name)
-        tmp.rmdir()
+        usual_modes(tmp)
+        publish_staged(tmp)
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
