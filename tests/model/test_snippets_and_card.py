@@ -14,6 +14,7 @@ import pytest
 from huggingface_hub import ModelCard
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.evaluation.chat_eval import TaskScore
 from nanochat_hf.tokenizer import train_tokenizer
 from nanochat_hf.training.report import write_model_card
 
@@ -61,9 +62,9 @@ def card_args(**kw) -> SimpleNamespace:
     return SimpleNamespace(**{**defaults, **kw})
 
 
-def fake_trainer(args) -> SimpleNamespace:
+def fake_trainer(args, chat_eval_scores: list | None = None) -> SimpleNamespace:
     return SimpleNamespace(args=args, state=SimpleNamespace(global_step=3, log_history=[{"eval_val_bpb": 2.5}]),
-                           min_val_bpb=2.5)
+                           min_val_bpb=2.5, chat_eval_scores=chat_eval_scores or [])
 
 
 @pytest.mark.slow
@@ -118,3 +119,13 @@ print(type(backbone).__name__, type(classifier).__name__, type(backbone).__modul
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["NanoChatGPTModel", "NanoChatGPTForSequenceClassification", "transformers_modules",
                                      "2"]
+
+
+def test_model_card_carries_the_chat_eval_as_model_index(tmp_path):
+    scores = [TaskScore("SpellingBee", "generative", 0.4375, 0.0, 32)]
+    path = write_model_card(fake_trainer(card_args(model_source="someone/nanochat-d20"), scores), tmp_path / "out")
+    card = ModelCard.load(path)
+    (entry,) = card.data.to_dict()["model-index"]
+    (result,) = entry["results"]
+    assert result["dataset"]["name"] == "SpellingBee" and result["metrics"][0]["value"] == pytest.approx(0.4375)
+    assert "SpellingBee" in card.text  # the table in the card body
