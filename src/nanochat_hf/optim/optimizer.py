@@ -96,8 +96,9 @@ class MuonAdamW(torch.optim.Optimizer):
         self.world_size = dist.get_world_size(process_group) if sharded else 1
         self.rank = dist.get_rank(process_group) if sharded else 0
         self.reduces_gradients = self.world_size > 1
-        # Sharded step only: clip the AVERAGED gradient to this global norm (0: off). One process clips before
-        # step() (e.g. the Trainer's max_grad_norm), where the gradients already are the averaged ones.
+        # Clip the (averaged) gradient to this global norm in step() (0: off), at every world size with the same
+        # formula: sqrt of the sum of squares. torch.nn.utils.clip_grad_norm_'s fp32 vector_norm differs from it
+        # by up to ~1e-4 relative on CPU, so clipping outside the optimizer would make 1 and W processes differ.
         self.max_grad_norm = 0.0
         self.last_grad_norm: float | None = None  # pre-clip norm of the averaged gradient, when clipping
         if self.reduces_gradients:
@@ -295,14 +296,22 @@ class MuonAdamW(torch.optim.Optimizer):
         outs = adamw_outs + [out for _, out, _ in muon_chunks]
         sumsq = torch.stack([o.float().pow(2).sum() for o in outs]).sum()
         dist.all_reduce(sumsq, group=self.process_group)
-        norm = sumsq.sqrt() / (1 if self._native_avg else self.world_size)
-        self.last_grad_norm = norm.item()
-        coef = torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+        coef = self._clip_coefficient(sumsq.sqrt() / (1 if self._native_avg else self.world_size))
         for o in outs:
             o.mul_(coef.to(o.dtype))
 
     # ------------------------------------------------------------------------------------------ steps
+    def _clip_coefficient(self, norm: Tensor) -> Tensor:
+        """Record the global gradient norm; torch's clipping coefficient min(1, max_norm / (norm + 1e-6))."""
+        self.last_grad_norm = norm.item()
+        return torch.clamp(self.max_grad_norm / (norm + 1e-6), max=1.0)
+
     def _step_local(self) -> None:
+        if self.max_grad_norm > 0:
+            grads = [p.grad for group in self.param_groups for p in group["params"] if p.grad is not None]
+            coef = self._clip_coefficient(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
         for group in self.param_groups:
             params = [p for p in group["params"] if p.grad is not None]
             if group["kind"] == "adamw":

@@ -9,7 +9,8 @@ reduce-scatters (averages) the gradients inside its step. Therefore:
 2. Before the optimizer step each rank holds only its LOCAL gradient, so anything that needs the global gradient
    (clipping by the norm of the averaged gradient) must happen inside the optimizer step, after the
    reduction: `clip_in_optimizer` hands `max_grad_norm` to the optimizer instead of clipping locally.
-With one process the gradients are already the averaged ones and the Trainer's own clipping is used.
+   With one process the optimizer clips too, so that 1 and W processes compute the norm the same way
+   (the Trainer's clipping uses torch's fp32 vector_norm, about 1e-4 relative away from it on CPU).
 """
 
 from __future__ import annotations

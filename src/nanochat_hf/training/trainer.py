@@ -134,8 +134,7 @@ class MidTrainer(Trainer):
                 self.model, matrix_lr=a.matrix_lr, embedding_lr=a.embedding_lr, unembedding_lr=a.unembedding_lr,
                 weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac,
             )
-            if reduces_gradients(self.optimizer):
-                clip_in_optimizer(self.optimizer, a.max_grad_norm)
+            clip_in_optimizer(self.optimizer, a.max_grad_norm)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
@@ -163,10 +162,8 @@ class MidTrainer(Trainer):
         return model, train_dataloader
 
     def _clip_grad_norm(self, model):
-        """One process: the stock clipping. Several: the optimizer clips the averaged gradient in its step."""
-        if reduces_gradients(self.optimizer):
-            return None
-        return super()._clip_grad_norm(model)
+        """The optimizer clips in its step (see `gradients.py`): the same norm formula at every world size."""
+        return None
 
     def _get_grad_norm(self, model, grad_norm=None):
         """The stock norm with one process; with several the local gradients' norm means nothing (the logged
