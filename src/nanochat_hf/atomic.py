@@ -36,8 +36,8 @@ def _fix_mode(path: Path, base: int) -> None:
     os.chmod(path, base & ~current_umask())
 
 
-def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
-    """Write `data` to a temporary file beside `path`, then rename it over `path` (mode 0666 & ~umask)."""
+def write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+    """Write `data` to a temporary file beside `path`, then rename it over `path` (mode 0666 & ~umask, or `mode`)."""
     path = Path(path)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
     try:
@@ -45,7 +45,10 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        _fix_mode(Path(tmp), 0o666)
+        if mode is None:
+            _fix_mode(Path(tmp), 0o666)
+        else:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -53,8 +56,8 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> Path:
     return path
 
 
-def write_text(path: str | os.PathLike, text: str) -> Path:
-    return write_bytes(path, text.encode("utf-8"))
+def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:
+    return write_bytes(path, text.encode("utf-8"), mode)
 
 
 def make_temp_dir(parent: str | os.PathLike, name: str = "") -> Path:

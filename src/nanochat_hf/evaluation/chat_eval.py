@@ -21,6 +21,7 @@ from accelerate import PartialState
 from accelerate.utils import gather_object
 from huggingface_hub import EvalResult
 
+from ..atomic import write_text
 from ..inference import generate_tokens, parts_from_tokens
 from ..tokenizer import render_for_completion
 from .tasks import EVAL_TASKS, EvalTask, Problem, load_problems, task_by_name
@@ -173,14 +174,7 @@ def write_report_section(path: str | os.PathLike, scores: list[TaskScore]) -> No
         text = pattern.sub(lambda _: section + "\n", text, count=1).rstrip("\n") + "\n"
     else:
         text = (text.rstrip("\n") + "\n\n" if text.strip() else "") + section
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")  # created with the usual umask-derived mode
-    try:
-        tmp.write_text(text, encoding="utf-8")
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_text(path, text, mode=path.stat().st_mode & 0o7777 if path.exists() else None)  # keeps the report's mode
 
 
 def model_index_results(scores: list[TaskScore]) -> list[EvalResult]:

@@ -1,4 +1,4 @@
-"""Validation bits per byte (spec section 5) and exact-match accuracy of generated answers."""
+"""Validation bits per byte (docs/nanochat.md, section 5) and exact-match accuracy of generated answers."""
 
 from __future__ import annotations
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import os
 from pathlib import Path
 
 from huggingface_hub import ModelCard, ModelCardData
 
-from ..atomic import current_umask, write_text
+from ..atomic import write_bytes, write_text
 from ..data.mixture import read_mixture
 from ..evaluation import model_index_results, results_table, write_report_section
 from ..data.tasks import HUB_TASKS
@@ -35,11 +36,10 @@ def plot_curves(trainer, path: Path) -> None:
         ax2.plot(*zip(*bpbs), marker="o")
     ax2.set(title="validation bits per byte", xlabel="step", ylabel="bpb")
     fig.tight_layout()
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=100)
+    png = io.BytesIO()
+    fig.savefig(png, format="png", dpi=100)
     plt.close(fig)
-    os.chmod(tmp, 0o666 & ~current_umask())
-    os.replace(tmp, path)
+    write_bytes(path, png.getvalue())
 
 
 def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
