@@ -36,11 +36,15 @@ class ReplyPrinter(BaseStreamer):
     of their own."""
 
     def __init__(self, tokenizer, at_line_start: bool = True, out=None):
+        # imported here, as in main(): the package loads torch and transformers' models, and argument errors
+        # are reported before that
+        from nanochat_hf.inference import tool_part_tokens
+        from nanochat_hf.tokenizer.chat_format import PYTHON, PYTHON_OUTPUT
+
         self.tokenizer, self.out = tokenizer, out or sys.stdout
-        tok_id = tokenizer.convert_tokens_to_ids
-        self.openers = {tok_id("<|python_start|>"): "  [calculator] ", tok_id("<|output_start|>"): "  [result] "}
-        self.closers = {tok_id("<|python_end|>"), tok_id("<|output_end|>")}
-        self.stops = {tok_id("<|assistant_end|>"), tok_id("<|bos|>")}
+        opening, self.closers, self.stops = tool_part_tokens(tokenizer)
+        labels = {PYTHON: "  [calculator] ", PYTHON_OUTPUT: "  [result] "}
+        self.openers = {token: labels[part] for token, part in opening.items()}
         self.run: list[int] = []
         self.shown = ""
         self.line_start = at_line_start
@@ -102,7 +106,7 @@ def main(argv: list[str] | None = None) -> int:
 
     import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
     from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens
-    from nanochat_hf.tokenizer import render_for_completion
+    from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else
@@ -129,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         if len(fitted) < len(prompt):
             print(f"note: the conversation is {len(prompt)} tokens, more than the "
                   f"model's sequence_len {sequence_len} minus --max-new-tokens {args.max_new_tokens}: the model sees "
-                  f"<|bos|> and the last {len(fitted) - 1} tokens", file=sys.stderr)
+                  f"{BOS_TOKEN} and the last {len(fitted) - 1} tokens", file=sys.stderr)
         printer = ReplyPrinter(tokenizer, at_line_start)
         (tokens,) = generate_tokens(model, tokenizer, [fitted], args.max_new_tokens, args.temperature, top_k,
                                     args.seed, streamer=printer)

@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def load_tokenizer(path: str | None, trust_pickle: bool):
     """The demo tokenizer, or the one in `path`; ValueError / OSError in one line when it is not usable."""
     from nanochat_hf.data import demo_tokenizer
+    from nanochat_hf.tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, USER_START
 
     if path is None:
         return demo_tokenizer()
@@ -73,8 +74,7 @@ def load_tokenizer(path: str | None, trust_pickle: bool):
     except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise ValueError(f"--tokenizer {path}: cannot be loaded ({first})") from None
-    missing = [t for t in ("<|bos|>", "<|user_start|>", "<|assistant_start|>", "<|assistant_end|>")
-               if t not in tokenizer.get_vocab()]
+    missing = [t for t in (BOS, USER_START, ASSISTANT_START, ASSISTANT_END) if t not in tokenizer.get_vocab()]
     if missing:
         raise ValueError(f"--tokenizer {path}: lacks nanochat's special token(s) {', '.join(missing)}")
     return tokenizer

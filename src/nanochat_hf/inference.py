@@ -21,6 +21,19 @@ from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
 from .tokenizer import render_for_completion
+from .tokenizer.chat_format import (
+    OUTPUT_END,
+    OUTPUT_START,
+    PAD_TOKEN,
+    PART_TOKENS,
+    PYTHON,
+    PYTHON_END,
+    PYTHON_OUTPUT,
+    PYTHON_START,
+    STOP_TOKENS,
+    TEXT,
+    special_token_ids,
+)
 
 MAX_EXPRESSION_CHARS = 1000
 MAX_INT_BITS = 1024  # about 308 decimal digits: any int beyond this (also as an intermediate) gives None
@@ -116,16 +129,6 @@ def calculate(expression: str) -> str | None:
     return _format(result)
 
 
-def _special_ids(tokenizer) -> dict[str, int]:
-    names = ("<|bos|>", "<|assistant_end|>", "<|python_start|>", "<|python_end|>", "<|output_start|>",
-             "<|output_end|>")
-    ids = {name: tokenizer.convert_tokens_to_ids(name) for name in names}
-    missing = [name for name, i in ids.items() if i is None or i == tokenizer.unk_token_id]
-    if missing:
-        raise ValueError(f"tokenizer lacks nanochat special tokens {missing}: not a nanochat tokenizer")
-    return ids
-
-
 class CalculatorToolProcessor(LogitsProcessor):
     """Forces ``<|output_start|>`` calculate(expr) ``<|output_end|>`` after each ``<|python_start|>`` expr
     ``<|python_end|>`` a row writes; pass it to ``model.generate(logits_processor=[...])``.
@@ -136,10 +139,10 @@ class CalculatorToolProcessor(LogitsProcessor):
     """
 
     def __init__(self, tokenizer):
-        ids = _special_ids(tokenizer)
+        ids = special_token_ids(tokenizer)
         self.tokenizer = tokenizer
-        self.python_start, self.python_end = ids["<|python_start|>"], ids["<|python_end|>"]
-        self.output_start, self.output_end = ids["<|output_start|>"], ids["<|output_end|>"]
+        self.python_start, self.python_end = ids[PYTHON_START], ids[PYTHON_END]
+        self.output_start, self.output_end = ids[OUTPUT_START], ids[OUTPUT_END]
         self.special_set = {*tokenizer.all_special_ids, *ids.values()}
         self.specials = torch.tensor(sorted(self.special_set))
 
@@ -223,9 +226,9 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     _check_options(max_new_tokens, temperature, top_k)
     if not prompts or not all(prompts):
         raise ValueError("prompts must be a non-empty list of non-empty token id lists")
-    ids = _special_ids(tokenizer)
-    stops = [ids["<|assistant_end|>"], ids["<|bos|>"]]
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids["<|bos|>"]
+    ids = special_token_ids(tokenizer)
+    stops = [ids[name] for name in STOP_TOKENS]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids[PAD_TOKEN]
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
@@ -252,20 +255,25 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     return replies
 
 
+def tool_part_tokens(tokenizer) -> tuple[dict[int, str], set[int], set[int]]:
+    """Token ids that shape a reply: (opening token -> its part type, closing tokens, stop tokens)."""
+    ids = special_token_ids(tokenizer)
+    opening = {ids[start]: part for part, (start, _) in PART_TOKENS.items()}
+    closing = {ids[end] for _, end in PART_TOKENS.values()}
+    return opening, closing, {ids[name] for name in STOP_TOKENS}
+
+
 def parts_from_tokens(tokenizer, token_ids: list[int]) -> list[dict[str, str]]:
     """Split generated reply tokens into nanochat parts: text / python / python_output (stop tokens dropped).
 
     An unterminated block (the budget ran out) still becomes its part.
     """
-    ids = _special_ids(tokenizer)
-    opening = {ids["<|python_start|>"]: "python", ids["<|output_start|>"]: "python_output"}
-    closing = {ids["<|python_end|>"], ids["<|output_end|>"]}
-    stop = {ids["<|assistant_end|>"], ids["<|bos|>"]}
+    opening, closing, stop = tool_part_tokens(tokenizer)
     parts: list[dict[str, str]] = []
-    kind, run = "text", []
+    kind, run = TEXT, []
 
     def flush() -> None:
-        if run or kind != "text":  # empty text between blocks is not a part; an empty python block is
+        if run or kind != TEXT:  # empty text between blocks is not a part; an empty python block is
             parts.append({"type": kind, "text": tokenizer.decode(run)})
 
     for t in token_ids:
@@ -274,9 +282,9 @@ def parts_from_tokens(tokenizer, token_ids: list[int]) -> list[dict[str, str]]:
         if t in opening:
             flush()
             kind, run = opening[t], []
-        elif t in closing and kind != "text":
+        elif t in closing and kind != TEXT:
             flush()
-            kind, run = "text", []
+            kind, run = TEXT, []
         else:
             run.append(t)
     flush()
@@ -288,7 +296,7 @@ def _reply(tokenizer, tokens: list[int], stops: tuple[int, int]) -> dict[str, An
     return {
         "message": {"role": "assistant", "content": parts},
         "parts": parts,
-        "text": "".join(p["text"] for p in parts if p["type"] == "text"),
+        "text": "".join(p["text"] for p in parts if p["type"] == TEXT),
         "token_ids": tokens,
         "finish_reason": "stop" if tokens and tokens[-1] in stops else "length",
     }
@@ -301,8 +309,8 @@ def generate_replies(model, tokenizer, conversations: list[Mapping | list], max_
     one left-padded batch; see `generate_reply` for what each reply holds."""
     _check_options(max_new_tokens, temperature, top_k)  # before rendering: bad options fail first
     prompts = [render_for_completion(tokenizer, c) for c in conversations]
-    ids = _special_ids(tokenizer)
-    stops = (ids["<|assistant_end|>"], ids["<|bos|>"])
+    ids = special_token_ids(tokenizer)
+    stops = tuple(ids[name] for name in STOP_TOKENS)
     return [_reply(tokenizer, tokens, stops) for tokens in
             generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k, seed)]
 
@@ -323,16 +331,16 @@ def format_parts(parts: list[dict[str, str]]) -> str:
     """Readable one-string form of a reply: calculator calls as ``<<expr=result>>`` (GSM8K style)."""
     out = []
     for i, part in enumerate(parts):
-        if part["type"] == "text":
+        if part["type"] == TEXT:
             out.append(part["text"])
-        elif part["type"] == "python":
+        elif part["type"] == PYTHON:
             following = parts[i + 1] if i + 1 < len(parts) else None
-            result = following["text"] if following and following["type"] == "python_output" else "?"
+            result = following["text"] if following and following["type"] == PYTHON_OUTPUT else "?"
             out.append(f"<<{part['text']}={result}>>")
-        elif i == 0 or parts[i - 1]["type"] != "python":  # an output the model wrote without a call
+        elif i == 0 or parts[i - 1]["type"] != PYTHON:  # an output the model wrote without a call
             out.append(f"<<={part['text']}>>")
     return "".join(out)
 
 
 __all__ = ["CalculatorToolProcessor", "calculate", "fit_prompt", "format_parts", "generate_replies", "generate_reply",
-           "generate_tokens", "parts_from_tokens"]
+           "generate_tokens", "parts_from_tokens", "tool_part_tokens"]

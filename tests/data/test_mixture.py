@@ -106,15 +106,15 @@ def test_malformed_rows_skipped_counted_and_named(tmp_path, hf_cache, caplog_dat
     assert len(warnings) == 1
     msg = warnings[0].getMessage()
     assert "skipped 7 malformed row(s) (identity[train]: 5, smoltalk[train]: 2)" in msg
-    assert "identity.jsonl) row 1: message 1: expected role 'assistant', got 'user'" in msg
-    assert "row 2: message 0: user content must be a string, got int" in msg
-    assert "row 3: message 1 part 0: unknown part type 'image'" in msg
-    assert "row 4: empty conversation" in msg
+    assert "identity.jsonl) row 1: message 1 has role 'user', expected 'assistant'" in msg
+    assert "row 2: message 0 (user) content must be a string or a list of text parts, got int" in msg
+    assert "row 3: message 1 (assistant) content part 0: unknown part type 'image'" in msg
+    assert "row 4: conversation is empty" in msg
     assert "row 5: invalid JSON" in msg
 
 
 def test_strict_raises_on_first_malformed_row(tmp_path, hf_cache):
-    with pytest.raises(ValueError, match=r"identity\[train\] \(.*identity.jsonl\) row 1: message 1: expected role"):
+    with pytest.raises(ValueError, match=r"identity\[train\] \(.*identity.jsonl\) row 1: message 1 has role 'user'"):
         load_mixture(bad_mixture(tmp_path), strict=True, cache_dir=hf_cache)
 
 

@@ -2,6 +2,7 @@
 template vs the renderer."""
 
 import pytest
+from jinja2.exceptions import TemplateError
 
 from nanochat_hf.tokenizer import render_conversation, render_conversations, render_for_completion
 
@@ -234,18 +235,57 @@ def test_bad_conversations_raise(tok, conv, message):
 @pytest.mark.parametrize(
     "messages,message",
     [
-        ([{"role": "assistant", "content": "x"}], "message 0 has role assistant, expected user"),
+        ([{"role": "assistant", "content": "x"}], "message 0 has role 'assistant', expected 'user'"),
         ([{"role": "system", "content": "s"}], "system message must be followed by a user message"),
         ([{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "img", "text": ""}]}],
-         "unknown assistant part type img"),
+         "message 1 \\(assistant\\) content part 0: unknown part type 'img'"),
         ([{"role": "user", "content": [{"type": "image", "url": "u"}]}],
-         "message 0 \\(user\\) content part 0 must be a text part"),
+         "message 0 \\(user\\) content part 0: part type 'image', expected 'text'"),
         ([{"role": "system", "content": [{"type": "text", "text": 3}]}, {"role": "user", "content": "x"}],
-         "message 0 \\(system\\) content part 0 must be a text part"),
+         "message 0 \\(system\\) content part 0 text must be a string, got int"),
     ],
 )  # fmt: skip
 def test_template_rejects_bad_conversations(tok, messages, message):
-    from jinja2.exceptions import TemplateError
-
     with pytest.raises(TemplateError, match=message):
+        tok.apply_chat_template(messages, tokenize=False)
+
+
+
+def _reaches_template(messages) -> bool:
+    # apply_chat_template refuses an empty list and non-dict messages itself, and drops keys whose value is None
+    # (so the template sees {"role": "user", "content": None} as a message without content)
+    return (isinstance(messages, list) and bool(messages)
+            and all(isinstance(m, dict) and None not in m.values() for m in messages))
+
+
+TEMPLATE_BAD = [conv["messages"] for conv, _ in BAD if _reaches_template(conv.get("messages"))] + [
+    [{"content": "x"}],
+    [{"role": "user", "content": "x"}, {"role": "assistant"}],
+    [{"role": "user", "content": [{"text": "no type"}]}],
+    [{"role": "user", "content": {"type": "text", "text": "x"}}],
+    [{"role": "user", "content": 1.5}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": True}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": [[1]]}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "python"}]}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}, None]}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
+     {"role": "user", "content": [{"type": "python", "text": "1"}]}],
+    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "assistant", "content": "z"}],
+]
+
+
+@pytest.mark.parametrize("messages", TEMPLATE_BAD, ids=range(len(TEMPLATE_BAD)))
+def test_template_and_renderer_refuse_with_the_same_message(tok, messages):
+    with pytest.raises(ValueError) as python_error:
+        render_conversation(tok, {"messages": messages})
+    with pytest.raises(TemplateError) as template_error:
+        tok.apply_chat_template(messages, tokenize=False)
+    assert str(template_error.value) == str(python_error.value)
+
+
+def test_a_none_content_is_refused_by_both(tok):
+    messages = [{"role": "user", "content": None}]
+    with pytest.raises(ValueError, match="message 0 \\(user\\) content must be a string or a list of text parts, got NoneType"):
+        render_conversation(tok, {"messages": messages})
+    with pytest.raises(TemplateError, match="message 0 must be a dict with 'role' and 'content'"):
         tok.apply_chat_template(messages, tokenize=False)

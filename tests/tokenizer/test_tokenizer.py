@@ -38,7 +38,7 @@ def test_split_regex_known_pieces():
 
 def test_specials_last_in_nanochat_order(tok):
     n = len(tok)
-    assert tok.convert_ids_to_tokens(list(range(n - 9, n))) == SPECIAL_TOKENS
+    assert tok.convert_ids_to_tokens(list(range(n - 9, n))) == list(SPECIAL_TOKENS)
     assert tok.bos_token == "<|bos|>" and tok.bos_token_id == n - 9
     assert tok.eos_token == "<|assistant_end|>" and tok.eos_token_id == n - 5
     assert tok.pad_token_id is not None and tok.pad_token_id != tok.eos_token_id
@@ -141,7 +141,7 @@ def test_save_pretrained_roundtrip(tok, tmp_path, samples):
     assert len(loaded) == len(tok)
     for attr in ("bos_token_id", "eos_token_id", "pad_token_id", "padding_side", "all_special_tokens"):
         assert getattr(loaded, attr) == getattr(tok, attr), attr
-    assert loaded.convert_ids_to_tokens(list(range(len(tok) - 9, len(tok)))) == SPECIAL_TOKENS
+    assert loaded.convert_ids_to_tokens(list(range(len(tok) - 9, len(tok)))) == list(SPECIAL_TOKENS)
     for text in samples:
         assert loaded.encode(text) == tok.encode(text)
         assert loaded.encode(text)[0] == tok.bos_token_id

@@ -293,9 +293,8 @@ def _load_jsonl(spec: TaskSpec) -> TaskResult:
         except json.JSONDecodeError as e:
             bad.append((i, f"invalid JSON ({e.msg} at column {e.colno})"))
             continue
-        reason = check_messages(messages)
-        if reason is None and any(m["role"] == "system" or not isinstance(m["content"], str) for m in messages):
-            reason = "identity conversations must alternate user/assistant with string contents"
+        # nanochat's rule for identity files: user/assistant only, string contents
+        reason = check_messages(messages, allow_system=False, strings_only=True)
         if reason:
             bad.append((i, reason))
         else:

@@ -18,14 +18,24 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
-from .tokenizer import SPECIAL_TOKENS
-
-PART_TYPES = ("text", "python", "python_output")
+from .chat_format import (
+    ASSISTANT_END,
+    ASSISTANT_START,
+    BOS,
+    PART_TOKENS,
+    PYTHON,
+    SYSTEM,
+    TEXT,
+    USER,
+    USER_END,
+    USER_START,
+    check_conversation,
+    special_token_ids,
+)
 
 # tokenizer -> (len(tokenizer), ordinary-text backend, special token ids); built once per tokenizer object.
 _CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -35,122 +45,70 @@ def _renderer(tokenizer: PreTrainedTokenizerFast) -> tuple[Tokenizer, dict[str, 
     hit = _CACHE.get(tokenizer)
     if hit is not None and hit[0] == len(tokenizer):
         return hit[1], hit[2]
+    ids = special_token_ids(tokenizer)
     backend = Tokenizer.from_str(tokenizer.backend_tokenizer.to_str())
     backend.encode_special_tokens = True  # special-token strings in text are plain text
     backend.no_padding()
     backend.no_truncation()
-    ids = {}
-    for name in SPECIAL_TOKENS:
-        idx = tokenizer.convert_tokens_to_ids(name)
-        if idx is None or idx == tokenizer.unk_token_id:
-            raise ValueError(f"tokenizer has no special token {name}: not a nanochat tokenizer")
-        ids[name] = idx
     _CACHE[tokenizer] = (len(tokenizer), backend, ids)
     return backend, ids
 
 
-def _check_text(value: Any, where: str) -> str:
-    if not isinstance(value, str):
-        raise ValueError(f"{where} must be a string, got {type(value).__name__}")
-    return value
-
-
-def _text_content(value: Any, where: str) -> str:
-    """User/system content: a string, or a list of text parts (what pipelines and TRL send), joined."""
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Mapping) or not isinstance(value, Sequence):
-        raise ValueError(f"{where} must be a string or a list of text parts, got {type(value).__name__}")
-    for j, part in enumerate(value):
-        if not isinstance(part, Mapping) or part.get("type") != "text":
-            kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-            raise ValueError(f"{where} part {j}: part type {kind!r}, expected 'text'")
-        _check_text(part.get("text"), f"{where} part {j} text")
-    return "".join(part["text"] for part in value)
+def _joined(content: str | Sequence[Mapping]) -> str:
+    """User/system content (validated): a string, or a list of text parts (what pipelines and TRL send), joined."""
+    return content if isinstance(content, str) else "".join(part["text"] for part in content)
 
 
 def normalize_messages(conversation: Mapping | Sequence) -> list[dict]:
-    """Validate a conversation and merge a leading system message into the first user message.
+    """Validate a conversation (`check_conversation`) and merge a leading system message into the first user one.
 
-    User and system content may be a list of text parts; it is returned as one string.
-    Returns messages alternating user, assistant, ... (new dicts; the input is not modified). Raises ValueError
-    naming the message and what is wrong.
+    `conversation` is ``{"messages": [...]}`` or the list of messages. User and system content may be a list of
+    text parts; it is returned as one string. Returns messages alternating user, assistant, ... (new dicts; the
+    input is not modified). Raises ValueError naming the message and what is wrong.
     """
     if isinstance(conversation, Mapping):
         if "messages" not in conversation:
             raise ValueError("conversation must have a 'messages' list")
-        messages = conversation["messages"]
-    else:
-        messages = conversation
-    if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise ValueError(f"conversation 'messages' must be a list, got {type(messages).__name__}")
-    if len(messages) == 0:
-        raise ValueError("conversation is empty: 'messages' has no message")
-    for i, m in enumerate(messages):
-        if not isinstance(m, Mapping) or "role" not in m or "content" not in m:
-            raise ValueError(f"message {i} must be a dict with 'role' and 'content'")
-    out = [dict(m) for m in messages]
+        conversation = conversation["messages"]
+    out = [dict(m) for m in check_conversation(conversation)]
     system = ""
-    if out[0]["role"] == "system":
-        system = _text_content(out[0]["content"], "message 0 (system) content") + "\n\n"
-        if len(out) < 2 or out[1]["role"] != "user":
-            raise ValueError("a system message must be followed by a user message")
-        out = out[1:]
-    offset = len(messages) - len(out)
-    for i, m in enumerate(out):
-        expected = "user" if i % 2 == 0 else "assistant"
-        if m["role"] != expected:
-            raise ValueError(f"message {i + offset} has role {m['role']!r}, expected {expected!r} (roles alternate)")
-        where = f"message {i + offset} ({expected}) content"
-        if expected == "user":
-            m["content"] = _text_content(m["content"], where)
-            continue
-        content = m["content"]
-        if isinstance(content, str):
-            continue
-        if isinstance(content, Mapping) or not isinstance(content, Sequence):
-            raise ValueError(f"{where} must be a string or a list of parts, got {type(content).__name__}")
-        for j, part in enumerate(content):
-            if not isinstance(part, Mapping) or part.get("type") not in PART_TYPES:
-                kind = part.get("type") if isinstance(part, Mapping) else type(part).__name__
-                raise ValueError(f"{where} part {j}: unknown part type {kind!r}, expected one of {PART_TYPES}")
-            _check_text(part.get("text"), f"{where} part {j} text")
-    if system:
-        out[0]["content"] = system + out[0]["content"]
+    if out[0]["role"] == SYSTEM:
+        system = _joined(out.pop(0)["content"]) + "\n\n"
+    for m in out:
+        if m["role"] == USER:
+            m["content"] = _joined(m["content"])
+    out[0]["content"] = system + out[0]["content"]
     return out
 
 
 def _plan(messages: list[dict], ids: dict[str, int], texts: list[str]) -> list[tuple[int, int, int]]:
     """Rendering plan: (token id or -1, text index into `texts` or -1, mask) in order; appends to `texts`."""
-    plan = [(ids["<|bos|>"], -1, 0)]
+    plan = [(ids[BOS], -1, 0)]
 
     def text(value: str, mask: int) -> None:
         plan.append((-1, len(texts), mask))
         texts.append(value)
 
     for m in messages:
-        if m["role"] == "user":
-            plan.append((ids["<|user_start|>"], -1, 0))
+        if m["role"] == USER:
+            plan.append((ids[USER_START], -1, 0))
             text(m["content"], 0)
-            plan.append((ids["<|user_end|>"], -1, 0))
+            plan.append((ids[USER_END], -1, 0))
             continue
-        plan.append((ids["<|assistant_start|>"], -1, 0))
+        plan.append((ids[ASSISTANT_START], -1, 0))
         content = m["content"]
-        if isinstance(content, str):
-            text(content, 1)
-        else:
-            for part in content:
-                if part["type"] == "text":
-                    text(part["text"], 1)
-                elif part["type"] == "python":
-                    plan.append((ids["<|python_start|>"], -1, 1))
-                    text(part["text"], 1)
-                    plan.append((ids["<|python_end|>"], -1, 1))
-                else:  # python_output: written by the tool at inference, not trained on
-                    plan.append((ids["<|output_start|>"], -1, 0))
-                    text(part["text"], 0)
-                    plan.append((ids["<|output_end|>"], -1, 0))
-        plan.append((ids["<|assistant_end|>"], -1, 1))
+        parts = [{"type": TEXT, "text": content}] if isinstance(content, str) else content
+        for part in parts:
+            if part["type"] == TEXT:
+                text(part["text"], 1)
+                continue
+            # python: the call is trained on; python_output: written by the tool at inference, not trained on
+            mask = 1 if part["type"] == PYTHON else 0
+            opening, closing = PART_TOKENS[part["type"]]
+            plan.append((ids[opening], -1, mask))
+            text(part["text"], mask)
+            plan.append((ids[closing], -1, mask))
+        plan.append((ids[ASSISTANT_END], -1, 1))
     return plan
 
 
@@ -218,4 +176,4 @@ def render_for_completion(
     if messages[-1]["role"] == "assistant":
         messages = messages[:-1]
     prompt, _ = render_conversation(tokenizer, {"messages": messages}, max_tokens=max_tokens)
-    return prompt + [_renderer(tokenizer)[1]["<|assistant_start|>"]]
+    return prompt + [_renderer(tokenizer)[1][ASSISTANT_START]]

@@ -18,7 +18,8 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ..atomic import write_bytes
-from .tokenizer import SPECIAL_TOKENS, build_tokenizer, bytes_to_token, to_mergeable_ranks, token_bytes
+from .chat_format import SPECIAL_TOKENS
+from .tokenizer import build_tokenizer, bytes_to_token, to_mergeable_ranks, token_bytes
 
 
 class _EncodingState:

@@ -1,6 +1,8 @@
 """The Jinja chat template: nanochat's conversation rendering (docs/nanochat.md, section 3) for
-`apply_chat_template`.
+`apply_chat_template`, built from the names and error texts of `chat_format`.
 
+The template first validates the whole conversation with the rules and in the order of
+`chat_format.check_conversation`, raising the same error texts, then renders it.
 `{% generation %}` blocks cover exactly the tokens nanochat trains on (mask 1): the assistant's string content,
 its text parts, its python parts with their tool tokens, and `<|assistant_end|>`. Tool output is not trained on.
 A block is never empty (an empty block would make transformers mark the token before it).
@@ -8,52 +10,127 @@ User and system content is a string or a list of text parts (``[{"type": "text",
 and TRL send), joined as one string, as `normalize_messages` does.
 """
 
-CHAT_TEMPLATE = (
-    "{%- macro text_of(content, where) -%}"
-    "{%- if content is string -%}{{ content }}"
-    "{%- else -%}{%- for part in content -%}"
-    "{%- if part['type'] != 'text' or part['text'] is not string -%}"
-    "{{ raise_exception(where ~ ' part ' ~ loop.index0 ~ ' must be a text part with a string text') }}"
-    "{%- endif -%}{{ part['text'] }}"
-    "{%- endfor -%}{%- endif -%}"
+from __future__ import annotations
+
+from string import Formatter
+
+from .chat_format import (
+    ASSISTANT,
+    ASSISTANT_END,
+    ASSISTANT_START,
+    BOS,
+    ERRORS,
+    OUTPUT_END,
+    OUTPUT_START,
+    PART_TYPES,
+    PYTHON,
+    PYTHON_END,
+    PYTHON_OUTPUT,
+    PYTHON_START,
+    SYSTEM,
+    TEXT,
+    USER,
+    USER_END,
+    USER_START,
+)
+
+
+def _lit(text: str) -> str:
+    """A Jinja string literal."""
+    return "'" + text.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def _raise(key: str, **fields: str) -> str:
+    """Jinja statement raising ERRORS[key], its fields given as Jinja expressions (quoted values via `~`, which
+    writes str(value) as Python's format does)."""
+    pieces = []
+    for literal, name, _, _ in Formatter().parse(ERRORS[key]):
+        if literal:
+            pieces.append(_lit(literal))
+        if name is not None:
+            pieces.append(f"({fields[name]})")
+    return "{{ raise_exception(" + " ~ ".join(pieces) + ") }}"
+
+
+# The Python type name of a value the template sees (transformers hands it plain JSON types).
+_KIND_MACRO = (
+    "{%- macro kind(x) -%}"
+    "{%- if x is none -%}NoneType{%- elif x is boolean -%}bool{%- elif x is integer -%}int"
+    "{%- elif x is float -%}float{%- elif x is string -%}str{%- elif x is mapping -%}dict"
+    "{%- else -%}list{%- endif -%}"
     "{%- endmacro -%}"
-    "{%- if messages | length == 0 -%}{{ raise_exception('conversation is empty') }}{%- endif -%}"
-    "{%- set ns = namespace(start=0, system='') -%}"
-    "{%- if messages[0]['role'] == 'system' -%}"
-    "{%- if messages | length < 2 or messages[1]['role'] != 'user' -%}"
-    "{{ raise_exception('a system message must be followed by a user message') }}"
+)
+_TEXT_OF_MACRO = (
+    "{%- macro text_of(content) -%}"
+    "{%- if content is string -%}{{ content }}"
+    "{%- else -%}{%- for part in content -%}{{ part['text'] }}{%- endfor -%}{%- endif -%}"
+    "{%- endmacro -%}"
+)
+_ASSISTANT_PARTS = "[" + ", ".join(map(_lit, PART_TYPES)) + "]"
+
+# transformers itself refuses an empty conversation and messages that are not dicts; other renderers of the
+# template (llama.cpp, vLLM, ...) may not, so the template checks them too.
+_VALIDATION = (
+    "{%- if messages | length == 0 -%}" + _raise("empty") + "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- if m is not mapping or 'role' not in m or 'content' not in m -%}" + _raise("message", i="loop.index0")
+    + "{%- endif -%}"
+    "{%- endfor -%}"
+    f"{{%- set start = 1 if messages[0]['role'] == {_lit(SYSTEM)} else 0 -%}}"
+    f"{{%- if start == 1 and (messages | length < 2 or messages[1]['role'] != {_lit(USER)}) -%}}"
+    + _raise("system_alone", i="0") + "{%- endif -%}"
+    "{%- for m in messages -%}"
+    "{%- set i = loop.index0 -%}"
+    f"{{%- set expected = {_lit(SYSTEM)} if i < start else ({_lit(USER)} if (i - start) % 2 == 0 "
+    f"else {_lit(ASSISTANT)}) -%}}"
+    "{%- if m['role'] != expected -%}" + _raise("role", i="i", role="m['role']", expected="expected")
+    + "{%- endif -%}"
+    "{%- set content = m['content'] -%}"
+    "{%- if content is not string -%}"
+    "{%- if content is mapping or content is not sequence -%}"
+    f"{{%- if expected == {_lit(ASSISTANT)} -%}}" + _raise("assistant_content", i="i", kind="kind(content)")
+    + "{%- else -%}" + _raise("text_content", i="i", role="expected", kind="kind(content)") + "{%- endif -%}"
     "{%- endif -%}"
-    "{%- set ns.start = 1 -%}"
-    "{%- set ns.system = text_of(messages[0]['content'], 'message 0 (system) content') ~ '\\n\\n' -%}"
+    f"{{%- set allowed = {_ASSISTANT_PARTS} if expected == {_lit(ASSISTANT)} else [{_lit(TEXT)}] -%}}"
+    "{%- for part in content -%}"
+    "{%- set part_type = part.get('type') if part is mapping else kind(part) -%}"
+    "{%- if part is not mapping or part_type not in allowed -%}"
+    f"{{%- if expected == {_lit(ASSISTANT)} -%}}" + _raise("part", i="i", j="loop.index0", type="part_type")
+    + "{%- else -%}" + _raise("text_part", i="i", j="loop.index0", role="expected", type="part_type")
+    + "{%- endif -%}"
+    "{%- elif part.get('text') is not string -%}"
+    + _raise("part_text", i="i", j="loop.index0", role="expected", kind="kind(part.get('text'))")
+    + "{%- endif -%}"
+    "{%- endfor -%}"
     "{%- endif -%}"
-    "<|bos|>"
-    "{%- for message in messages[ns.start:] -%}"
-    "{%- set expected = 'user' if loop.index0 % 2 == 0 else 'assistant' -%}"
-    "{%- if message['role'] != expected -%}"
-    "{{ raise_exception('message ' ~ (loop.index0 + ns.start) ~ ' has role ' ~ message['role'] ~ ', expected ' ~ expected) }}"
-    "{%- endif -%}"
-    "{%- if expected == 'user' -%}"
-    "<|user_start|>{{ ns.system if loop.first else '' }}"
-    "{{ text_of(message['content'], 'message ' ~ (loop.index0 + ns.start) ~ ' (user) content') }}<|user_end|>"
-    "{%- else -%}"
-    "<|assistant_start|>"
-    "{%- if message['content'] is string -%}"
-    "{%- generation -%}{{ message['content'] }}<|assistant_end|>{%- endgeneration -%}"
+    "{%- endfor -%}"
+)
+
+_RENDERING = (
+    f"{{%- set system = text_of(messages[0]['content']) ~ '\\n\\n' if start == 1 else '' -%}}"
+    + BOS
+    + "{%- for message in messages[start:] -%}"
+    f"{{%- if message['role'] == {_lit(USER)} -%}}"
+    + USER_START + "{{ system if loop.first else '' }}{{ text_of(message['content']) }}" + USER_END
+    + "{%- else -%}"
+    + ASSISTANT_START
+    + "{%- if message['content'] is string -%}"
+    "{%- generation -%}{{ message['content'] }}" + ASSISTANT_END + "{%- endgeneration -%}"
     "{%- else -%}"
     "{%- for part in message['content'] -%}"
-    "{%- if part['type'] == 'text' -%}"
+    f"{{%- if part['type'] == {_lit(TEXT)} -%}}"
     "{%- if part['text'] -%}{%- generation -%}{{ part['text'] }}{%- endgeneration -%}{%- endif -%}"
-    "{%- elif part['type'] == 'python' -%}"
-    "{%- generation -%}<|python_start|>{{ part['text'] }}<|python_end|>{%- endgeneration -%}"
-    "{%- elif part['type'] == 'python_output' -%}"
-    "<|output_start|>{{ part['text'] }}<|output_end|>"
-    "{%- else -%}"
-    "{{ raise_exception('unknown assistant part type ' ~ part['type']) }}"
-    "{%- endif -%}"
+    f"{{%- elif part['type'] == {_lit(PYTHON)} -%}}"
+    "{%- generation -%}" + PYTHON_START + "{{ part['text'] }}" + PYTHON_END + "{%- endgeneration -%}"
+    f"{{%- elif part['type'] == {_lit(PYTHON_OUTPUT)} -%}}"
+    + OUTPUT_START + "{{ part['text'] }}" + OUTPUT_END
+    + "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- generation -%}<|assistant_end|>{%- endgeneration -%}"
+    "{%- generation -%}" + ASSISTANT_END + "{%- endgeneration -%}"
     "{%- endif -%}"
     "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}<|assistant_start|>{%- endif -%}"
+    "{%- if add_generation_prompt -%}" + ASSISTANT_START + "{%- endif -%}"
 )
+
+CHAT_TEMPLATE = _KIND_MACRO + _TEXT_OF_MACRO + _VALIDATION + _RENDERING

@@ -13,31 +13,14 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from .chat_format import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
 from .template import CHAT_TEMPLATE
-
-SPECIAL_TOKENS: list[str] = [
-    "<|bos|>",
-    "<|user_start|>",
-    "<|user_end|>",
-    "<|assistant_start|>",
-    "<|assistant_end|>",
-    "<|python_start|>",
-    "<|python_end|>",
-    "<|output_start|>",
-    "<|output_end|>",
-]
 
 # GPT-4's pattern with numbers split in runs of at most 2 digits. The onig engine of `tokenizers` supports the
 # possessive quantifiers (?+, ++); tests check the split against the `regex` module on varied text.
 SPLIT_PATTERN: str = (
     r"""'(?i:[sdmt]|ll|ve|re)|[^\r\n\p{L}\p{N}]?+\p{L}+|\p{N}{1,2}| ?[^\s\p{L}\p{N}]++[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+"""
 )
-
-BOS_TOKEN = "<|bos|>"
-EOS_TOKEN = "<|assistant_end|>"  # generation stops at the end of the assistant turn
-# Padding uses bos, not eos: generic collators set labels == pad_token_id to -100, which must not hide
-# <|assistant_end|> (the model has to learn to stop). Padding is on the left for batched generation.
-PAD_TOKEN = BOS_TOKEN
 
 
 @lru_cache(maxsize=1)
@@ -105,7 +88,7 @@ def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
         pad_token=PAD_TOKEN,
         add_bos_token=True,
         add_eos_token=False,
-        extra_special_tokens=SPECIAL_TOKENS[1:],
+        extra_special_tokens=list(SPECIAL_TOKENS[1:]),
         padding_side="left",
         clean_up_tokenization_spaces=False,
         chat_template=CHAT_TEMPLATE,
@@ -122,7 +105,7 @@ def build_tokenizer(
     # ignore_merges: a pre-token that is itself in the vocab maps straight to its id, as tiktoken does.
     model = models.BPE(vocab=vocab, merges=merges, ignore_merges=True, byte_fallback=False, fuse_unk=False)
     backend = _bare_backend(model, pattern)
-    backend.add_special_tokens(SPECIAL_TOKENS)
+    backend.add_special_tokens(list(SPECIAL_TOKENS))
     return wrap_backend(backend)
 
 

@@ -9,6 +9,7 @@ from safetensors import SafetensorError, safe_open
 
 from ..conversion.files import check_positive_ints, read_json
 from ..model import NanoChatGPTConfig
+from ..tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, EOS_TOKEN
 from .arguments import MidTrainingArguments
 
 
@@ -79,7 +80,7 @@ def _demo_model(args: MidTrainingArguments):
     config = NanoChatGPTConfig(
         sequence_len=max(args.max_seq_len, 1024), vocab_size=len(tokenizer), n_layer=args.demo_depth, n_head=n_head,
         n_kv_head=n_head, n_embd=args.demo_n_embd,
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|assistant_end|>"),
+        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(args.seed)
@@ -126,7 +127,7 @@ def check_compatible(model, tokenizer, args: MidTrainingArguments) -> None:
         raise ValueError(
             f"vocab mismatch: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}"
         )
-    missing = [t for t in ("<|bos|>", "<|assistant_start|>", "<|assistant_end|>") if t not in tokenizer.get_vocab()]
+    missing = [t for t in (BOS, ASSISTANT_START, ASSISTANT_END) if t not in tokenizer.get_vocab()]
     if missing:
         raise ValueError(f"tokenizer lacks nanochat's special token(s) {', '.join(missing)}")
     if args.max_seq_len > model.config.sequence_len:

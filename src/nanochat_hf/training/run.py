@@ -16,6 +16,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
 from .checkpoint_check import check_fingerprint, load_fingerprint, resolve_resume_checkpoint, run_fingerprint
@@ -116,7 +117,7 @@ def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, va
     """The trainer, with the data stream built (fails fast when the mixture is too small for one step)."""
     from .trainer import MidTrainer
 
-    end_id = tokenizer.convert_tokens_to_ids("<|assistant_end|>")
+    end_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = end_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
