@@ -25,7 +25,7 @@ from . import synthetic
 from .conversation import check_messages, dumps
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-CONVERT_VERSION = 2  # feeds the datasets cache fingerprint of the conversion: bump when a converter changes
+CONVERT_VERSION = 3  # feeds the datasets cache fingerprint of the conversion: bump when a converter changes
 HUB_SHUFFLE_SEED = 42  # hub-backed tasks are shuffled with this seed right after loading
 _SOURCE_ROW = "__source_row__"  # row number in the source, kept through the shuffle for error messages
 DEMO_IDENTITY_FILE = Path(__file__).with_name("identity_demo.jsonl")
