@@ -43,7 +43,8 @@ def measure(layers: int, tokens: int, depth: int, vocab: int, device: str, embed
     return w.nbytes + w.grad.nbytes, sum(storages.values())
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> list[float]:
+    """Prints the table; returns the saved-activation bytes per token per layer that the bf16 embedding saves."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--depth", type=int, default=20, help="model width and heads of this depth (d20: 1280)")
     parser.add_argument("--vocab", type=int, default=65536)
@@ -51,7 +52,7 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=256, help="tokens in the forward")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--threads", type=int, default=1)
-    a = parser.parse_args()
+    a = parser.parse_args(argv)
     torch.set_num_threads(a.threads)
     per_layer_token = []
     print("| layers | tokens | embedding | wte weight + grad (MiB) | saved activations (MiB) |")
@@ -66,6 +67,7 @@ def main() -> None:
           "bytes per token per layer")
     d20 = per_layer_token[-1] * 20 * 32 * 2048
     print(f"d20, 32 x 2048 tokens per device: {d20 / 2**30:.2f} GiB less saved for backward")
+    return per_layer_token
 
 
 if __name__ == "__main__":
