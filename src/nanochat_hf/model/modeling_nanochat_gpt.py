@@ -150,6 +150,14 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     # the first block then each block's output, and the attention modules' second output (the weights)
     _can_record_outputs = {"hidden_states": NanoChatGPTBlock, "attentions": NanoChatGPTAttention}
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the weights after the token embedding. transformers reads the first parameter, which is the
+        embedding, and nanochat trains on CUDA with a bfloat16 embedding and float32 elsewhere: save_pretrained
+        writes this dtype to config.json and from_pretrained builds the model in it, so the first parameter would
+        turn a float32 model into bfloat16 on reload."""
+        return next(p.dtype for p in reversed(list(self.parameters())) if p.is_floating_point())
+
     def save_pretrained(self, save_directory, *args, **kwargs) -> None:
         # transformers writes only the saved class into the remote-code auto_map; name every class of this file so
         # AutoModel / AutoModelForSequenceClassification load any saved directory too (the files are the same)

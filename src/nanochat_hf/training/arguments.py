@@ -82,6 +82,9 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     # --- nanochat's knobs (names and defaults of nanochat's mid_train) ----------------------------------------
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, "
                                                  "float32; --bf16 true is the same as bfloat16"})
+    embedding_dtype: str = field(default="auto", metadata={
+        "help": "dtype of the token embedding while training: auto (bfloat16 when training on CUDA with bf16 "
+                "autocast, as nanochat does; otherwise as loaded), bfloat16 (needs bf16 autocast), float32"})
     num_iterations: int | None = field(default=None, metadata={
         "help": "optimizer steps; -1 = one epoch of the mixture (alias of max_steps; default -1)"})
     max_seq_len: int = 2048
@@ -183,6 +186,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"dtype={self.dtype!r}: expected one of auto, bfloat16, float32")
+        if self.embedding_dtype not in ("auto", "bfloat16", "float32"):
+            raise ValueError(f"embedding_dtype={self.embedding_dtype!r}: expected one of auto, bfloat16, float32")
         if self.num_iterations == 0 or self.num_iterations < -1:
             raise ValueError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
         if self.max_grad_norm < 0:
@@ -229,6 +234,17 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             self.bf16 = torch.cuda.is_available() and not self.use_cpu
         else:
             self.bf16 = self.dtype == "bfloat16"
+        if self.embedding_dtype == "bfloat16" and not self.bf16:
+            raise ValueError("embedding_dtype=bfloat16 needs bf16 autocast (dtype=bfloat16, or auto on CUDA): in "
+                             "float32 the embedding's bfloat16 output cannot feed the float32 layers")
+
+    @property
+    def embedding_torch_dtype(self) -> torch.dtype | None:
+        """The token embedding's dtype for training, None to keep it as loaded. Reads the device: call it once
+        training is set up, not at parse time."""
+        if self.embedding_dtype == "auto":
+            return torch.bfloat16 if self.bf16 and self.device.type == "cuda" else None
+        return getattr(torch, self.embedding_dtype)
 
 
 def _config_defaults(path: Path, known: set[str]) -> dict:

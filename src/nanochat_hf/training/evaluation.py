@@ -10,6 +10,8 @@ import evaluate
 import torch
 import torch.distributed as dist
 
+from .device import to_device
+
 
 @torch.no_grad()
 def evaluate_bpb(
@@ -30,8 +32,8 @@ def evaluate_bpb(
     was_training = model.training
     model.eval()
     for batch in batches:
-        input_ids = batch["input_ids"].to(device)
-        labels = batch["labels"].to(device)
+        input_ids = to_device(batch["input_ids"], device)
+        labels = to_device(batch["labels"], device)
         loss = model(input_ids=input_ids, labels=labels, loss_reduction="none").loss  # (B, T) nats
         targets = labels[:, 1:]
         valid = targets != -100

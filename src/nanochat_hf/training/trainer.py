@@ -3,7 +3,10 @@
 Every override below says what it adds; where the stock behaviour is wanted it calls `super()`.
 - data (`get_train_dataloader`): every rank reads its own share of the packed token stream
   (`nanochat_hf.data.PackedStream`), un-prepared (Accelerate must not re-shard it), for nanochat's number of
-  steps (one epoch ends as nanochat's does, see `PackedStream.epoch_steps`), the same on every rank.
+  steps (one epoch ends as nanochat's does, see `PackedStream.epoch_steps`), the same on every rank; on CUDA the
+  micro-batches go through pinned memory with non-blocking copies (`_prepare_input`).
+- embedding dtype (`__init__`): the token embedding cast to `args.embedding_torch_dtype` (bfloat16 on CUDA in
+  bf16, as nanochat), before the optimizer exists.
 - optimizer / schedule (`create_optimizer`, `create_scheduler`): `build_optimizer` (Muon + AdamW, sharded step),
   a `LambdaLR` applying nanochat's multiplier to the schedule's progress; Muon momentum warm-up in a callback.
 - gradients (`_prepare_for_training`, `_clip_grad_norm`, `_get_grad_norm`): the contract in `gradients.py`.
@@ -35,6 +38,7 @@ from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, de
 from .checkpoint_check import save_fingerprint
 from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
                             usual_modes, write_json)
+from .device import to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
@@ -86,6 +90,9 @@ class MidTrainer(Trainer):
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
+        if (embedding_dtype := a.embedding_torch_dtype) is not None:
+            # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
+            self.model.get_input_embeddings().to(embedding_dtype)
 
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
@@ -120,6 +127,12 @@ class MidTrainer(Trainer):
                 )
             self._train_loader = StreamLoader(stream, steps * ga)
         return self._train_loader
+
+    def _prepare_input(self, data):
+        """The stock placement, except that a tensor goes through `to_device` (pinned, non-blocking on CUDA)."""
+        if isinstance(data, torch.Tensor) and not self.is_deepspeed_enabled:
+            return to_device(data, self.args.device)
+        return super()._prepare_input(data)
 
     def floating_point_ops(self, inputs) -> int:
         return self.model.num_flops_per_token() * inputs["input_ids"][:, :-1].numel()
@@ -184,7 +197,8 @@ class MidTrainer(Trainer):
         stream = self.make_stream(self.eval_dataset if eval_dataset is None else eval_dataset)
         a = self.args
         steps = max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * self.accelerator.num_processes))
-        bpb = evaluate_bpb(self.model, stream.read(steps), self.token_bytes, a.device)
+        with self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
+            bpb = evaluate_bpb(self.model, stream.read(steps), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
         self.log(metrics)
