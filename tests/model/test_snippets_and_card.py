@@ -57,7 +57,7 @@ def python_block(markdown: str, after: str) -> str:
 
 
 def card_args(**kw) -> SimpleNamespace:
-    defaults = dict(model_source="demo", train_mixture=None, demo_depth=2, demo_n_embd=128, total_batch_size=512,
+    defaults = dict(model_source="demo", train_mixture=None, demo_depth=2, total_batch_size=512,
                     max_seq_len=64, hub_model_id=None)
     return SimpleNamespace(**{**defaults, **kw})
 

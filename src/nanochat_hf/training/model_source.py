@@ -71,14 +71,12 @@ def _first_line(e: BaseException) -> str:
 
 
 def _demo_model(args: MidTrainingArguments):
-    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+    from nanochat_hf import NanoChatGPTForCausalLM
     from nanochat_hf.data import demo_tokenizer
 
     tokenizer = demo_tokenizer()
-    n_head = max(1, args.demo_n_embd // 64)
-    config = NanoChatGPTConfig(
-        sequence_len=max(args.max_seq_len, 1024), vocab_size=len(tokenizer), n_layer=args.demo_depth, n_head=n_head,
-        n_kv_head=n_head, n_embd=args.demo_n_embd,
+    config = NanoChatGPTConfig.from_depth(
+        args.demo_depth, vocab_size=len(tokenizer), sequence_len=max(args.max_seq_len, 1024),
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids("<|assistant_end|>"),
         pad_token_id=tokenizer.pad_token_id,
     )
