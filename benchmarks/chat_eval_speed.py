@@ -3,8 +3,8 @@ batched vs one-at-a-time generation, side by side in one run.
 
     python benchmarks/chat_eval_speed.py [--problems 32] [--max_new_tokens 64] [--batch_size 16] [--threads 1]
 
-The model is a fresh demo-sized `NanoChatGPTForCausalLM` (depth 4: width 256, 2 heads; the demo tokenizer of 4096 tokens,
-fp32 on CPU unless cuda is there); its weights are random, so every reply runs to --max_new_tokens (the most
+The model is a fresh demo-sized `NanoChatGPTForCausalLM` (depth 4: width 256, 2 heads; the demo tokenizer of 4096
+tokens, fp32 on CPU unless cuda is there); its weights are random, so every reply runs to --max_new_tokens (the most
 work a reply can be). Problems are offline rows in the hub layouts: MMLU-style multiple choice (categorical) and
 GSM8K-style questions (generative), from `nanochat_hf.data.synthetic`. Batched and one-at-a-time runs alternate,
 --repeats times; the best time of each is shown.

@@ -128,8 +128,8 @@ def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
         return lambda: [newton_schulz(g, gram=gram) for g in rect.values()]
 
     t = interleaved({"standard": run(False), "gram": run(True)}, repeats, device)
-    print(f"\nGram Newton-Schulz on the {len(shapes)} rectangular matrices of d{depth}: standard {t['standard']:.4f} s, "
-          f"Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x")
+    print(f"\nGram Newton-Schulz on the {len(shapes)} rectangular matrices of d{depth}: "
+          f"standard {t['standard']:.4f} s, Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x")
     header = f"{'shape':>12} {'dtype':>9} {'max |gram-std|':>15} {'rel Frobenius':>14} {'std vs float64':>15}"
     print(header + "\n" + "-" * len(header))
     for shape, g in rect.items():

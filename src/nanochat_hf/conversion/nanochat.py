@@ -15,6 +15,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from ..atomic import staged_dir, write_text
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from ..paths import nanochat_base_dir
 from .files import (
     check_output,
     check_positive_ints,
@@ -33,10 +34,6 @@ _MODEL_FILE = re.compile(r"model_(\d+)\.pt")
 
 
 # ---------------------------------------------------------------- locating and reading nanochat checkpoints
-
-def nanochat_base_dir() -> Path:
-    return Path(os.environ.get("NANOCHAT_BASE_DIR") or Path.home() / ".cache" / "nanochat")
-
 
 def available_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
     checkpoint_dir = Path(checkpoint_dir)
