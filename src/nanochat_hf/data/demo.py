@@ -11,7 +11,6 @@ from transformers import PreTrainedTokenizerFast
 from .. import tokenizer as tokenizer_package
 from ..atomic import staged_dir
 from ..paths import cache_key, cache_root
-from ..tokenizer import train_tokenizer
 from .conversation import conversation_texts, loads
 from .mixture import load_mixture
 
@@ -41,7 +40,7 @@ def demo_tokenizer(vocab_size: int = DEMO_VOCAB_SIZE, cache_dir: str | os.PathLi
     folder = root / f"demo_tokenizer-{vocab_size}-{digest}"
     if not (folder / "tokenizer.json").is_file():
         logger.info("Training the demo tokenizer (vocab %d) into %s", vocab_size, folder)
-        tokenizer = train_tokenizer(texts, vocab_size)
+        tokenizer = tokenizer_package.train_tokenizer(texts, vocab_size)
         try:
             with staged_dir(folder) as tmp:
                 tokenizer.save_pretrained(tmp)

@@ -226,10 +226,6 @@ class MuonAdamW(torch.optim.Optimizer):
         start = min(self.rank * k, p.shape[0])
         return k, start, min(start + k, p.shape[0])
 
-    def _owned_muon_params(self) -> set[int]:
-        return {id(p) for g in self.param_groups if g["kind"] == "muon"
-                for bucket in _shape_buckets(g["params"]) for p in bucket[self.rank::self.world_size]}
-
     def _global_rank(self, group_rank: int) -> int:
         if self.process_group is None:
             return group_rank

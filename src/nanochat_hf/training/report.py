@@ -23,7 +23,7 @@ def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]
 
 def plot_curves(trainer, path: Path) -> None:
     """PNG with the per-step train loss and the val bpb curve."""
-    import matplotlib
+    import matplotlib  # here, not at the top: start-up time of every run, and the backend is set before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
