@@ -216,7 +216,7 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
             config = NanoChatGPTConfig.from_dict(
                 {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")})
         elif model_type == "nanochat":
-            config = config_from_native(raw, config_path)
+            config = config_from_native(raw)
         else:
             raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
     except (TypeError, ValueError, KeyError, AttributeError) as e:

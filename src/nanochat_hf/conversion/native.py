@@ -76,7 +76,7 @@ def native_config(config: NanoChatGPTConfig):
     )
 
 
-def config_from_native(raw: dict, config_path: Path) -> NanoChatGPTConfig:
+def config_from_native(raw: dict) -> NanoChatGPTConfig:
     """Our config from a native NanoChat config.json (rotary tables in float32, as the native model computes them)."""
     if raw.get("intermediate_size", 4 * raw.get("hidden_size", 0)) != 4 * raw.get("hidden_size", 0):
         raise ValueError(f"intermediate_size {raw.get('intermediate_size')} is not 4 * hidden_size")
