@@ -3,8 +3,8 @@ batched vs one-at-a-time generation, side by side in one run.
 
     python benchmarks/chat_eval_speed.py [--problems 32] [--max_new_tokens 64] [--batch_size 16] [--threads 1]
 
-The model is a fresh demo-sized `NanoChatGPTForCausalLM` (depth 4, width 256, the demo tokenizer of 4096 tokens,
-fp32 on CPU unless cuda is there); its weights are random, so every reply runs to --max_new_tokens (the most
+The model is a fresh demo-sized `NanoChatGPTForCausalLM` (depth 4: width 256, 2 heads; the demo tokenizer of 4096
+tokens, fp32 on CPU unless cuda is there); its weights are random, so every reply runs to --max_new_tokens (the most
 work a reply can be). Problems are offline rows in the hub layouts: MMLU-style multiple choice (categorical) and
 GSM8K-style questions (generative), from `nanochat_hf.data.synthetic`. Batched and one-at-a-time runs alternate,
 --repeats times; the best time of each is shown.
@@ -41,8 +41,7 @@ def main() -> None:
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = demo_tokenizer()
     torch.manual_seed(0)
-    config = NanoChatGPTConfig(sequence_len=1024, vocab_size=len(tokenizer), n_layer=4, n_head=4, n_kv_head=4,
-                               n_embd=256)
+    config = NanoChatGPTConfig.from_depth(4, vocab_size=len(tokenizer), sequence_len=1024)  # the demo model
     model = NanoChatGPTForCausalLM(config)
     with torch.no_grad():  # random weights everywhere (nanochat's init zeroes lm_head: every logit would tie)
         for p in model.parameters():

@@ -22,13 +22,17 @@ import time
 
 import torch
 
+from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.optim import MuonAdamW, newton_schulz, ns_batch_size, state_bytes_per_rank
 
 
-def block_shapes(depth: int) -> list[tuple[int, int]]:
-    """Shapes of every transformer.h matrix of a nanochat d<depth> model (n_embd = 64*depth, n_kv_head = n_head)."""
-    d = 64 * depth
-    return [(d, d), (d, d), (d, d), (d, d), (4 * d, d), (d, 4 * d)] * depth
+def model_shapes(depth: int, vocab: int = 65536) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """Shapes of the Muon matrices (every transformer.h matrix) and of the AdamW ones (wte, lm_head) of a nanochat
+    d<depth> model, read from the model itself built on the meta device (no memory)."""
+    with torch.device("meta"):
+        model = NanoChatGPTForCausalLM(NanoChatGPTConfig.from_depth(depth, vocab_size=vocab))
+    block = [tuple(p.shape) for p in model.transformer.h.parameters()]
+    return block, [tuple(model.lm_head.weight.shape), tuple(model.transformer.wte.weight.shape)]
 
 
 def ns_flops(shapes: list[tuple[int, int]], steps: int = 5) -> float:
@@ -80,7 +84,7 @@ def matmuls(shapes: list[tuple[int, int]], device: torch.device):
 
 
 def bench_step(depth: int, repeats: int, device: torch.device) -> None:
-    shapes = block_shapes(depth)
+    shapes = model_shapes(depth)[0]
     torch.manual_seed(0)
     # one set of parameters for every optimizer: the step's cost does not depend on the values, and the memory
     # of a d20 model's matrices is then held once
@@ -116,17 +120,16 @@ def bench_step(depth: int, repeats: int, device: torch.device) -> None:
 
 def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
     """Speed and deviation of the Gram iteration on the model's rectangular matrices (default batching)."""
-    d = 64 * depth
+    shapes = [s for s in model_shapes(depth)[0] if s[0] != s[1]]
     torch.manual_seed(1)
-    rect = {(4 * d, d): torch.randn(depth, 4 * d, d, device=device),
-            (d, 4 * d): torch.randn(depth, d, 4 * d, device=device)}
+    rect = {s: torch.randn(shapes.count(s), *s, device=device) for s in dict.fromkeys(shapes)}
 
     def run(gram):
         return lambda: [newton_schulz(g, gram=gram) for g in rect.values()]
 
     t = interleaved({"standard": run(False), "gram": run(True)}, repeats, device)
-    print(f"\nGram Newton-Schulz on the {2 * depth} rectangular matrices of d{depth}: standard {t['standard']:.4f} s, "
-          f"Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x")
+    print(f"\nGram Newton-Schulz on the {len(shapes)} rectangular matrices of d{depth}: "
+          f"standard {t['standard']:.4f} s, Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x")
     header = f"{'shape':>12} {'dtype':>9} {'max |gram-std|':>15} {'rel Frobenius':>14} {'std vs float64':>15}"
     print(header + "\n" + "-" * len(header))
     for shape, g in rect.items():
@@ -139,12 +142,11 @@ def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
 
 
 def print_state_bytes(depth: int, vocab: int) -> None:
-    d = 64 * depth
-    adamw = [(vocab, d), (vocab, d)]  # lm_head and wte
+    block, adamw = model_shapes(depth, vocab)
     print(f"\noptimizer state per rank, d{depth} (vocab {vocab}), from the sharding rule of the sharded step "
           f"(tests/optim/test_distributed.py checks the rule against a 2-process run):")
     for world in (1, 2):
-        per_rank = state_bytes_per_rank(block_shapes(depth), adamw, world)
+        per_rank = state_bytes_per_rank(block, adamw, world)
         print(f"  {world} process{'es' if world > 1 else ''}: " +
               ", ".join(f"rank {r} {b / 2**20:,.1f} MiB" for r, b in enumerate(per_rank)))
 

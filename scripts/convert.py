@@ -64,7 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nanochat_hf.conversion import from_nanochat, to_nanochat, to_native
+    from nanochat_hf.conversion import from_nanochat, to_nanochat, to_native  # after parsing: --help needs no torch
 
     try:
         if args.command == "from-nanochat":

@@ -36,24 +36,33 @@ def _fix_mode(path: Path, base: int) -> None:
     os.chmod(path, base & ~current_umask())
 
 
-def write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
-    """Write `data` to a temporary file beside `path`, then rename it over `path` (mode 0666 & ~umask, or `mode`)."""
+@contextmanager
+def replacing(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path]:
+    """Yield a temporary file name beside `path` for a writer that wants a name (safetensors' ``save_file``); when
+    the block ends without error the file is renamed over `path` (mode 0666 & ~umask, or `mode`), else removed."""
     path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    os.close(fd)
+    tmp = Path(name)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
+        yield tmp
         if mode is None:
-            _fix_mode(Path(tmp), 0o666)
+            _fix_mode(tmp, 0o666)
         else:
             os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)
         raise
-    return path
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, mode: int | None = None) -> Path:
+    """Write `data` to a temporary file beside `path`, then rename it over `path` (mode 0666 & ~umask, or `mode`)."""
+    with replacing(path, mode) as tmp, open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    return Path(path)
 
 
 def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> Path:

@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -74,14 +71,6 @@ def test_dtype_cast_on_request(nanochat_base, tmp_path):
 
 
 # Makes `import nanochat_hf` fail in the child process although the package is installed (editable) in the venv.
-BLOCK_PACKAGE = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "nanochat_hf" or name.startswith("nanochat_hf."):
-            raise ModuleNotFoundError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, _Block())
-"""
 LOAD_AND_RUN = """
 import json, sys, torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -109,18 +98,15 @@ torch.save({"logits": logits, "gen": gen, "vocab": len(tokenizer)}, out)
 
 @pytest.mark.slow
 @pytest.mark.parametrize("mode", ["package", "remote_code_only"])
-def test_converted_dir_loads_in_a_fresh_process(hf_dir, nanochat_base, tmp_path, mode):
+def test_converted_dir_loads_in_a_fresh_process(hf_dir, nanochat_base, tmp_path, fresh_python, mode):
     reference = reference_model(nanochat_base)
     idx = torch.tensor(IDS)
     with torch.no_grad():
         expected = reference(idx).logits
         expected_gen = reference.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=6,
                                           do_sample=False)
-    code = (BLOCK_PACKAGE if mode != "package" else "") + LOAD_AND_RUN
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
-    result = subprocess.run([sys.executable, "-I", "-c", code, str(hf_dir), str(tmp_path / "out.pt"), mode,
-                             json.dumps(IDS)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    result = fresh_python(LOAD_AND_RUN, str(hf_dir), str(tmp_path / "out.pt"), mode, json.dumps(IDS),
+                          allow_package=mode == "package")
     assert result.returncode == 0, result.stderr[-3000:]
     out = torch.load(tmp_path / "out.pt", weights_only=True)
     assert out["vocab"] == 300

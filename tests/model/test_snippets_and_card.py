@@ -3,10 +3,7 @@ without the package, with no interactive trust_remote_code prompt."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -22,15 +19,6 @@ from .conftest import randomize
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 PROMPT = "Do you wish to run the custom code"
-# `import nanochat_hf` fails in the child although the package is installed (editable) in the venv
-BLOCK_PACKAGE = """
-import sys
-class _Block:
-    def find_spec(self, name, path=None, target=None):
-        if name == "nanochat_hf" or name.startswith("nanochat_hf."):
-            raise ModuleNotFoundError(f"{name} is blocked in this test")
-sys.meta_path.insert(0, _Block())
-"""
 
 
 @pytest.fixture(scope="module")
@@ -45,19 +33,12 @@ def model_dir(tmp_path_factory) -> Path:
     return out
 
 
-def run_snippet(code: str, tmp_path: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
-    env.pop("PYTHONPATH", None)
-    return subprocess.run([sys.executable, "-I", "-c", BLOCK_PACKAGE + code], cwd=tmp_path, env=env,
-                          stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
-
-
 def python_block(markdown: str, after: str) -> str:
     return re.search(r"```python\n(.*?)```", markdown[markdown.index(after):], re.S).group(1)
 
 
 def card_args(**kw) -> SimpleNamespace:
-    defaults = dict(model_source="demo", train_mixture=None, demo_depth=2, demo_n_embd=128, total_batch_size=512,
+    defaults = dict(model_source="demo", train_mixture=None, demo_depth=2, total_batch_size=512,
                     max_seq_len=64, hub_model_id=None)
     return SimpleNamespace(**{**defaults, **kw})
 
@@ -68,20 +49,20 @@ def fake_trainer(args, chat_eval_scores: list | None = None) -> SimpleNamespace:
 
 
 @pytest.mark.slow
-def test_model_card_snippet_runs_without_a_prompt(model_dir, tmp_path):
+def test_model_card_snippet_runs_without_a_prompt(model_dir, fresh_python):
     card = write_model_card(fake_trainer(card_args()), model_dir)
     code = python_block(card.read_text(), "## How to load")
     assert f'"{model_dir.resolve()}"' in code
-    result = run_snippet(code, tmp_path)
+    result = fresh_python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert PROMPT not in result.stdout + result.stderr
 
 
 @pytest.mark.slow
-def test_readme_snippet_runs_without_a_prompt(model_dir, tmp_path):
+def test_readme_snippet_runs_without_a_prompt(model_dir, fresh_python):
     code = python_block(README.read_text(), "## Pushing to the hub, loading and chatting")
     assert '"you/nanochat-d20-mid"' in code
-    result = run_snippet(code.replace("you/nanochat-d20-mid", str(model_dir)), tmp_path)
+    result = fresh_python(code.replace("you/nanochat-d20-mid", str(model_dir)))
     assert result.returncode == 0, result.stderr[-3000:]
     assert PROMPT not in result.stdout + result.stderr
 
@@ -105,7 +86,7 @@ def test_model_card_metadata(tmp_path):
 
 
 @pytest.mark.slow
-def test_backbone_and_classifier_load_as_remote_code(model_dir, tmp_path):
+def test_backbone_and_classifier_load_as_remote_code(model_dir, fresh_python):
     code = f"""
 import torch
 from transformers import AutoModel, AutoModelForSequenceClassification
@@ -115,7 +96,7 @@ classifier = AutoModelForSequenceClassification.from_pretrained({str(model_dir)!
 out = backbone(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
 print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0], len(out.hidden_states))
 """
-    result = run_snippet(code, tmp_path)
+    result = fresh_python(code)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.split() == ["NanoChatGPTModel", "NanoChatGPTForSequenceClassification", "transformers_modules",
                                      "2"]

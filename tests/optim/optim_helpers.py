@@ -161,17 +161,23 @@ def dist_worker(rank, world, port, steps):
         loss_backward(model, ids)
         opt.step()
         after = flat_params(model)
-        for source, fallback in ((saved_opt, False), (saved_opt, True), (full, False)):
+        for fallback in (False, True):
             model.load_state_dict(saved_params)
             model.zero_grad(set_to_none=True)
             fresh = build_optimizer(model)
-            fresh.load_state_dict(copy.deepcopy(source))  # sharded, or consolidated -> sliced per rank
+            fresh.load_state_dict(copy.deepcopy(saved_opt))
             fresh._native_rs = not fallback
             loss_backward(model, ids)
             fresh.step()
             again = flat_params(model)
-            # a consolidated dict sliced back to this rank is exactly this rank's shard again
-            assert torch.equal(after, again), f"reload (fallback={fallback}, consolidated={source is full}) differs"
+            assert torch.equal(after, again), f"reload (fallback={fallback}) differs"
+        # a state saved at another world size is refused (the trainer resumes only at the world size that saved)
+        try:
+            build_optimizer(model).load_state_dict(copy.deepcopy(full))
+        except ValueError as e:
+            assert f"rank 0 of 1, this is rank {rank} of {world}" in str(e), e
+        else:
+            raise AssertionError("a single-process state loaded into a sharded optimizer")
 
         # 6. resume in one process from the consolidated dict (world size 2 -> 1): its next step on the averaged
         # gradient is the sharded optimizer's next step (same tolerance as in 2.)

@@ -80,7 +80,7 @@ def test_load_rejects_mismatched_state(helpers):
         opt.load_state_dict(other.state_dict())
     sharded = copy.deepcopy(opt.state_dict())
     sharded["sharding"] = {"world_size": 2, "rank": 1}
-    with pytest.raises(ValueError, match="rank 1 of 2.*consolidated_state_dict"):
+    with pytest.raises(ValueError, match="rank 1 of 2.*resume with the number of processes"):
         opt.load_state_dict(sharded)
 
 

@@ -25,7 +25,7 @@ MAX_BODY = 256 * 1024 * 1024
 
 # A run small enough for CI: tiny model, short sequences, a handful of steps on the demo mixture.
 TINY_ARGS = [
-    "--model_source", "demo", "--demo_depth", "2", "--demo_n_embd", "64",
+    "--model_source", "demo", "--demo_depth", "2",
     "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
     "--eval_every", "4", "--eval_tokens", "512", "--spelling_eval_rows", "4",
     "--report_to", "none", "--disable_tqdm", "true", "--chat_eval_tasks", "",

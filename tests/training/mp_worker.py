@@ -14,21 +14,28 @@ import torch
 from safetensors.torch import save_file
 from transformers import TrainerCallback
 
-from nanochat_hf.data import PackedStream
+from nanochat_hf.data import MicroBatchStream, PackedStream
 from nanochat_hf.training.run import build_trainer, finish, setup, train
 from nanochat_hf.training.trainer import MidTrainer
 
 PROBES = ("transformer.h.0.attn.c_q.weight", "lm_head.weight")
 
 
-class Interleaved:
-    """Micro-batches of ranks 0 and 1 of a 2-process run, alternating (one process)."""
+class Interleaved(MicroBatchStream):
+    """Micro-batches of ranks 0 and 1 of a 2-process run, alternating (one process): grad accumulation 2G here
+    is accumulation G on each of the 2 processes, and so are the epoch end and the schedule."""
 
     def __init__(self, token_ds, **kw):
         self.parts = [PackedStream(token_ds, rank=r, world_size=2, **kw) for r in (0, 1)]
 
     def num_micro_batches(self):
         return 2 * self.parts[0].num_micro_batches()
+
+    def epoch_steps(self, grad_accum):
+        return self.parts[0].epoch_steps(grad_accum // 2)
+
+    def lr_progress(self, step, grad_accum):
+        return self.parts[0].lr_progress(step, grad_accum // 2)
 
     def state_dict(self):
         return {"parts": [p.state_dict() for p in self.parts]}

@@ -68,3 +68,11 @@ def test_nanochat_dir_without_tokenizer(capsys, tmp_path):
     (ckpt / "model_000010.pt").write_bytes(b"")
     (ckpt / "meta_000010.json").write_text("{}")
     _fails(["--model_source", str(base)], capsys, tmp_path, "tokenizer")
+
+
+def test_removed_demo_n_embd_is_refused(capsys, tmp_path):
+    """The demo width follows demo_depth now: an old config or flag setting it stops with one line saying so."""
+    _fails(["--demo_n_embd", "64"], capsys, tmp_path, "demo_n_embd", "64*demo_depth")
+    cfg = tmp_path / "old.yaml"
+    cfg.write_text("model_source: demo\ndemo_depth: 2\ndemo_n_embd: 128\n")
+    _fails([str(cfg)], capsys, tmp_path, str(cfg), "demo_n_embd", "64*demo_depth")

@@ -39,3 +39,14 @@ def test_nanochat_checkpoint_source(tmp_path, tiny_args):
         torch.testing.assert_close(loaded.state_dict()[name], value, msg=name)
     assert (out / "README.md").read_text().count(str(base)) >= 1  # the card names the base model
     assert json.loads((out / "tokenizer_config.json").read_text())["model_max_length"] == 64  # the sequence_len
+
+
+def test_demo_model_follows_nanochats_depth_rule():
+    """The demo model is NanoChatGPTConfig.from_depth(demo_depth): depth 4 -> width 256, 2 heads of 128."""
+    from nanochat_hf.training.arguments import parse_args
+    from nanochat_hf.training.model_source import load_model_and_tokenizer
+
+    model, tokenizer = load_model_and_tokenizer(parse_args([]))
+    config = model.config
+    assert (config.n_layer, config.n_embd, config.n_head, config.n_kv_head) == (4, 256, 2, 2)
+    assert config.vocab_size == len(tokenizer) and config.sequence_len == 1024

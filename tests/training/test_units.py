@@ -1,13 +1,16 @@
 """Arguments, schedules, bits per byte, exact match and checkpoint serialisation."""
 
+import dataclasses
 import math
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+import yaml
 
-from nanochat_hf.training.arguments import parse_args
+from nanochat_hf.training.arguments import DEMO_CONFIG, MidTrainingArguments, parse_args
 from nanochat_hf.training.schedule import lr_multiplier, muon_momentum, nanochat_scheduler, steps_progress
 from nanochat_hf.training.checkpoint_io import (
     load_optimizer_state,
@@ -101,6 +104,22 @@ def test_demo_defaults_with_or_without_model_source_demo_and_no_side_effects():
     assert parse_args(["--num_threads", "1"]).num_threads == 1 and torch.get_num_threads() == threads
     # a config value of an alias gives way to a flag naming the other name of the pair
     assert parse_args(["--per_device_train_batch_size", "4"]).device_batch_size == 4
+
+
+def test_demo_settings_live_in_one_file_and_the_argument_defaults_agree_with_it():
+    """configs/demo.yaml is the packaged demo.yaml; the default run takes every value from it, and a demo-only
+    argument (demo_*), whose dataclass default is that file's value too, does not drift from it."""
+    repo_config = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    assert repo_config.is_symlink() and repo_config.resolve() == DEMO_CONFIG.resolve()
+    values = yaml.safe_load(DEMO_CONFIG.read_text())
+    args = parse_args([])
+    for name, value in values.items():
+        assert getattr(args, name) == value, name
+    defaults = {f.name: f.default for f in dataclasses.fields(MidTrainingArguments)}
+    demo_only = [name for name in defaults if name.startswith("demo_")]
+    assert demo_only and all(name in values for name in demo_only)
+    for name in demo_only:
+        assert defaults[name] == values[name], f"{name}: default {defaults[name]}, demo.yaml {values[name]}"
 
 
 def _reference_progress(lengths, world, grad_accum, tokens_per_batch, steps):

@@ -15,6 +15,8 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from ..atomic import staged_dir, write_text
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from ..paths import nanochat_base_dir
+from ..tokenizer import BOS_TOKEN, EOS_TOKEN, load_nanochat_tokenizer, save_nanochat_tokenizer, token_bytes
 from .files import (
     check_output,
     check_positive_ints,
@@ -24,6 +26,7 @@ from .files import (
     parse_dtype,
     read_json,
 )
+from .native import config_from_native, native_to_nanochat_names
 
 NANOCHAT_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 SOURCE_FOLDERS = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
@@ -33,10 +36,6 @@ _MODEL_FILE = re.compile(r"model_(\d+)\.pt")
 
 
 # ---------------------------------------------------------------- locating and reading nanochat checkpoints
-
-def nanochat_base_dir() -> Path:
-    return Path(os.environ.get("NANOCHAT_BASE_DIR") or Path.home() / ".cache" / "nanochat")
-
 
 def available_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
     checkpoint_dir = Path(checkpoint_dir)
@@ -112,8 +111,6 @@ def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None
 
 
 def _load_tokenizer(tokenizer_dir: str | os.PathLike, config: NanoChatGPTConfig, trust_pickle: bool):
-    from ..tokenizer import load_nanochat_tokenizer  # the tokenizer part is only needed here
-
     tokenizer = load_nanochat_tokenizer(tokenizer_dir, trust_pickle=trust_pickle)
     if len(tokenizer) != config.vocab_size:
         raise ValueError(f"{Path(tokenizer_dir) / 'tokenizer.pkl'}: tokenizer has {len(tokenizer)} tokens but the "
@@ -124,8 +121,6 @@ def _load_tokenizer(tokenizer_dir: str | os.PathLike, config: NanoChatGPTConfig,
 
 def _set_special_ids(config: NanoChatGPTConfig, tokenizer: PreTrainedTokenizerBase) -> GenerationConfig:
     """bos = <|bos|>, eos = <|assistant_end|> (where a chat turn ends), pad = the tokenizer's pad."""
-    from ..tokenizer import BOS_TOKEN, EOS_TOKEN
-
     config.bos_token_id = tokenizer.convert_tokens_to_ids(BOS_TOKEN)
     config.eos_token_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.bos_token_id
@@ -204,8 +199,6 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig]:
     """(nanochat-named state dict, config) of a directory holding our model or transformers' native NanoChat."""
-    from .native import config_from_native, native_to_nanochat_names
-
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: model directory not found")
@@ -223,7 +216,7 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
             config = NanoChatGPTConfig.from_dict(
                 {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")})
         elif model_type == "nanochat":
-            config = config_from_native(raw, config_path)
+            config = config_from_native(raw)
         else:
             raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
     except (TypeError, ValueError, KeyError, AttributeError) as e:
@@ -291,8 +284,6 @@ def _first_line(e: BaseException) -> str:
 
 
 def _write_nanochat_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:
-    from ..tokenizer import save_nanochat_tokenizer, token_bytes
-
     try:
         save_nanochat_tokenizer(tokenizer, directory)
     except ImportError:  # tiktoken is optional: token_bytes.pt (used by nanochat's bpb evaluation) still helps

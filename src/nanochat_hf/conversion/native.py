@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from transformers import NanoChatConfig
 
 from ..atomic import staged_dir
 from ..model import NanoChatGPTConfig
@@ -64,8 +65,6 @@ def native_to_nanochat_names(state_dict: dict[str, torch.Tensor]) -> dict[str, t
 
 def native_config(config: NanoChatGPTConfig):
     """transformers' NanoChatConfig with the same architecture and the eps that keeps outputs equal."""
-    from transformers import NanoChatConfig
-
     return NanoChatConfig(
         vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=4 * config.n_embd,
         num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head,
@@ -77,7 +76,7 @@ def native_config(config: NanoChatGPTConfig):
     )
 
 
-def config_from_native(raw: dict, config_path: Path) -> NanoChatGPTConfig:
+def config_from_native(raw: dict) -> NanoChatGPTConfig:
     """Our config from a native NanoChat config.json (rotary tables in float32, as the native model computes them)."""
     if raw.get("intermediate_size", 4 * raw.get("hidden_size", 0)) != 4 * raw.get("hidden_size", 0):
         raise ValueError(f"intermediate_size {raw.get('intermediate_size')} is not 4 * hidden_size")
@@ -97,7 +96,7 @@ def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overw
 
     `output_dir` must be new or empty and apart from the source; `overwrite` lets it replace the files it writes
     (other files are kept; the source's files are never replaced)."""
-    from .nanochat import read_hf_model
+    from .nanochat import read_hf_model  # circular: nanochat.py imports this module
 
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     check_output(output_dir, [model_dir], overwrite)

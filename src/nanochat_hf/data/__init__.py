@@ -6,19 +6,19 @@ tokenized rows: ``{"input_ids", "labels", "num_tokens", "task"}``.
 
 from .conversation import check_messages, conversation_texts, dumps, loads
 from .demo import demo_tokenizer
-from .mixture import DEMO_MIXTURE, load_mixture, parse_mixture, read_mixture, task_sizes
-from .packing import PackedStream
+from .mixture import DEMO_MIXTURE, load_mixture, parse_mixture, read_mixture
+from .packing import MicroBatchStream, PackedStream
 from .tasks import TASK_NAMES, TaskSpec, gsm8k_parts, render_mc
 from .tokenization import tokenize_conversations
-from .words import WORD_LIST_NAME, WORD_LISTS, demo_words, english_words, word_list
+from .words import WORD_LISTS, demo_words, english_words, word_list
 
 __all__ = [
     "DEMO_MIXTURE",
+    "MicroBatchStream",
     "PackedStream",
     "TASK_NAMES",
     "TaskSpec",
     "WORD_LISTS",
-    "WORD_LIST_NAME",
     "check_messages",
     "conversation_texts",
     "demo_tokenizer",
@@ -31,7 +31,6 @@ __all__ = [
     "parse_mixture",
     "read_mixture",
     "render_mc",
-    "task_sizes",
     "tokenize_conversations",
     "word_list",
 ]

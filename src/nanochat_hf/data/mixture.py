@@ -208,11 +208,3 @@ def load_mixture(path: str | os.PathLike | None = None, split: str = "train", st
     order = list(range(len(ds)))
     random.Random(seed).shuffle(order)
     return ds.select(order)
-
-
-def task_sizes(ds: Dataset) -> dict[str, int]:
-    """Number of conversations per task in a mixture (or tokenized) dataset."""
-    sizes: dict[str, int] = {}
-    for task in ds["task"]:
-        sizes[task] = sizes.get(task, 0) + 1
-    return sizes

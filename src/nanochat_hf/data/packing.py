@@ -3,12 +3,46 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 from datasets import Dataset
+
+
+@runtime_checkable
+class MicroBatchStream(Protocol):
+    """What the trainer (`nanochat_hf.training.MidTrainer`) reads from a rank's stream of micro-batches.
+
+    `PackedStream` is the recipe's; a trainer subclass may feed another through `MidTrainer.make_stream`.
+    """
+
+    def read(self, count: int | None = None) -> Iterator[dict[str, torch.Tensor]]:
+        """The next `count` micro-batches (None: endless): {"input_ids", "labels"}, LongTensors (B, T+1)."""
+        ...
+
+    def num_micro_batches(self) -> int:
+        """Micro-batches in one epoch, the same on every rank."""
+        ...
+
+    def epoch_steps(self, grad_accum: int) -> int:
+        """Optimizer steps of one epoch (num_iterations = -1), the same on every rank."""
+        ...
+
+    def lr_progress(self, step: int, grad_accum: int) -> float:
+        """The schedule's progress (0..1) at optimizer step `step` (num_iterations = -1)."""
+        ...
+
+    def state_dict(self) -> dict:
+        """The position after the last micro-batch handed out (JSON-serialisable), saved in checkpoints."""
+        ...
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume from a `state_dict()`."""
+        ...
 
 
 class _Sequence:
@@ -45,7 +79,7 @@ class _Sequence:
         return q * self.period + int(np.searchsorted(self.cum, rem, side="right"))
 
 
-class PackedStream:
+class PackedStream(MicroBatchStream):
     """Micro-batches ``{"input_ids": LongTensor(B, T+1), "labels": LongTensor(B, T+1)}`` (CPU), nanochat's way.
 
     Rank ``r`` of ``W`` reads conversations r, r+W, r+2W, ... (wrapping around the dataset as nanochat's cursor
@@ -89,7 +123,6 @@ class PackedStream:
         self._num = min(shares) // self.tokens_per_batch
         self._seq = _Sequence(lengths, rank, world_size)
         self._seq0 = self._seq if rank == 0 else _Sequence(lengths, 0, world_size)
-        self.tokens_per_rank = shares
         self.micro_batches = 0  # handed out since the start, across epochs
 
     def num_micro_batches(self) -> int:
@@ -151,10 +184,6 @@ class PackedStream:
         if not isinstance(state.get("micro_batches"), int) or state["micro_batches"] < 0:
             raise ValueError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
         self.micro_batches = state["micro_batches"]
-
-    def reset(self) -> None:
-        """Back to the start (e.g. for a validation stream read from the start at every eval)."""
-        self.micro_batches = 0
 
     # ---- reading ----------------------------------------------------------------------------------------
     def __iter__(self):

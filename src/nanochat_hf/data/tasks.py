@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -21,11 +22,13 @@ from datasets import Dataset, Features, Value, load_dataset
 from datasets import config as datasets_config
 from datasets.exceptions import DatasetsError
 
+from ..paths import cache_key, nanochat_base_dir
+from ..tokenizer import chat_format
+from . import conversation as conversation_module
 from . import synthetic
 from .conversation import check_messages, dumps
 
 LETTERS = "ABCDEFGHIJKLMNOPQRSTUVWXYZ"
-CONVERT_VERSION = 3  # feeds the datasets cache fingerprint of the conversion: bump when a converter changes
 HUB_SHUFFLE_SEED = 42  # hub-backed tasks are shuffled with this seed right after loading
 _SOURCE_ROW = "__source_row__"  # row number in the source, kept through the shuffle for error messages
 DEMO_IDENTITY_FILE = Path(__file__).with_name("identity_demo.jsonl")
@@ -170,8 +173,7 @@ def identity_file(task: str) -> Path:
 
 def default_identity_path() -> Path:
     """nanochat's identity file: $NANOCHAT_BASE_DIR (or ~/.cache/nanochat)/identity_conversations.jsonl."""
-    base = os.environ.get("NANOCHAT_BASE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "nanochat")
-    return Path(base) / "identity_conversations.jsonl"
+    return nanochat_base_dir() / "identity_conversations.jsonl"
 
 
 @dataclass
@@ -204,11 +206,10 @@ class TaskResult:
 _ROW_FEATURES = Features({"conversation": Value("string"), "task": Value("string"), "error": Value("string")})
 
 
-def _convert_batch(batch: dict, indices: list[int], task: str, version: int) -> dict:
-    # `version` only feeds datasets' cache fingerprint: bump it when a converter changes
+def _convert_batch(batch: dict, task: str) -> dict:
     convert = HUB_TASKS[task].convert
     out = {"conversation": [], "task": [], "error": []}
-    for i in range(len(indices)):
+    for i in range(len(batch[_SOURCE_ROW])):
         row = {k: v[i] for k, v in batch.items() if k != _SOURCE_ROW}
         try:
             conversation = convert(row)
@@ -269,9 +270,10 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
     if len(rows) != len(ds):
         ds = ds.select(rows)
     source_rows = ds[_SOURCE_ROW]
-    kwargs = {"task": spec.task, "version": CONVERT_VERSION}
-    ds = ds.map(_convert_batch, batched=True, with_indices=True, fn_kwargs=kwargs, remove_columns=ds.column_names,
-                features=_ROW_FEATURES, num_proc=num_proc, desc=f"Converting {spec.label}")
+    # cached under a key of the rows and the converting code (this module and the conversation checks)
+    fingerprint = cache_key(ds._fingerprint, spec.task, sys.modules[__name__], conversation_module, chat_format)
+    ds = ds.map(_convert_batch, batched=True, fn_kwargs={"task": spec.task}, remove_columns=ds.column_names,
+                features=_ROW_FEATURES, num_proc=num_proc, new_fingerprint=fingerprint, desc=f"Converting {spec.label}")
     ds, bad = _split_errors(ds, source_rows)
     return TaskResult(ds, source, bad)
 

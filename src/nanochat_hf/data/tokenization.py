@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import inspect
 import os
 from pathlib import Path
 
 import datasets
 from datasets import Dataset, Features, Sequence, Value
 
+from .. import tokenizer as tokenizer_package
+from ..paths import cache_key
 from .conversation import loads
 
 TOKENIZED_FEATURES = Features({
@@ -21,9 +21,8 @@ TOKENIZED_FEATURES = Features({
 
 
 def _tokenize_batch(batch: dict, tokenizer, max_tokens: int, assistant_only: bool) -> dict:
-    from nanochat_hf.tokenizer import render_conversations
-
-    ids, masks = render_conversations(tokenizer, [loads(c) for c in batch["conversation"]], max_tokens=max_tokens)
+    conversations = [loads(c) for c in batch["conversation"]]
+    ids, masks = tokenizer_package.render_conversations(tokenizer, conversations, max_tokens=max_tokens)
     if assistant_only:
         labels = [[t if m else -100 for t, m in zip(row, mask)] for row, mask in zip(ids, masks)]
     else:  # nanochat mid-training: every token is a target
@@ -33,14 +32,8 @@ def _tokenize_batch(batch: dict, tokenizer, max_tokens: int, assistant_only: boo
 
 def _fingerprint(ds: Dataset, tokenizer, max_tokens: int, assistant_only: bool) -> str:
     """Depends on the data, the tokenizer's content, the options and the rendering code, nothing else."""
-    from nanochat_hf.tokenizer import chat
-
-    h = hashlib.sha256()
-    for part in (ds._fingerprint, tokenizer.backend_tokenizer.to_str(), repr(max_tokens), repr(assistant_only),
-                 inspect.getsource(chat), inspect.getsource(_tokenize_batch)):
-        h.update(part.encode("utf-8"))
-        h.update(b"\0")
-    return h.hexdigest()[:24]
+    return cache_key(ds._fingerprint, tokenizer.backend_tokenizer.to_str(), repr(max_tokens), repr(assistant_only),
+                     tokenizer_package, _tokenize_batch)
 
 
 def default_cache_dir() -> Path:

@@ -23,22 +23,19 @@ import functools
 import random
 import re
 
-WORD_LIST_NAME = "english-words:web2 (lower-case, a-z only, sorted)"
+from english_words import get_english_words_set
+
 DEMO_WORDS_SIZE = 256
 
 
 @functools.lru_cache(maxsize=1)
 def english_words() -> tuple[str, ...]:
-    from english_words import get_english_words_set
-
     words = get_english_words_set(["web2"], lower=True)
     return tuple(sorted(w for w in words if re.fullmatch(r"[a-z]+", w)))
 
 
 @functools.lru_cache(maxsize=1)
 def demo_words() -> tuple[str, ...]:
-    from english_words import get_english_words_set
-
     gcide = get_english_words_set(["gcide"], lower=True)
     pool = [w for w in english_words() if 3 <= len(w) <= 7 and w in gcide and w != "apple"]
     return tuple(sorted(random.Random(0).sample(pool, DEMO_WORDS_SIZE - 1) + ["apple"]))

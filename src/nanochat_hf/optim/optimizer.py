@@ -149,7 +149,7 @@ class MuonAdamW(torch.optim.Optimizer):
         return sd
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Load this rank's own state, or a single-process (consolidated) state into any world size.
+        """Load a state saved by this same rank of the same world size (what resuming a run does).
 
         Written out instead of torch's because torch casts floating state to the parameter dtype (bfloat16
         moments would lose the float32 AdamW state) and knows nothing about sliced AdamW moments.
@@ -159,36 +159,28 @@ class MuonAdamW(torch.optim.Optimizer):
             raise ValueError(f"optimizer state_dict has {len(saved_groups)} param groups, "
                              f"this optimizer has {len(self.param_groups)}")
         layout = state_dict.get("sharding", {"world_size": 1, "rank": 0})
-        saved_w, saved_rank = layout["world_size"], layout["rank"]
-        if saved_w != 1 and (saved_w, saved_rank) != (self.world_size, self.rank):
-            raise ValueError(f"optimizer state_dict was saved by rank {saved_rank} of {saved_w}, this is rank "
-                             f"{self.rank} of {self.world_size}; save consolidated_state_dict() to change world size")
-        slicing = saved_w == 1 and self.world_size > 1
-        by_index: dict[int, tuple[Tensor, dict[str, Any]]] = {}
+        if (layout["world_size"], layout["rank"]) != (self.world_size, self.rank):
+            raise ValueError(f"optimizer state_dict was saved by rank {layout['rank']} of {layout['world_size']}, "
+                             f"this is rank {self.rank} of {self.world_size}: the state is sharded per rank, resume "
+                             "with the number of processes that saved it")
+        by_index: dict[int, Tensor] = {}
         for group, saved in zip(self.param_groups, saved_groups):
             if len(group["params"]) != len(saved["params"]) or saved.get("name", group["name"]) != group["name"]:
                 raise ValueError(f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
                                  f"params does not match group {group['name']!r} with {len(group['params'])}")
-            for index, p in zip(saved["params"], group["params"]):
-                by_index[index] = (p, group)
-        mine = self._owned_muon_params()
+            by_index.update(zip(saved["params"], group["params"]))
         state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         for index, saved_state in state_dict["state"].items():
-            p, group = by_index[int(index)]
-            entry = dict(saved_state)
-            if slicing and group["kind"] == "muon" and id(p) not in mine:
-                continue
-            if slicing and group["kind"] == "adamw":
-                _, start, end = self._rows(p)
-                entry = {k: (v[start:end] if k != "step" else v) for k, v in entry.items()}
+            p = by_index[int(index)]
             state[p] = {k: (v.detach().to(p.device, copy=True) if isinstance(v, Tensor) else v)
-                        for k, v in entry.items()}
+                        for k, v in saved_state.items()}
         self.state = state
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
 
     def consolidated_state_dict(self) -> dict[str, Any]:
-        """The single-process state dict, gathered from every rank's shard (collective: call on all ranks)."""
+        """The single-process state dict, gathered from every rank's shard (collective: call on all ranks): the
+        whole state in one place, to inspect it; a one-process optimizer can load it."""
         sd = self.state_dict()
         if self.world_size == 1:
             return sd
@@ -233,10 +225,6 @@ class MuonAdamW(torch.optim.Optimizer):
         k = -(-p.shape[0] // self.world_size)
         start = min(self.rank * k, p.shape[0])
         return k, start, min(start + k, p.shape[0])
-
-    def _owned_muon_params(self) -> set[int]:
-        return {id(p) for g in self.param_groups if g["kind"] == "muon"
-                for bucket in _shape_buckets(g["params"]) for p in bucket[self.rank::self.world_size]}
 
     def _global_rank(self, group_rank: int) -> int:
         if self.process_group is None:
@@ -433,11 +421,9 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
     n_embd = getattr(config, "n_embd", None) or config.hidden_size
     adamw_scale = (n_embd / 768) ** -0.5
     matrices, wte, head = [], [], []
-    names: dict[int, str] = {}
-    for name, p in model.named_parameters():
+    for name, p in model.named_parameters():  # each parameter once, into exactly one group (or an error)
         if not p.requires_grad:
             continue
-        names[id(p)] = name
         key = name.removeprefix("module.").removeprefix("_orig_mod.")
         if key.startswith("transformer.h."):
             if p.ndim != 2:
@@ -460,11 +446,4 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["initial_lr"] = g["lr"]
-    seen: dict[int, str] = {}
-    for g in groups:
-        for p in g["params"]:
-            assert id(p) not in seen, f"parameter {names[id(p)]!r} is in both {seen[id(p)]} and {g['name']}"
-            seen[id(p)] = g["name"]
-    stray = [n for i, n in names.items() if i not in seen]
-    assert not stray, f"parameters in no optimizer group: {stray}"
     return MuonAdamW(groups, process_group=process_group, sharded=sharded)

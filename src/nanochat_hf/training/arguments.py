@@ -60,6 +60,17 @@ REFUSED = {
     "average_tokens_across_devices": "nanochat's loss is the per-micro-batch mean / grad accumulation",
 }
 
+# Arguments of earlier releases that are gone: given in a config file or as a flag, the run stops with this line.
+REMOVED = {
+    "demo_n_embd": "the demo model's width is 64*demo_depth (nanochat's depth rule); set demo_depth instead",
+}
+
+
+def _refuse_removed(names, where: str) -> None:
+    removed = sorted(set(names) & set(REMOVED))
+    if removed:
+        raise ValueError(f"{where}: {removed[0]} is no longer an argument: {REMOVED[removed[0]]}")
+
 
 @dataclass
 class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
@@ -74,8 +85,9 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     checkpoint_source: str = field(default="base", metadata={"help": "nanochat checkpoint kind: base or mid"})
     tokenizer_dir: str | None = field(default=None, metadata={"help": "nanochat tokenizer dir (default: beside)"})
     trust_pickle: bool = field(default=False, metadata={"help": "allow unpickling nanochat's tokenizer.pkl"})
-    demo_depth: int = field(default=4, metadata={"help": "depth of the fresh demo model (model_source=demo)"})
-    demo_n_embd: int = field(default=256, metadata={"help": "width of the fresh demo model"})
+    demo_depth: int = field(default=4, metadata={
+        "help": "depth of the fresh demo model (model_source=demo); nanochat's rule sets the rest: width 64*depth, "
+                "ceil(width/128) heads"})
     # --- data -----------------------------------------------------------------------------------------------
     train_mixture: str | None = field(default=None, metadata={"help": "mixture YAML (None: offline demo mixture)"})
     val_mixture: str | None = field(default=None, metadata={"help": "validation mixture YAML (None: train_mixture)"})
@@ -259,6 +271,7 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
         raise ValueError(f"config file {path}: not valid YAML{line} ({problem})") from None
     if not isinstance(values, dict):
         raise ValueError(f"config file {path}: expected a mapping of argument names to values")
+    _refuse_removed(values, f"config file {path}")
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
@@ -284,6 +297,7 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     dataclass defaults, nanochat's recipe, apply).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_removed(_flags(argv), "command line")
     parser = HfArgumentParser(MidTrainingArguments)
     known = {action.dest for action in parser._actions}
     if argv and argv[0].endswith((".yaml", ".yml")):

@@ -10,13 +10,14 @@ from typing import Any
 
 import numpy as np
 import torch
+from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from nanochat_hf.atomic import current_umask, write_text
+from ..atomic import current_umask, replacing, write_text
 
 
 def write_json(path: str | Path, obj: Any) -> None:
-    """Atomic JSON write (temp file + os.replace), mode 0666 & ~umask."""
+    """Atomic JSON write, mode 0666 & ~umask."""
     write_text(path, json.dumps(obj, indent=2))
 
 
@@ -67,14 +68,11 @@ def save_optimizer_state(state_dict: dict, path: str | Path) -> None:
                 scalars[f"{pid}/{key}"] = value
     rest = {k: v for k, v in state_dict.items() if k != "state"}  # param_groups, plus e.g. the sharding layout
     meta = {"rest": json.dumps(_encode(rest)), "scalars": json.dumps(_encode(scalars))}
-    tmp = f"{path}.tmp"
-    save_file(tensors, tmp, metadata=meta)
-    os.replace(tmp, path)
+    with replacing(path) as tmp:
+        save_file(tensors, str(tmp), metadata=meta)
 
 
 def load_optimizer_state(path: str | Path) -> dict:
-    from safetensors import safe_open
-
     with safe_open(str(path), framework="pt") as f:
         meta = f.metadata()
     tensors = load_file(str(path))

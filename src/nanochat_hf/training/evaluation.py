@@ -10,6 +10,7 @@ import evaluate
 import torch
 import torch.distributed as dist
 
+from ..inference import generate_reply
 from .device import to_device
 
 
@@ -70,8 +71,6 @@ class ExactMatch(evaluate.Metric):
 
 def exact_match_accuracy(model, tokenizer, conversations: Iterable[dict], max_new_tokens: int = 64) -> float:
     """Exact-match accuracy of greedy answers (text parts) against each conversation's final assistant message."""
-    from nanochat_hf.inference import generate_reply
-
     metric = ExactMatch()
     for conv in conversations:
         reference = conv["messages"][-1]["content"]

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import torch
 from safetensors import SafetensorError, safe_open
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from ..conversion import find_nanochat_checkpoint, load_from_nanochat
 from ..conversion.files import check_positive_ints, read_json
-from ..model import NanoChatGPTConfig
+from ..data import demo_tokenizer
+from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, EOS_TOKEN
 from .arguments import MidTrainingArguments
 
@@ -21,8 +24,6 @@ def _is_nanochat_dir(path: Path) -> bool:
 
 
 def _load_nanochat(path: Path, args: MidTrainingArguments):
-    from nanochat_hf.conversion import find_nanochat_checkpoint, load_from_nanochat
-
     if any(path.glob("model_*.pt")):  # a model tag directory
         checkpoint_dir, base = path, path.parent.parent
     else:
@@ -40,8 +41,6 @@ def _load_nanochat(path: Path, args: MidTrainingArguments):
 
 def _load_hf_dir(path: Path):
     """from_pretrained of a local directory, with one-line errors naming the damaged file or field."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     config_path = path / "config.json"
     raw = read_json(config_path)
     if not isinstance(raw.get("model_type"), str):
@@ -72,14 +71,9 @@ def _first_line(e: BaseException) -> str:
 
 
 def _demo_model(args: MidTrainingArguments):
-    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-    from nanochat_hf.data import demo_tokenizer
-
     tokenizer = demo_tokenizer()
-    n_head = max(1, args.demo_n_embd // 64)
-    config = NanoChatGPTConfig(
-        sequence_len=max(args.max_seq_len, 1024), vocab_size=len(tokenizer), n_layer=args.demo_depth, n_head=n_head,
-        n_kv_head=n_head, n_embd=args.demo_n_embd,
+    config = NanoChatGPTConfig.from_depth(
+        args.demo_depth, vocab_size=len(tokenizer), sequence_len=max(args.max_seq_len, 1024),
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tokenizer.pad_token_id,
     )
@@ -89,8 +83,6 @@ def _demo_model(args: MidTrainingArguments):
 
 def load_model_and_tokenizer(args: MidTrainingArguments):
     """Build/load the model and tokenizer named by args.model_source; raises one-line errors on bad input."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     source = args.model_source
     if source in (None, "", "demo"):
         model, tokenizer = _demo_model(args)

@@ -10,8 +10,9 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..atomic import write_bytes, write_text
 from ..data.mixture import read_mixture
-from ..evaluation import model_index_results, results_table, write_report_section
 from ..data.tasks import HUB_TASKS
+from ..evaluation import model_index_results, results_table, write_report_section
+from ..model import NanoChatGPTConfig
 
 
 def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -22,7 +23,7 @@ def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]
 
 def plot_curves(trainer, path: Path) -> None:
     """PNG with the per-step train loss and the val bpb curve."""
-    import matplotlib
+    import matplotlib  # here, not at the top: start-up time of every run, and the backend is set before pyplot
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -94,7 +95,8 @@ def write_model_card(trainer, output_dir: str | os.PathLike) -> Path:
     steps = trainer.state.global_step
     tokens = steps * a.total_batch_size
     base = a.model_source if a.model_source not in (None, "", "demo") else \
-        f"none: a fresh demo model (depth {a.demo_depth}, width {a.demo_n_embd}) trained from scratch"
+        f"none: a fresh demo model (depth {a.demo_depth}, width {NanoChatGPTConfig.from_depth(a.demo_depth).n_embd}) " \
+        "trained from scratch"
     mixture = a.train_mixture or "the embedded offline demo mixture"
     bpb = trainer.min_val_bpb
     bpb_last = next((h["eval_val_bpb"] for h in reversed(trainer.state.log_history) if "eval_val_bpb" in h), None)

@@ -16,12 +16,20 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
+from ..data.synthetic import simple_spelling
+from ..evaluation import results_table, run_chat_eval
+from ..inference import format_parts, generate_reply
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
 from .checkpoint_check import check_fingerprint, load_fingerprint, resolve_resume_checkpoint, run_fingerprint
 from .checkpoint_io import read_json
+from .evaluation import exact_match_accuracy
+from .model_source import load_model_and_tokenizer
 from .output_dir import prepare_output_dir
+from .report import write_report
+from .trainer import MidTrainer
 
 logger = logging.getLogger("nanochat_hf.mid_train")
 
@@ -89,11 +97,6 @@ def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_
 
 def setup(argv: list[str] | None = None):
     """Everything that can fail on bad configuration, before any training: args, model, tokenizer, data."""
-    import nanochat_hf  # noqa: F401  (registers the Auto classes)
-    from nanochat_hf.data import load_mixture, read_mixture, tokenize_conversations
-
-    from .model_source import load_model_and_tokenizer
-
     args = parse_args(argv)
     if args.train_mixture and not args.val_mixture:
         raise ValueError(f"train_mixture={args.train_mixture} needs a val_mixture too (may be the same file when it "
@@ -115,8 +118,6 @@ def setup(argv: list[str] | None = None):
 def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, val_tokens,
                   fingerprint: dict | None = None, trainer_cls=None, callbacks: list | None = None):
     """The trainer, with the data stream built (fails fast when the mixture is too small for one step)."""
-    from .trainer import MidTrainer
-
     end_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = end_id
@@ -143,19 +144,12 @@ def train(trainer) -> float:
 def spelling_conversations(n: int, demo: bool = True) -> list[dict]:
     """Held-out SimpleSpelling rows (test-split seeds 1000.., never in the train mixture): the demo mixture's
     `spelling_eval` rows (its small word list) for the demo, else the same seeds on the full word list."""
-    from nanochat_hf.data import DEMO_MIXTURE
-    from nanochat_hf.data.synthetic import simple_spelling
-
     words = DEMO_MIXTURE["spelling_eval"]["tasks"][0]["words"] if demo else "full"
     return [simple_spelling(1000 + i, "test", words) for i in range(n)]
 
 
 def post_training_eval(trainer, metrics: dict) -> str | None:
     """Rank 0: SimpleSpelling exact match into `metrics`, and a sample chat (returned)."""
-    from nanochat_hf.inference import format_parts, generate_reply
-
-    from .evaluation import exact_match_accuracy
-
     args, tokenizer = trainer.args, trainer.processing_class
     model = trainer.accelerator.unwrap_model(trainer.model)
     model.eval()
@@ -171,8 +165,6 @@ def chat_eval(trainer) -> None:
     """Every rank (each takes its share of the problems): nanochat's chat evaluation of the trained model into
     `trainer.chat_eval_scores`, printed as a table on rank 0. Runs after the model is saved; a task whose data
     cannot be loaded is reported in one line and skipped (the run's model and report are kept)."""
-    from nanochat_hf.evaluation import results_table, run_chat_eval
-
     args = trainer.args
     model = trainer.accelerator.unwrap_model(trainer.model)
     for task in args.chat_eval_task_list:
@@ -188,8 +180,6 @@ def chat_eval(trainer) -> None:
 
 def finish(trainer, train_time: float) -> dict:
     """Final metrics, post-training evaluation, model + card + report + trainer state, hub push, summary."""
-    from .report import write_report
-
     args = trainer.args
     metrics = {
         "steps": trainer.state.global_step,

@@ -34,6 +34,9 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
 
+from ..data import MicroBatchStream, PackedStream
+from ..optim import build_optimizer
+from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
 from .checkpoint_check import save_fingerprint
 from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
@@ -42,16 +45,17 @@ from .device import to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
+from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
 
 
 class StreamLoader:
-    """This rank's `PackedStream`, presented to the Trainer as a sized iterable of micro-batches.
+    """This rank's micro-batch stream, presented to the Trainer as a sized iterable of micro-batches.
 
     Iterating continues the stream from its position (resume) and runs on past the epoch if asked to.
     """
 
-    def __init__(self, stream, num_micro_batches: int):
+    def __init__(self, stream: MicroBatchStream, num_micro_batches: int):
         self.stream = stream
         self.num_micro_batches = num_micro_batches
 
@@ -69,8 +73,6 @@ class MidTrainer(Trainer):
         self.run_fingerprint = run_fingerprint  # saved into every checkpoint, checked on resume (run.setup)
         self.chat_eval_scores: list = []  # filled by run.finish when chat_eval_tasks are set
         if token_bytes is None:
-            from nanochat_hf.tokenizer import token_bytes as compute_token_bytes
-
             token_bytes = compute_token_bytes(self.processing_class)
         self.token_bytes = token_bytes
         self.min_val_bpb = math.inf
@@ -102,10 +104,8 @@ class MidTrainer(Trainer):
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
-    def make_stream(self, token_ds):
+    def make_stream(self, token_ds) -> MicroBatchStream:
         """This rank's packed stream over a tokenized dataset (a subclass may feed other data)."""
-        from nanochat_hf.data import PackedStream
-
         return PackedStream(
             token_ds,
             max_seq_len=self.args.max_seq_len,
@@ -140,8 +140,6 @@ class MidTrainer(Trainer):
     # ---- optimizer and schedule -------------------------------------------------------------------------
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            from nanochat_hf.optim import build_optimizer
-
             a = self.args
             self.optimizer = build_optimizer(
                 self.model, matrix_lr=a.matrix_lr, embedding_lr=a.embedding_lr, unembedding_lr=a.unembedding_lr,
@@ -335,6 +333,4 @@ class MidTrainer(Trainer):
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
-            from .report import write_model_card
-
             write_model_card(self, self.args.output_dir)

@@ -1,0 +1,35 @@
+"""Fixtures shared by every test folder."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+# Prepended to a child's code: `import nanochat_hf` fails there although the package is installed (editable) in
+# the venv, so the child shows what a user without our package gets.
+BLOCK_PACKAGE = """
+import sys
+class _Block:
+    def find_spec(self, name, path=None, target=None):
+        if name == "nanochat_hf" or name.startswith("nanochat_hf."):
+            raise ModuleNotFoundError(f"{name} is blocked in this test")
+sys.meta_path.insert(0, _Block())
+"""
+
+
+@pytest.fixture
+def fresh_python(tmp_path):
+    """run(code, *argv, allow_package=False): `code` in a fresh isolated interpreter (python -I, offline, its own
+    remote-code module cache, no PYTHONPATH, no stdin) in tmp_path, without our package unless allowed."""
+
+    def run(code: str, *argv: str, allow_package: bool = False) -> subprocess.CompletedProcess:
+        env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
+        env.pop("PYTHONPATH", None)
+        program = code if allow_package else BLOCK_PACKAGE + code
+        return subprocess.run([sys.executable, "-I", "-c", program, *argv], cwd=tmp_path, env=env,
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+    return run
