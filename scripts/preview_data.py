@@ -14,6 +14,8 @@ import statistics
 import sys
 from typing import NoReturn
 
+# nanochat_hf (and with it torch, transformers, datasets) is imported inside the functions that use it, so that
+# --help and argument errors answer at once instead of after seconds of imports
 GREEN, RESET = "\033[32m", "\033[0m"
 OPEN, CLOSE = "[[", "]]"
 

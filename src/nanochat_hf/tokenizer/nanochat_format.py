@@ -7,6 +7,7 @@ plain data, so tiktoken need not be installed) and refuses any other object.
 
 from __future__ import annotations
 
+import copyreg
 import io
 import json
 import os
@@ -34,8 +35,6 @@ class _EncodingUnpickler(pickle.Unpickler):
         if (module, name) in {("tiktoken.core", "Encoding"), ("tiktoken", "Encoding")}:
             return _EncodingState
         if (module, name) == ("copyreg", "_reconstructor"):  # pickle protocols 0/1
-            import copyreg
-
             return copyreg._reconstructor
         if (module, name) == ("builtins", "object"):
             return object
@@ -143,7 +142,7 @@ def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: s
     Needs tiktoken. Files are written to temporaries then renamed into place.
     """
     try:
-        import tiktoken
+        import tiktoken  # optional dependency (the [tiktoken] extra), needed only here
     except ImportError as e:
         raise ImportError("writing tokenizer.pkl needs tiktoken: pip install 'nanochat-hf[tiktoken]'") from e
     ranks, specials = to_mergeable_ranks(tokenizer)
