@@ -1,4 +1,4 @@
-"""Training throughput, compile time and memory: MidTrainer against nanochat's loop, eager and compiled, 1 and 2 processes.
+"""Training throughput, compile time, memory: MidTrainer against nanochat's loop, eager and compiled, 1 and 2 processes.
 
     python benchmarks/throughput.py                                   # the demo shape on CPU, every arm (~6 min)
     python benchmarks/throughput.py --compile eager --processes 1     # a subset of the arms
@@ -121,7 +121,8 @@ def baseline_loop(a, device: torch.device, bf16: bool, world: int, rank: int) ->
         loss.item()  # nanochat logs the loss every step: a device sync
         _sync(device)
         times.append(time.perf_counter())
-    return {"times": times, "optimizer": opt, "flops_per_token": getattr(model, "_orig_mod", model).num_flops_per_token()}
+    flops = getattr(model, "_orig_mod", model).num_flops_per_token()
+    return {"times": times, "optimizer": opt, "flops_per_token": flops}
 
 
 class _StepTimes(TrainerCallback):
@@ -147,9 +148,8 @@ class _BenchTrainer(MidTrainer):
 
 def trainer_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> dict:
     model = build_model(a, device)
-    out = tempfile.mkdtemp(prefix="bench-")
-    args = parse_args([
-        "--model_source", "benchmark", "--output_dir", out, "--max_seq_len", str(a.seq),
+    args = parse_args([  # writes nothing (no saves), but the Trainer wants an output_dir: beside the results
+        "--model_source", "benchmark", "--output_dir", f"{a.result}-out", "--max_seq_len", str(a.seq),
         "--device_batch_size", str(a.batch), "--total_batch_size", str(a.batch * a.seq * a.grad_accum),
         "--num_iterations", str(a.steps), "--eval_every", "0", "--save_steps", "0",
         "--dtype", "bfloat16" if bf16 else "float32", "--report_to", "none", "--disable_tqdm", "true",
@@ -189,8 +189,9 @@ def worker(a) -> None:
         torch.cuda.set_device(device)
     else:
         torch.set_num_threads(1)
-    if a.worker == "baseline" and world > 1:  # nanochat initialises the group itself (torchrun); MidTrainer: Accelerate
-        dist.init_process_group("nccl" if device.type == "cuda" else "gloo", device_id=device if device.type == "cuda" else None)
+    if a.worker == "baseline" and world > 1:  # nanochat initialises the group itself; MidTrainer's Accelerate does
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     run = (baseline_loop if a.worker == "baseline" else trainer_loop)(a, device, bf16, world, rank)
     times = run["times"]
     if len(times) != a.steps + 1:
@@ -235,7 +236,8 @@ def run_arm(a, loop: str, compiled: bool, nproc: int, workdir: Path, port: int) 
         env["TRITON_CACHE_DIR"] = str(workdir / f"triton-{result.name}")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"arm {result.name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        raise RuntimeError(f"arm {result.name} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
     return collect(result, loop, compiled, nproc)
 
 
@@ -269,7 +271,8 @@ def print_tables(a, rows: list[dict]) -> None:
         print(f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} "
               f"| {r['tok_s']:,.0f} | {_fmt(base and r['tok_s'] / base['tok_s'], '.2f')} | {_fmt(compile_s, '.1f')} "
               f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base and r['peak_bytes'] / base['peak_bytes'], '.2f')} "
-              f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}{'%' if r['mfu'] else ''} |")
+              f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
+              f"{'%' if r['mfu'] else ''} |")
     pairs = [(by_key[(loop, False, n)], by_key[(loop, True, n)]) for loop, c, n in by_key
              if not c and (loop, True, n) in by_key]
     if pairs:
