@@ -1,11 +1,30 @@
-"""Training throughput of MidTrainer vs a plain PyTorch loop (same model, batch, optimizer, precision).
+"""Training throughput, compile time, memory: MidTrainer against nanochat's loop, eager and compiled, 1 and 2 processes.
 
-    python benchmarks/throughput.py                      # small CPU model
-    python benchmarks/throughput.py --depth 20 --seq 2048 --batch 32 --grad_accum 1   # d20 on one GPU
+    python benchmarks/throughput.py                                   # the demo shape on CPU, every arm (~6 min)
+    python benchmarks/throughput.py --compile eager --processes 1     # a subset of the arms
+    python benchmarks/throughput.py --depth 20 --vocab 65536 --seq 2048 --batch 32 --grad_accum 1 --processes 1
+                                                                      # d20 on one GPU (bf16 autocast)
 
-Both run `--steps` optimizer steps on random tokens; the first `--warmup` steps are not timed. Prints tokens/s of
-each and the ratio (target: Trainer >= 0.95 x plain loop). The plain loop does what nanochat's loop does per
-step: grad_accum forward/backward passes (loss / grad_accum), loss.item(), Muon momentum + LR update, step, zero_grad.
+Arms: {MidTrainer, baseline} x {eager, compiled} x {1, 2 processes}. The baseline is nanochat's mid-training loop
+written plainly on our model class and optimizer: per step, grad_accum forward/backward passes of loss / grad_accum
+under bf16 autocast on CUDA (embedding weights in bf16 there, as nanochat), the LR multiplier and Muon momentum set,
+the optimizer step, zero_grad, the last loss read back; `torch.compile(model, dynamic=False)` when compiled, no DDP
+(the sharded optimizer reduces gradients).
+Every arm runs in a fresh process (or a fresh pair, launched with `accelerate launch --multi_gpu` as the tests do:
+gloo on CPU, NCCL on CUDA), 1 torch thread per process on CPU, on random tokens; `--grad_accum` is for 1 process and
+is divided by the process count, so every arm trains the same tokens per optimizer step. Columns:
+- tok/s: tokens per second of all processes over the steps after the first `--warmup`; "/ base" divides by the
+  baseline arm with the same compile mode and process count.
+- compile s: how much longer the first `--warmup` steps took compiled than eager (same loop and process count).
+- peak MiB/rank: the highest RSS high-water mark of the ranks on CPU (the whole process: Python, torch, model,
+  activations, compiler), `torch.cuda.max_memory_allocated` on CUDA.
+- opt MiB/rank: optimizer state bytes of the largest rank (the sharded step keeps each rank's share only).
+- MFU: FLOPs per token (nanochat's estimate: 6 x non-embedding params + 12 x layers x heads x head_dim x seq)
+  x tok/s over the peak of all processes (bf16 dense TFLOPS from the GPU's name, or `--peak_tflops`).
+Then, per loop and process count, the time a whole run of `--run_steps` steps would take eager and compiled
+(first steps as measured, the rest at the measured rate): whether compiling pays for itself.
+Compilation starts from an empty inductor cache in every arm, as a first run on a fresh machine does
+(`--warm_cache`: the user's cache, as later runs do).
 """
 
 from __future__ import annotations
@@ -13,26 +32,35 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
+import resource
+import subprocess
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from transformers import TrainerCallback
 
-import nanochat_hf  # noqa: F401
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.arguments import parse_args
+from nanochat_hf.training.callbacks import PEAK_FLOPS
 from nanochat_hf.training.schedule import muon_momentum
 from nanochat_hf.training.trainer import MidTrainer
 
+LOOPS = {"midtrainer": "MidTrainer", "baseline": "nanochat loop"}
+MiB = 2**20
+
 
 class RandomStream:
-    """Endless random micro-batches of (B, T+1) tokens, with the PackedStream methods the trainer uses."""
+    """Random micro-batches of (B, T+1) tokens; implements `nanochat_hf.data.packing.MicroBatchStream`."""
 
-    def __init__(self, vocab: int, batch: int, seq: int, count: int):
-        g = torch.Generator().manual_seed(0)
+    def __init__(self, vocab: int, batch: int, seq: int, count: int, seed: int = 0):
+        g = torch.Generator().manual_seed(seed)
         self.batches = [torch.randint(0, vocab, (batch, seq + 1), generator=g) for _ in range(4)]
         self.count = count
 
@@ -42,112 +70,267 @@ class RandomStream:
     def state_dict(self) -> dict:
         return {}
 
+    def load_state_dict(self, state: dict) -> None:
+        return
+
     def read(self, count: int | None = None):
         for i in range(self.count if count is None else count):
             x = self.batches[i % len(self.batches)]
             yield {"input_ids": x, "labels": x}
 
 
-def build_model(a, device) -> NanoChatGPTForCausalLM:
+# ---- one arm, in its own process (one rank of it) ------------------------------------------------------------
+def build_model(a, device: torch.device) -> NanoChatGPTForCausalLM:
     torch.manual_seed(0)
-    n_embd = a.n_embd or 64 * a.depth
-    n_head = max(1, -(-n_embd // 128)) if a.n_embd is None else max(1, n_embd // 64)
-    cfg = NanoChatGPTConfig(vocab_size=a.vocab, n_layer=a.depth, n_embd=n_embd, n_head=n_head, n_kv_head=n_head,
-                            sequence_len=a.seq)
+    cfg = NanoChatGPTConfig.from_depth(a.depth, vocab_size=a.vocab, sequence_len=a.seq)
     return NanoChatGPTForCausalLM(cfg).to(device)
 
 
-def plain_loop(a, device, bf16: bool) -> float:
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def baseline_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> dict:
+    """nanochat's mid_train step on our model and optimizer; returns the step end times (first: the start)."""
     model = build_model(a, device)
-    opt = build_optimizer(model)
-    stream = RandomStream(a.vocab, a.batch, a.seq, a.steps * a.grad_accum).read()
+    if device.type == "cuda":  # nanochat keeps the embedding in bf16 on CUDA
+        model.transformer.wte.to(dtype=torch.bfloat16)
+    opt = build_optimizer(model)  # sharded when the process group has several ranks
+    if a.compiled:
+        model = torch.compile(model, dynamic=False)
+    ga = a.grad_accum // world
+    stream = RandomStream(a.vocab, a.batch, a.seq, a.steps * ga, seed=rank).read()
     autocast = torch.autocast(device.type, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
-    sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
-    total = a.steps
-    t0 = None
-    for step in range(total):
-        if step == a.warmup:
-            sync()
-            t0 = time.perf_counter()
-        lrm = 1.0 if step / total < 0.8 else 1 - (step / total - 0.8) / 0.2
+    times = []
+    _sync(device)
+    times.append(time.perf_counter())
+    for step in range(a.steps):
+        for _ in range(ga):
+            x = next(stream)["input_ids"].to(device, non_blocking=True)
+            with autocast:
+                loss = model(input_ids=x, labels=x).loss
+            (loss / ga).backward()
+        progress = (step + 1) / a.steps
+        lrm = 1.0 if progress < 0.8 else 1 - (progress - 0.8) / 0.2
         for group in opt.param_groups:
             group["lr"] = group["initial_lr"] * lrm
         opt.set_muon_momentum(muon_momentum(step))
-        for _ in range(a.grad_accum):
-            batch = next(stream)
-            x = batch["input_ids"].to(device, non_blocking=True)
-            with autocast:
-                loss = model(input_ids=x, labels=x).loss
-            (loss / a.grad_accum).backward()
-        loss.item()
         opt.step()
         model.zero_grad(set_to_none=True)
-    sync()
-    return (total - a.warmup) * a.grad_accum * a.batch * a.seq / (time.perf_counter() - t0)
+        loss.item()  # nanochat logs the loss every step: a device sync
+        _sync(device)
+        times.append(time.perf_counter())
+    flops = getattr(model, "_orig_mod", model).num_flops_per_token()
+    return {"times": times, "optimizer": opt, "flops_per_token": flops}
 
 
-class _Timer(TrainerCallback):
-    def __init__(self, warmup: int):
-        self.warmup, self.t0, self.t1 = warmup, None, None
+class _StepTimes(TrainerCallback):
+    def __init__(self, device: torch.device):
+        self.device, self.times = device, []
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.times:
+            _sync(self.device)
+            self.times.append(time.perf_counter())
 
     def on_step_end(self, args, state, control, **kwargs):
-        if torch.cuda.is_available():
-            torch.cuda.synchronize()
-        if state.global_step == self.warmup:
-            self.t0 = time.perf_counter()
-        self.t1 = time.perf_counter()
+        _sync(self.device)
+        self.times.append(time.perf_counter())
 
 
 class _BenchTrainer(MidTrainer):
     def make_stream(self, token_ds):
         a = self.bench
-        return RandomStream(a.vocab, a.batch, a.seq, a.steps * a.grad_accum)
+        return RandomStream(a.vocab, a.batch, a.seq, a.steps * self.args.gradient_accumulation_steps,
+                            seed=self.accelerator.process_index)
 
 
-def trainer_loop(a, device, bf16: bool) -> float:
+def trainer_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> dict:
     model = build_model(a, device)
-    out = tempfile.mkdtemp(prefix="bench-")
-    args = parse_args([
-        "--model_source", "benchmark", "--output_dir", out, "--max_seq_len", str(a.seq),
+    args = parse_args([  # writes nothing (no saves), but the Trainer wants an output_dir: beside the results
+        "--model_source", "benchmark", "--output_dir", f"{a.result}-out", "--max_seq_len", str(a.seq),
         "--device_batch_size", str(a.batch), "--total_batch_size", str(a.batch * a.seq * a.grad_accum),
-        "--num_iterations", str(a.steps), "--eval_every", "0", "--dtype", "bfloat16" if bf16 else "float32",
-        "--report_to", "none", "--disable_tqdm", "true", "--torch_compile", str(a.compile).lower(),
+        "--num_iterations", str(a.steps), "--eval_every", "0", "--save_steps", "0",
+        "--dtype", "bfloat16" if bf16 else "float32", "--report_to", "none", "--disable_tqdm", "true",
+        "--torch_compile", str(a.compiled).lower(), "--num_threads", str(torch.get_num_threads()),
     ])
     _BenchTrainer.bench = a
-    timer = _Timer(a.warmup)
+    timer = _StepTimes(device)
     trainer = _BenchTrainer(model=model, args=args, train_dataset=[0], eval_dataset=None,
                             token_bytes=torch.ones(a.vocab, dtype=torch.long), callbacks=[timer])
     with contextlib.redirect_stdout(io.StringIO()):  # the per-step lines
         trainer.train()
-    return (a.steps - a.warmup) * a.grad_accum * a.batch * a.seq / (timer.t1 - timer.t0)
+    return {"times": timer.times, "optimizer": trainer.optimizer, "flops_per_token": model.num_flops_per_token()}
 
 
-def main() -> None:
+def state_bytes(optimizer) -> int:
+    """Bytes of the tensors in this rank's optimizer state."""
+    opt = getattr(optimizer, "optimizer", optimizer)  # Accelerate's wrapper
+    return sum(v.numel() * v.element_size() for st in opt.state.values() for v in st.values() if torch.is_tensor(v))
+
+
+def peak_flops(device: torch.device, override_tflops: float | None) -> float | None:
+    if override_tflops:
+        return override_tflops * 1e12
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
+    return None
+
+
+def worker(a) -> None:
+    """One rank of one arm: run it, write this rank's measurements to `{a.result}.rank{r}.json`."""
+    world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    local = int(os.environ.get("LOCAL_RANK", 0))
+    device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
+    bf16 = a.dtype == "bfloat16" or (a.dtype == "auto" and device.type == "cuda")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(1)
+    if a.worker == "baseline" and world > 1:  # nanochat initialises the group itself; MidTrainer's Accelerate does
+        cuda = device.type == "cuda"
+        dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
+    run = (baseline_loop if a.worker == "baseline" else trainer_loop)(a, device, bf16, world, rank)
+    times = run["times"]
+    if len(times) != a.steps + 1:
+        raise RuntimeError(f"{a.worker}: timed {len(times) - 1} steps, expected {a.steps}")
+    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else \
+        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    result = {
+        "warmup_s": times[a.warmup] - times[0],
+        "steady_step_s": (times[-1] - times[a.warmup]) / (a.steps - a.warmup),
+        "tokens_per_step": a.batch * a.seq * a.grad_accum,
+        "peak_bytes": peak,
+        "optimizer_bytes": state_bytes(run["optimizer"]),
+        "flops_per_token": run["flops_per_token"],
+        "peak_flops": peak_flops(device, a.peak_tflops),
+        "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
+        "precision": "bf16 autocast" if bf16 else "fp32",
+        "world": world,
+    }
+    Path(f"{a.result}.rank{rank}.json").write_text(json.dumps(result))
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+# ---- the driver ----------------------------------------------------------------------------------------------
+def run_arm(a, loop: str, compiled: bool, nproc: int, workdir: Path, port: int) -> dict:
+    """Launch one arm in fresh process(es), return its measurements (rank 0's times, the largest rank's memory)."""
+    result = workdir / f"{loop}-{'compiled' if compiled else 'eager'}-{nproc}"
+    shape = ["--depth", str(a.depth), "--vocab", str(a.vocab), "--seq", str(a.seq), "--batch", str(a.batch),
+             "--grad_accum", str(a.grad_accum), "--steps", str(a.steps), "--warmup", str(a.warmup),
+             "--dtype", a.dtype, *(["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else [])]
+    script = [str(Path(__file__).resolve()), *shape, "--worker", loop, "--result", str(result),
+              *(["--compiled"] if compiled else [])]
+    if nproc > 1:
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "--main_process_port", str(port), *script]
+    else:
+        cmd = [sys.executable, *script]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+    if not a.warm_cache:
+        env["TORCHINDUCTOR_CACHE_DIR"] = str(workdir / f"inductor-{result.name}")
+        env["TRITON_CACHE_DIR"] = str(workdir / f"triton-{result.name}")
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise RuntimeError(f"arm {result.name} failed (exit {proc.returncode}):\n"
+                           f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+    return collect(result, loop, compiled, nproc)
+
+
+def collect(result: Path, loop: str, compiled: bool, nproc: int) -> dict:
+    """One table row from the ranks' result files."""
+    ranks = [json.loads(Path(f"{result}.rank{r}.json").read_text()) for r in range(nproc)]
+    row = dict(ranks[0], loop=loop, compiled=compiled, processes=nproc,
+               peak_bytes=max(r["peak_bytes"] for r in ranks), optimizer_bytes=max(r["optimizer_bytes"] for r in ranks))
+    row["tok_s"] = row["tokens_per_step"] / row["steady_step_s"]
+    row["mfu"] = row["flops_per_token"] * row["tok_s"] / (row["peak_flops"] * nproc) if row["peak_flops"] else None
+    return row
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def print_tables(a, rows: list[dict]) -> None:
+    first = rows[0]
+    print(f"device: {first['device']}, {first['precision']}; depth {a.depth} (NanoChatGPTConfig.from_depth), vocab "
+          f"{a.vocab}; {a.batch} x {a.seq} tokens x grad_accum {a.grad_accum} per optimizer step (divided among the "
+          f"processes); {a.steps} steps, the first {a.warmup} untimed; "
+          f"{'1 torch thread per process' if first['device'] == 'CPU' else 'one GPU per process'}")
+    by_key = {(r["loop"], r["compiled"], r["processes"]): r for r in rows}
+    print("| loop | compile | processes | tok/s | / base | compile s | peak MiB/rank | / base | opt MiB/rank | MFU |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        base = by_key.get(("baseline", r["compiled"], r["processes"]))
+        eager = by_key.get((r["loop"], False, r["processes"]))
+        compile_s = r["warmup_s"] - eager["warmup_s"] if r["compiled"] and eager else None
+        print(f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} "
+              f"| {r['tok_s']:,.0f} | {_fmt(base and r['tok_s'] / base['tok_s'], '.2f')} | {_fmt(compile_s, '.1f')} "
+              f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base and r['peak_bytes'] / base['peak_bytes'], '.2f')} "
+              f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
+              f"{'%' if r['mfu'] else ''} |")
+    pairs = [(by_key[(loop, False, n)], by_key[(loop, True, n)]) for loop, c, n in by_key
+             if not c and (loop, True, n) in by_key]
+    if pairs:
+        print(f"\nA run of {a.run_steps} steps (first {a.warmup} as measured, the rest at the measured rate):")
+        for eager, comp in pairs:
+            t_e, t_c = (r["warmup_s"] + (a.run_steps - a.warmup) * r["steady_step_s"] for r in (eager, comp))
+            print(f"- {LOOPS[eager['loop']]}, {eager['processes']} process(es): eager {t_e:,.0f} s, compiled "
+                  f"{t_c:,.0f} s: compiling {'wins' if t_c < t_e else 'loses'} ({t_e / t_c:.2f}x)")
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--depth", type=int, default=4)
-    p.add_argument("--n_embd", type=int, default=256)
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--grad_accum", type=int, default=2)
-    p.add_argument("--steps", type=int, default=25)
-    p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto")
-    p.add_argument("--compile", action="store_true")
-    p.add_argument("--repeats", type=int, default=2, help="alternate the two loops this many times, keep the best")
-    a = p.parse_args()
-    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    bf16 = a.dtype == "bfloat16" or (a.dtype == "auto" and device.type == "cuda")
-    plain, ours = 0.0, 0.0
-    for _ in range(a.repeats):
-        plain = max(plain, plain_loop(a, device, bf16))
-        ours = max(ours, trainer_loop(a, device, bf16))
-    name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU ({os.cpu_count()} cores visible, " \
-        f"{torch.get_num_threads()} threads)"
-    print(f"device: {name}; model depth {a.depth} width {a.n_embd} vocab {a.vocab}; batch {a.batch}x{a.seq} "
-          f"x grad_accum {a.grad_accum}; {'bf16 autocast' if bf16 else 'fp32'}")
-    print(f"| loop | tok/s |\n|---|---|\n| plain PyTorch | {plain:,.0f} |\n| MidTrainer | {ours:,.0f} |")
-    print(f"ratio MidTrainer / plain: {ours / plain:.3f}")
+    p.add_argument("--grad_accum", type=int, default=2, help="micro-batches per step with 1 process")
+    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--warmup", type=int, default=3, help="first steps not timed (compilation happens there)")
+    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
+                   help="auto: bf16 autocast on CUDA, fp32 on CPU (as mid_train)")
+    p.add_argument("--loops", nargs="+", choices=list(LOOPS), default=list(LOOPS))
+    p.add_argument("--compile", choices=["eager", "compiled", "both"], default="both")
+    p.add_argument("--processes", nargs="+", type=int, default=[1, 2])
+    p.add_argument("--peak_tflops", type=float, default=None, help="per device, for MFU (default: from the GPU name)")
+    p.add_argument("--run_steps", type=int, default=211, help="whole-run length for the compile verdict (demo: 211)")
+    p.add_argument("--warm_cache", action="store_true", help="compile with the user's inductor cache")
+    p.add_argument("--worker", choices=list(LOOPS), help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    if not 0 < a.warmup < a.steps:
+        p.error(f"--warmup must be between 1 and --steps - 1, got {a.warmup}")
+    bad = [] if a.worker else [n for n in a.processes if n < 1 or a.grad_accum % n]
+    if bad:
+        p.error(f"--processes {bad}: every process count must divide --grad_accum {a.grad_accum}")
+    gpus = torch.cuda.device_count()
+    if not a.worker and gpus and max(a.processes) > gpus:
+        p.error(f"--processes {max(a.processes)}: only {gpus} GPU(s) visible, one process per GPU")
+    return a
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    a = parse(argv)
+    if a.worker:
+        worker(a)
+        return []
+    modes = {"eager": [False], "compiled": [True], "both": [False, True]}[a.compile]
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
+        port = 29500 + os.getpid() % 1000
+        for nproc in a.processes:
+            for compiled in modes:
+                for loop in ["baseline", "midtrainer"]:
+                    if loop in a.loops:
+                        rows.append(run_arm(a, loop, compiled, nproc, Path(tmp), port + len(rows)))
+    print_tables(a, rows)
+    return rows
 
 
 if __name__ == "__main__":

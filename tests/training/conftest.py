@@ -29,6 +29,7 @@ TINY_ARGS = [
     "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
     "--eval_every", "4", "--eval_tokens", "512", "--spelling_eval_rows", "4",
     "--report_to", "none", "--disable_tqdm", "true", "--chat_eval_tasks", "",
+    "--torch_compile", "false",  # the demo config compiles; tests stay eager (compiling costs more than they run)
 ]
 
 

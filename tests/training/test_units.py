@@ -219,3 +219,11 @@ def test_rng_roundtrip(tmp_path):
     assert load_rng_state(tmp_path, 0)
     got = (random.random(), np.random.rand(), torch.rand(3))
     assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
+
+
+def test_shipped_configs_compile_and_the_tests_shared_arguments_stay_eager():
+    from .conftest import REPO_ROOT, TINY_ARGS
+
+    assert parse_args([]).torch_compile and parse_args([str(REPO_ROOT / "configs" / "mid_d20.yaml")]).torch_compile
+    assert not parse_args(["--torch_compile", "false"]).torch_compile  # the way out
+    assert not parse_args(TINY_ARGS).torch_compile
