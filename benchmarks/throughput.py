@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import itertools
 import json
 import os
 import resource
@@ -46,6 +47,7 @@ import torch.distributed as dist
 from transformers import TrainerCallback
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.data import MicroBatchStream
 from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import PEAK_FLOPS
@@ -56,8 +58,8 @@ LOOPS = {"midtrainer": "MidTrainer", "baseline": "nanochat loop"}
 MiB = 2**20
 
 
-class RandomStream:
-    """Random micro-batches of (B, T+1) tokens; implements `nanochat_hf.data.packing.MicroBatchStream`."""
+class RandomStream(MicroBatchStream):
+    """`count` random micro-batches of (B, T+1) tokens (4 distinct ones, repeated)."""
 
     def __init__(self, vocab: int, batch: int, seq: int, count: int, seed: int = 0):
         g = torch.Generator().manual_seed(seed)
@@ -67,6 +69,12 @@ class RandomStream:
     def num_micro_batches(self) -> int:
         return self.count
 
+    def epoch_steps(self, grad_accum: int) -> int:
+        return self.count // grad_accum
+
+    def lr_progress(self, step: int, grad_accum: int) -> float:
+        return step / self.epoch_steps(grad_accum)
+
     def state_dict(self) -> dict:
         return {}
 
@@ -74,7 +82,7 @@ class RandomStream:
         return
 
     def read(self, count: int | None = None):
-        for i in range(self.count if count is None else count):
+        for i in itertools.count() if count is None else range(count):
             x = self.batches[i % len(self.batches)]
             yield {"input_ids": x, "labels": x}
 
