@@ -90,3 +90,32 @@ def test_group_validation():
                     "initial_lr": 0.1, "momentum": 0.9, "nesterov": True, "ns_steps": 5}])
     with pytest.raises(ValueError, match="missing"):
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(3))], "kind": "adamw", "name": "a", "lr": 0.1}])
+
+
+def test_matrix_optimizer_adamw_is_torch_adamw_on_every_parameter(helpers):
+    """The AdamW-only ablation: the block matrices go to an "adamw/matrix" group at matrix_lr (not width-scaled),
+    and three steps move every parameter exactly as torch's AdamW with nanochat's betas/eps and each group's rate."""
+    model = helpers.tiny_model(n_layer=1)
+    ref = copy.deepcopy(model)
+    opt = build_optimizer(model, matrix_lr=0.003, matrix_optimizer="adamw")
+    groups = {g["name"]: g for g in opt.param_groups}
+    assert set(groups) == {"adamw/matrix", "adamw/lm_head", "adamw/wte"}
+    assert groups["adamw/matrix"]["lr"] == groups["adamw/matrix"]["initial_lr"] == 0.003
+    named = dict(ref.named_parameters())
+    by_name = {n: groups[g]["lr"] for g, names in (("adamw/wte", ["transformer.wte.weight"]),
+                                                    ("adamw/lm_head", ["lm_head.weight"])) for n in names}
+    ref_opt = torch.optim.AdamW(
+        [{"params": [p], "lr": by_name.get(n, 0.003)} for n, p in named.items()], betas=(0.8, 0.95), eps=1e-10,
+        weight_decay=0.0)
+    for ids in [b[0] for b in helpers.batches(3, 1)]:
+        for m, o in ((model, opt), (ref, ref_opt)):
+            helpers.loss_backward(m, ids)
+            o.step()
+            o.zero_grad()
+    for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_matrix_optimizer_unknown_value_is_named(helpers):
+    with pytest.raises(ValueError, match="matrix_optimizer='sgd'"):
+        build_optimizer(helpers.tiny_model(n_layer=1), matrix_optimizer="sgd")

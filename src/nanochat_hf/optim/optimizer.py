@@ -409,14 +409,20 @@ def state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[
 def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
                     unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
                     muon_momentum: float = 0.95, ns_steps: int = 5, betas: tuple[float, float] = (0.8, 0.95),
-                    eps: float = 1e-10, process_group: Any = None, sharded: bool | None = None) -> MuonAdamW:
+                    eps: float = 1e-10, process_group: Any = None, sharded: bool | None = None,
+                    matrix_optimizer: str = "muon") -> MuonAdamW:
     """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
     matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
+
+    ``matrix_optimizer="adamw"`` (an ablation, not nanochat's recipe) puts the block matrices in an AdamW group
+    instead ("adamw/matrix": same betas, eps and weight decay, rate ``matrix_lr`` as given, not width-scaled).
 
     Every group's lr and initial_lr are its base rate times ``init_lr_frac``. Sharded automatically when
     torch.distributed is initialised with world size > 1 (then ``optimizer.reduces_gradients`` is True);
     ``sharded=False`` forces the single-process step (gradients must then be averaged by the caller, e.g. DDP).
     """
+    if matrix_optimizer not in ("muon", "adamw"):
+        raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' or 'adamw'")
     config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
     n_embd = getattr(config, "n_embd", None) or config.hidden_size
     adamw_scale = (n_embd / 768) ** -0.5
@@ -443,6 +449,8 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
         {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
          "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps},
     ]
+    if matrix_optimizer == "adamw":
+        groups[2] = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["initial_lr"] = g["lr"]

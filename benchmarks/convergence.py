@@ -1,0 +1,173 @@
+"""The recipe's point, measured: Muon + AdamW against AdamW alone, on the demo model and the offline demo mixture.
+
+    python benchmarks/convergence.py [--steps 80] [--eval_every 5] [--lrs 0.0003,0.001,0.003,0.01]
+                                     [--output convergence.json] [--MidTrainingArguments flag value ...]
+
+Arms, all trained by `MidTrainer` through `nanochat_hf.training.run` (`build_trainer`, `train`):
+- "muon": the recipe, Muon on the block matrices at matrix_lr, AdamW on embedding and lm_head at the demo's rates;
+- "adamw lr=X", one per --lrs value: every parameter in AdamW (`build_optimizer(matrix_optimizer="adamw")`), the
+  block matrices at X, embedding and lm_head at the same rates as in the recipe.
+Every arm starts from the same initial weights and reads the same batches in the same order, under the same LR
+schedule (constant, then linear to 0 over the last 20% of the steps), with 1 torch thread; val bpb is recorded at
+every evaluation (step 0, every --eval_every steps, the last step).
+
+The table: each arm's final val bpb, the first evaluated step at which its val bpb is at or below the best AdamW
+arm's final val bpb (the target), and that step divided by the best AdamW arm's own. Other flags are passed to
+`MidTrainingArguments` on top of the demo config (e.g. --max_seq_len 64 for a quick run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import gc
+import json
+import platform
+import sys
+import tempfile
+import time
+
+import torch
+from transformers import TrainerCallback
+
+import nanochat_hf  # noqa: F401  (registers the Auto classes)
+from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.atomic import write_text
+from nanochat_hf.data import demo_tokenizer, load_mixture, tokenize_conversations
+from nanochat_hf.optim import build_optimizer
+from nanochat_hf.training.arguments import parse_args
+from nanochat_hf.training.callbacks import NanoChatConsole
+from nanochat_hf.training.gradients import clip_in_optimizer
+from nanochat_hf.training.run import build_trainer, train
+
+# Half-decade steps from 0.01, the order of nanochat's AdamW rate for a matrix (lm_head: unembedding_lr 0.004,
+# 0.0069 once scaled to width 256), down to 0.0003: in a first 80-step demo run 0.001 finished ahead of 0.003, and
+# 0.01 was behind both at step 5 (where that run was stopped), so the best rate needed a neighbour below it.
+DEFAULT_LRS = "0.0003,0.001,0.003,0.01"
+
+
+class EvalPrinter(TrainerCallback):
+    """One line per evaluation (the per-step console lines of five runs would bury them)."""
+
+    def __init__(self, arm: str):
+        self.arm = arm
+
+    def on_evaluate(self, args, state, control, metrics=None, **kwargs):
+        print(f"  {self.arm:<16} step {state.global_step:5d}  val bpb {metrics['eval_val_bpb']:.4f}", flush=True)
+
+
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", type=int, default=80, help="optimizer steps per arm")
+    p.add_argument("--eval_every", type=int, default=5, help="evaluate val bpb every N steps (and at 0 and the end)")
+    p.add_argument("--lrs", default=DEFAULT_LRS, help="comma list of AdamW rates for the block matrices")
+    p.add_argument("--depth", type=int, default=4, help="model depth (nanochat's rule: width 64*depth)")
+    p.add_argument("--output", default=None, help="JSON file of the curves (rewritten after every arm)")
+    a, rest = p.parse_known_args(argv)
+    try:
+        a.lrs = [float(x) for x in a.lrs.split(",") if x.strip()]
+    except ValueError:
+        p.error(f"--lrs {a.lrs!r}: expected a comma list of numbers, e.g. {DEFAULT_LRS}")
+    if not a.lrs or min(a.lrs) <= 0:
+        p.error(f"--lrs {a.lrs}: expected at least one positive rate")
+    if a.steps <= 0 or a.eval_every <= 0:
+        p.error("--steps and --eval_every must be positive")
+    return a, rest
+
+
+def first_step_at_or_below(curve: list[tuple[int, float]], target: float) -> int | None:
+    return next((step for step, bpb in curve if bpb <= target), None)
+
+
+def summarize(arms: list[dict]) -> dict:
+    """Target = the best AdamW arm's final val bpb; each arm's steps to reach it and the ratio to that arm's."""
+    adamw = [a for a in arms if a["optimizer"] == "adamw"]
+    best = min(adamw, key=lambda a: a["final_val_bpb"])
+    target = best["final_val_bpb"]
+    reference = first_step_at_or_below(best["curve"], target)
+    for arm in arms:
+        steps = first_step_at_or_below(arm["curve"], target)
+        arm["steps_to_target"] = steps
+        arm["ratio"] = steps / reference if steps is not None and reference else None
+    return {"best_adamw": best["name"], "target_val_bpb": target, "best_adamw_steps": reference}
+
+
+def table(arms: list[dict], summary: dict) -> str:
+    lines = [f"target: {summary['target_val_bpb']:.4f} val bpb = final of the best AdamW arm ({summary['best_adamw']})",
+             f"{'arm':<16} {'final val bpb':>13} {'steps to target':>15} {'/ best AdamW':>12}"]
+    for a in arms:
+        steps = "not reached" if a["steps_to_target"] is None else str(a["steps_to_target"])
+        ratio = "-" if a["ratio"] is None else f"{a['ratio']:.2f}"
+        lines.append(f"{a['name']:<16} {a['final_val_bpb']:>13.4f} {steps:>15} {ratio:>12}")
+    return "\n".join(lines)
+
+
+def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_tokens, val_tokens) -> dict:
+    """Train a copy of `model`: the recipe's optimizer (matrix_lr None) or AdamW everywhere at matrix_lr."""
+    t0 = time.time()
+    trainer = build_trainer(args, copy.deepcopy(model), tokenizer, train_tokens, val_tokens)
+    trainer.pop_callback(NanoChatConsole)
+    trainer.add_callback(EvalPrinter(name))
+    if matrix_lr is not None:  # the Trainer takes a given optimizer as is (its create_optimizer then does nothing)
+        trainer.optimizer = build_optimizer(
+            trainer.model, matrix_lr=matrix_lr, embedding_lr=args.embedding_lr, unembedding_lr=args.unembedding_lr,
+            weight_decay=args.weight_decay, init_lr_frac=args.init_lr_frac, matrix_optimizer="adamw")
+        clip_in_optimizer(trainer.optimizer, args.max_grad_norm)
+    train(trainer)
+    curve = [(h["step"], h["eval_val_bpb"]) for h in trainer.state.log_history if "eval_val_bpb" in h]
+    result = {"name": name, "optimizer": "muon" if matrix_lr is None else "adamw",
+              "matrix_lr": args.matrix_lr if matrix_lr is None else matrix_lr,
+              "final_val_bpb": curve[-1][1], "curve": curve, "wall_s": round(time.time() - t0, 1)}
+    del trainer
+    gc.collect()
+    return result
+
+
+def main(argv: list[str] | None = None) -> dict:
+    a, rest = parse(argv)
+    with tempfile.TemporaryDirectory() as tmp:  # dry_run writes nothing; the Trainer still wants an output_dir
+        args = parse_args([*rest, "--num_iterations", str(a.steps), "--eval_every", str(a.eval_every),
+                           "--dry_run", "true", "--output_dir", tmp, "--disable_tqdm", "true",
+                           *([] if any(x.split("=")[0] == "--num_threads" for x in rest) else ["--num_threads", "1"])])
+        torch.set_num_threads(args.num_threads)
+        tokenizer = demo_tokenizer()
+        config = NanoChatGPTConfig.from_depth(
+            a.depth, vocab_size=len(tokenizer), sequence_len=max(1024, args.max_seq_len),
+            bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.convert_tokens_to_ids("<|assistant_end|>"))
+        torch.manual_seed(args.seed)
+        model = NanoChatGPTForCausalLM(config)  # every arm trains a copy: the same initial weights
+        tokenizer.model_max_length = config.sequence_len
+        # as run.setup does; the mixtures default to the offline demo's (train_mixture / val_mixture None)
+        train_tokens, val_tokens = (
+            tokenize_conversations(load_mixture(path, split=s), tokenizer, max_tokens=2048, assistant_only=False)
+            for path, s in ((args.train_mixture, "train"), (args.val_mixture or args.train_mixture, "val")))
+        print(f"convergence: depth {a.depth} (width {config.n_embd}, {config.n_head} heads), {a.steps} steps of "
+              f"{args.total_batch_size} tokens ({args.device_batch_size}x{args.max_seq_len}), eval every "
+              f"{a.eval_every}, {args.num_threads} thread(s)", flush=True)
+        report = {
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join(["python", "benchmarks/convergence.py", *(argv if argv is not None else sys.argv[1:])]),
+            "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}",
+            "settings": {"depth": a.depth, "n_embd": config.n_embd, "n_head": config.n_head, "steps": a.steps,
+                         "eval_every": a.eval_every, "total_batch_size": args.total_batch_size,
+                         "device_batch_size": args.device_batch_size, "max_seq_len": args.max_seq_len,
+                         "eval_tokens": args.eval_tokens, "seed": args.seed, "matrix_lr": args.matrix_lr,
+                         "embedding_lr": args.embedding_lr, "unembedding_lr": args.unembedding_lr},
+            "arms": [],
+        }
+        plan = [("muon", None)] + [(f"adamw lr={lr:g}", lr) for lr in a.lrs]
+        for name, lr in plan:
+            report["arms"].append(run_arm(name, lr, args, model, tokenizer, train_tokens, val_tokens))
+            if a.output:  # after every arm: a long run stopped early keeps what it measured
+                write_text(a.output, json.dumps(report, indent=1) + "\n")
+    report["summary"] = summarize(report["arms"])
+    if a.output:
+        write_text(a.output, json.dumps(report, indent=1) + "\n")
+    print(table(report["arms"], report["summary"]))
+    return report
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,56 @@
+"""benchmarks/convergence.py runs end to end at a tiny size (2 arms, 4 steps) and prints its table."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "convergence.py"
+
+
+@pytest.fixture(scope="module")
+def convergence():
+    spec = importlib.util.spec_from_file_location("convergence_benchmark", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_two_arms_print_the_table_and_write_the_curves(convergence, capsys, tmp_path):
+    out = tmp_path / "curves.json"
+    report = convergence.main(["--depth", "1", "--steps", "4", "--eval_every", "2", "--lrs", "0.01",
+                               "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
+                               "--eval_tokens", "256", "--output", str(out)])
+    text = capsys.readouterr().out
+    assert "final val bpb" in text and "steps to target" in text, text
+    assert [line.split()[0] for line in text.splitlines()[-2:]] == ["muon", "adamw"], text
+    saved = json.loads(out.read_text())  # the file holds the whole report, summary included
+    assert saved["summary"] == report["summary"] and saved["summary"]["best_adamw"] == "adamw lr=0.01"
+    muon, adamw = saved["arms"]
+    assert [s for s, _ in muon["curve"]] == [s for s, _ in adamw["curve"]] == [0, 2, 4]
+    assert muon["curve"][0] == adamw["curve"][0]  # same initial weights, same validation tokens
+    assert muon["final_val_bpb"] != adamw["final_val_bpb"]  # different optimizers did train
+    assert (muon["optimizer"], adamw["optimizer"], adamw["matrix_lr"]) == ("muon", "adamw", 0.01)
+    assert adamw["steps_to_target"] is not None and adamw["ratio"] == 1.0
+    assert not list(tmp_path.glob(".nanochat_hf-tmp-*"))  # written atomically, no temporary left
+
+
+def test_steps_to_target_and_ratio(convergence):
+    arms = [
+        {"name": "muon", "optimizer": "muon", "final_val_bpb": 0.8, "curve": [(0, 3.0), (10, 1.0), (20, 0.8)]},
+        {"name": "a1", "optimizer": "adamw", "final_val_bpb": 1.0, "curve": [(0, 3.0), (10, 1.5), (20, 1.0)]},
+        {"name": "a2", "optimizer": "adamw", "final_val_bpb": 1.2, "curve": [(0, 3.0), (10, 1.3), (20, 1.2)]},
+    ]
+    summary = convergence.summarize(arms)
+    assert summary == {"best_adamw": "a1", "target_val_bpb": 1.0, "best_adamw_steps": 20}
+    assert [(a["steps_to_target"], a["ratio"]) for a in arms] == [(10, 0.5), (20, 1.0), (None, None)]
+    assert "not reached" in convergence.table(arms, summary).splitlines()[-1]
+
+
+def test_bad_lrs_is_one_clear_error(convergence, capsys):
+    with pytest.raises(SystemExit):
+        convergence.main(["--lrs", "0.01,fast"])
+    assert "--lrs '0.01,fast': expected a comma list of numbers" in capsys.readouterr().err
