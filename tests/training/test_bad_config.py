@@ -1,6 +1,7 @@
 """Bad configuration fails fast: one clear `mid_train: error:` line, no traceback, nothing trained or written."""
 
 import pytest
+from torch._inductor import config as inductor_config
 
 from nanochat_hf.training.run import main
 
@@ -76,3 +77,9 @@ def test_removed_demo_n_embd_is_refused(capsys, tmp_path):
     cfg = tmp_path / "old.yaml"
     cfg.write_text("model_source: demo\ndemo_depth: 2\ndemo_n_embd: 128\n")
     _fails([str(cfg)], capsys, tmp_path, str(cfg), "demo_n_embd", "64*demo_depth")
+
+
+def test_compile_without_a_cpp_compiler(capsys, tmp_path, monkeypatch):
+    monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-c++"),))
+    _fails(["--torch_compile", "true", "--num_iterations", "1"], capsys, tmp_path, "torch_compile=true",
+           "C++ compiler", "--torch_compile false")

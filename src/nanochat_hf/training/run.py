@@ -15,6 +15,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch._inductor import cpp_builder
+from torch._inductor.exc import InvalidCxxCompiler
 
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
 from ..data.synthetic import simple_spelling
@@ -101,6 +103,7 @@ def setup(argv: list[str] | None = None):
     if args.train_mixture and not args.val_mixture:
         raise ValueError(f"train_mixture={args.train_mixture} needs a val_mixture too (may be the same file when it "
                          "has a `val:` split)")
+    check_compiler(args)
     read_mixture(args.train_mixture, "train")  # validates the files without reading data: fail before the model
     read_mixture(args.val_mixture, "val")
     prepare_output(args)
@@ -113,6 +116,18 @@ def setup(argv: list[str] | None = None):
         train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048, assistant_only=False)
         val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=False)
     return args, model, tokenizer, train_tokens, val_tokens, fingerprint
+
+
+def check_compiler(args: MidTrainingArguments) -> None:
+    """torch.compile on CPU builds C++ kernels at the first step; without a compiler inductor fails there with a
+    long traceback. Asks torch's own compiler search ($CXX, else g++ / clang++) up front instead."""
+    if not args.torch_compile or args.device.type != "cpu":
+        return
+    try:
+        cpp_builder.get_cpp_compiler()
+    except InvalidCxxCompiler:
+        raise ValueError("torch_compile=true on CPU needs a C++ compiler and none was found (set $CXX or install "
+                         "g++ / clang++), or pass --torch_compile false to train eager") from None
 
 
 def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, val_tokens,
