@@ -36,6 +36,7 @@ from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.atomic import write_text
 from nanochat_hf.data import demo_tokenizer, load_mixture, tokenize_conversations
 from nanochat_hf.optim import build_optimizer
+from nanochat_hf.tokenizer.chat_format import EOS_TOKEN
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import NanoChatConsole
 from nanochat_hf.training.gradients import clip_in_optimizer
@@ -127,15 +128,19 @@ def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_to
 def main(argv: list[str] | None = None) -> dict:
     a, rest = parse(argv)
     with tempfile.TemporaryDirectory() as tmp:  # dry_run writes nothing; the Trainer still wants an output_dir
+        # 1 thread and eager unless asked otherwise: every arm would pay the compile again, and the curves do not
+        # depend on it
+        given = {x.split("=")[0] for x in rest}
+        defaults = [x for flag, value in (("--num_threads", "1"), ("--torch_compile", "false")) if flag not in given
+                    for x in (flag, value)]
         args = parse_args([*rest, "--num_iterations", str(a.steps), "--eval_every", str(a.eval_every),
-                           "--dry_run", "true", "--output_dir", tmp, "--disable_tqdm", "true",
-                           *([] if any(x.split("=")[0] == "--num_threads" for x in rest) else ["--num_threads", "1"])])
+                           "--dry_run", "true", "--output_dir", tmp, "--disable_tqdm", "true", *defaults])
         torch.set_num_threads(args.num_threads)
         tokenizer = demo_tokenizer()
         config = NanoChatGPTConfig.from_depth(
             a.depth, vocab_size=len(tokenizer), sequence_len=max(1024, args.max_seq_len),
             bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.convert_tokens_to_ids("<|assistant_end|>"))
+            eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN))
         torch.manual_seed(args.seed)
         model = NanoChatGPTForCausalLM(config)  # every arm trains a copy: the same initial weights
         tokenizer.model_max_length = config.sequence_len

@@ -443,14 +443,16 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
             raise ValueError(f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
                              f"transformer.wte.weight or lm_head.weight")
     adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
+    if matrix_optimizer == "muon":
+        matrix_group = {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
+                        "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps}
+    else:
+        matrix_group = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
     groups = [
         {**adamw, "params": head, "name": "adamw/lm_head", "lr": unembedding_lr * adamw_scale * init_lr_frac},
         {**adamw, "params": wte, "name": "adamw/wte", "lr": embedding_lr * adamw_scale * init_lr_frac},
-        {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
-         "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps},
+        matrix_group,
     ]
-    if matrix_optimizer == "adamw":
-        groups[2] = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
     groups = [g for g in groups if g["params"]]
     for g in groups:
         g["initial_lr"] = g["lr"]
