@@ -2,21 +2,9 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "convergence.py"
-
-
-@pytest.fixture(scope="module")
-def convergence():
-    spec = importlib.util.spec_from_file_location("convergence_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_two_arms_print_the_table_and_write_the_curves(convergence, capsys, tmp_path):

@@ -2,21 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
-import pytest
 import torch
-
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "generation.py"
-
-
-@pytest.fixture(scope="module")
-def generation():
-    spec = importlib.util.spec_from_file_location("generation_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_prints_table_and_same_tokens(generation, capsys):

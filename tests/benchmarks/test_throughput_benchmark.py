@@ -2,23 +2,11 @@
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 import torch
 
-SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "throughput.py"
 COLUMNS = ["loop", "compile", "processes", "tok/s", "/ base", "compile s", "peak MiB/rank", "/ base", "opt MiB/rank",
            "MFU"]
-
-
-@pytest.fixture(scope="module")
-def throughput():
-    spec = importlib.util.spec_from_file_location("throughput_benchmark", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_table_prints_every_column(throughput, tmp_path, capsys):
