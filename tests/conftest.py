@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -31,5 +33,23 @@ def fresh_python(tmp_path):
         program = code if allow_package else BLOCK_PACKAGE + code
         return subprocess.run([sys.executable, "-I", "-c", program, *argv], cwd=tmp_path, env=env,
                               stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+
+    return run
+
+
+@pytest.fixture
+def two_ranks():
+    """run(script, out): `python script RANK 2 PORT out` for ranks 0 and 1 (a gloo pair on a free local port, one
+    thread each); fails the test with both logs unless both exit 0."""
+
+    def run(script: str, out: Path) -> None:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}
+        procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(port), str(out)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        logs = [p.communicate(timeout=240)[0] for p in procs]
+        assert all(p.returncode == 0 for p in procs), logs
 
     return run

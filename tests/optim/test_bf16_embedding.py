@@ -3,8 +3,6 @@ with clipping on, against one process stepping on the averaged gradient. The emb
 its rows gathered in bfloat16, its AdamW moments stay float32, the norm mixes both dtypes."""
 
 import os
-import socket
-import subprocess
 import sys
 from pathlib import Path
 
@@ -66,18 +64,11 @@ def _worker(rank, world, port, out):  # run as a script: python test_bf16_embedd
         dist.destroy_process_group()
 
 
-def test_bf16_embedding_in_the_sharded_step(tmp_path):
+def test_bf16_embedding_in_the_sharded_step(tmp_path, two_ranks):
     from nanochat_hf.optim import build_optimizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "rank0.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), "2", str(port), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), logs
+    two_ranks(__file__, out)
     got = torch.load(out, weights_only=True)
 
     model = _model()

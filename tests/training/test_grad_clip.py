@@ -2,8 +2,6 @@
 process clipping the averaged gradient with torch.nn.utils.clip_grad_norm_, as the Trainer does)."""
 
 import os
-import socket
-import subprocess
 import sys
 
 import pytest
@@ -56,18 +54,11 @@ def _worker(rank, world, port, out):  # run as a script: python test_grad_clip.p
         dist.destroy_process_group()
 
 
-def test_two_processes_clip_the_averaged_gradient(tmp_path):
+def test_two_processes_clip_the_averaged_gradient(tmp_path, two_ranks):
     from nanochat_hf.optim import build_optimizer
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     out = tmp_path / "rank0.pt"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, __file__, str(r), "2", str(port), str(out)], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
-    logs = [p.communicate(timeout=240)[0] for p in procs]
-    assert all(p.returncode == 0 for p in procs), logs
+    two_ranks(__file__, out)
     got = torch.load(out, weights_only=True)
 
     model = _model()
