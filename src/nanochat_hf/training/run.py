@@ -15,8 +15,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch._inductor import cpp_builder
-from torch._inductor.exc import InvalidCxxCompiler
 
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
 from ..data.synthetic import simple_spelling
@@ -123,6 +121,10 @@ def check_compiler(args: MidTrainingArguments) -> None:
     long traceback. Asks torch's own compiler search ($CXX, else g++ / clang++) up front instead."""
     if not args.torch_compile or args.device.type != "cpu":
         return
+    # imported here: torch._inductor takes about a second to import, and only runs that compile on CPU need it
+    from torch._inductor import cpp_builder
+    from torch._inductor.exc import InvalidCxxCompiler
+
     try:
         cpp_builder.get_cpp_compiler()
     except InvalidCxxCompiler:
