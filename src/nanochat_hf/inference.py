@@ -1,4 +1,5 @@
-"""Chat inference with nanochat's calculator tool (docs/nanochat.md, section 3, last paragraph), through `model.generate()`.
+"""Chat inference with nanochat's calculator tool (docs/nanochat.md, section 3, last paragraph), through
+`model.generate()`.
 
 The prompt is the conversation rendered with `render_for_completion` (ends in ``<|assistant_start|>``).
 `CalculatorToolProcessor` is a standard `LogitsProcessor`: when a row has written ``<|python_start|>`` expr

@@ -16,7 +16,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
 RUN = ["--model_source", "demo", "--demo_depth", "2", "--max_seq_len", "64",
        "--device_batch_size", "2", "--total_batch_size", "256", "--num_iterations", "6", "--save_steps", "3",
        "--eval_every", "3", "--eval_tokens", "512", "--spelling_eval_rows", "0", "--disable_tqdm", "true",
-       "--num_threads", "1", "--chat_eval_tasks", "",  # same kernels (thread count) in both layouts, for bitwise-comparable math
+       # same kernels (thread count) in both layouts, for bitwise-comparable math
+       "--num_threads", "1", "--chat_eval_tasks", "",
        "--torch_compile", "false"]  # the demo config compiles; tests stay eager
 
 

@@ -172,8 +172,9 @@ class PackedStream(MicroBatchStream):
 
     # ---- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"micro_batches": self.micro_batches, "epoch": self.epoch, "max_seq_len": self.T, "device_batch_size": self.B,
-                "rank": self.rank, "world_size": self.world_size, "num_micro_batches": self._num}
+        return {"micro_batches": self.micro_batches, "epoch": self.epoch, "max_seq_len": self.T,
+                "device_batch_size": self.B, "rank": self.rank, "world_size": self.world_size,
+                "num_micro_batches": self._num}
 
     def load_state_dict(self, state: dict) -> None:
         for key, mine in (("max_seq_len", self.T), ("device_batch_size", self.B), ("rank", self.rank),

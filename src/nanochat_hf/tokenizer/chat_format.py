@@ -35,7 +35,9 @@ SYSTEM, USER, ASSISTANT = "system", "user", "assistant"
 TEXT, PYTHON, PYTHON_OUTPUT = "text", "python", "python_output"
 PART_TYPES: tuple[str, ...] = (TEXT, PYTHON, PYTHON_OUTPUT)  # of assistant content; user/system: text only
 # the special tokens around each tool part of assistant content
-PART_TOKENS: dict[str, tuple[str, str]] = {PYTHON: (PYTHON_START, PYTHON_END), PYTHON_OUTPUT: (OUTPUT_START, OUTPUT_END)}
+PART_TOKENS: dict[str, tuple[str, str]] = {
+    PYTHON: (PYTHON_START, PYTHON_END), PYTHON_OUTPUT: (OUTPUT_START, OUTPUT_END),
+}
 
 # Error texts of `check_conversation`. The chat template raises the same texts (template.py fills the fields with
 # Jinja), so a bad conversation gets one message from the renderer and from `apply_chat_template`. A value in

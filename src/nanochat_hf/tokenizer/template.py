@@ -107,7 +107,7 @@ _VALIDATION = (
 )
 
 _RENDERING = (
-    f"{{%- set system = text_of(messages[0]['content']) ~ '\\n\\n' if start == 1 else '' -%}}"
+    "{%- set system = text_of(messages[0]['content']) ~ '\\n\\n' if start == 1 else '' -%}"
     + BOS
     + "{%- for message in messages[start:] -%}"
     f"{{%- if message['role'] == {_lit(USER)} -%}}"

@@ -119,7 +119,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         metadata={"help": "CPU threads per process (default: the cores this process may use / processes; "
                   "`accelerate launch` alone would pin OMP_NUM_THREADS=1)"},
     )
-    peak_flops: float | None = field(default=None, metadata={"help": "device peak FLOP/s for MFU (default: known GPUs)"})
+    peak_flops: float | None = field(default=None, metadata={
+        "help": "device peak FLOP/s for MFU (default: known GPUs)"})
     spelling_eval_rows: int = field(default=64, metadata={"help": "held-out SimpleSpelling rows for exact match"})
     chat_eval_tasks: str | None = field(default=None, metadata={
         "help": "comma list of chat-eval tasks run after training (ARC-Easy, ARC-Challenge, MMLU, GSM8K, HumanEval, "
