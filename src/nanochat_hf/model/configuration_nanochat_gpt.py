@@ -5,6 +5,7 @@ import math
 from transformers import PretrainedConfig
 
 ROTARY_DTYPES = ("bfloat16", "float32")
+LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
 class NanoChatGPTConfig(PretrainedConfig):
@@ -18,6 +19,24 @@ class NanoChatGPTConfig(PretrainedConfig):
 
     ``rotary_dtype`` is the precision of the rotary cos/sin tables: ``"bfloat16"`` rounds them as nanochat
     does (what trained checkpoints expect), ``"float32"`` keeps them exact (as transformers' NanoChat does).
+
+    nanochat's later model generations (G1 to G5, January to March 2026) are switched on by the fields below the
+    December ones; their defaults give the December 2025 model (G0) exactly:
+
+    - ``pad_vocab_size_to``: ``wte``, ``lm_head`` and value embeddings have ``vocab_size`` rounded up to a multiple
+      of this many rows (nanochat pads to 64 since bc51da8); logits are cropped back to ``vocab_size``.
+    - ``residual_lambdas`` (G1): per-layer scalars ``resid_lambdas`` and ``x0_lambdas``; before block i,
+      ``x = resid_lambdas[i] * x + x0_lambdas[i] * x0`` with ``x0`` the normed embedding.
+    - ``layer_types`` / ``sliding_window`` (G2, transformers' names): ``"full_attention"`` or
+      ``"sliding_attention"`` per layer; a sliding layer's query sees ``sliding_window`` keys, itself included
+      (nanochat's window ``w``, FlashAttention's ``window_size=(w, 0)``, is ``sliding_window - 1``).
+    - ``value_embeddings`` (G3): ``value_embeds.{i}`` and ``attn.ve_gate`` on the layers with
+      ``i % 2 == (n_layer - 1) % 2``; ``v += ve_gate_scale * sigmoid(ve_gate(x[..., :ve_gate_channels])) * ve``
+      per key/value head (G3: 32 channels, scale 2; G4 on: 12 channels, scale 3).
+    - ``qk_scale`` (G4: 1.15, G5: 1.2): q and k are multiplied by it after the QK-norm.
+    - ``smear`` (G5): ``smear_gate`` and ``smear_lambda`` mix the previous token's normed embedding into each
+      position; ``backout`` (G5): ``backout_lambda`` times the residual after block ``n_layer // 2`` is
+      subtracted before the final norm.
     """
 
     model_type = "nanochat_gpt"
@@ -45,6 +64,17 @@ class NanoChatGPTConfig(PretrainedConfig):
     pad_token_id: int | None = None
     use_cache: bool = True
     tie_word_embeddings: bool = False
+    # nanochat generations G1 to G5 (see the class docstring); the defaults are the December 2025 model (G0)
+    pad_vocab_size_to: int = 1
+    residual_lambdas: bool = False
+    layer_types: list[str] | None = None
+    sliding_window: int | None = None
+    value_embeddings: bool = False
+    ve_gate_channels: int = 32
+    ve_gate_scale: float = 2.0
+    qk_scale: float = 1.0
+    smear: bool = False
+    backout: bool = False
 
     def __post_init__(self, **kwargs):
         super().__post_init__(**kwargs)  # applies the HF aliases passed as kwargs (via attribute_map)
@@ -58,10 +88,31 @@ class NanoChatGPTConfig(PretrainedConfig):
             raise ValueError(f"head_dim n_embd // n_head ({self.head_dim}) must be even for rotary embeddings")
         if self.rotary_dtype not in ROTARY_DTYPES:
             raise ValueError(f"rotary_dtype must be one of {ROTARY_DTYPES}, got {self.rotary_dtype!r}")
+        if self.pad_vocab_size_to < 1:
+            raise ValueError(f"pad_vocab_size_to must be at least 1, got {self.pad_vocab_size_to}")
+        if self.layer_types is not None:
+            if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= set(LAYER_TYPES):
+                raise ValueError(f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layer} layers, "
+                                 f"got {self.layer_types!r}")
+            if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
+                raise ValueError(f"sliding_window must be a positive number of keys when a layer is "
+                                 f"'sliding_attention', got {self.sliding_window!r}")
 
     @property
     def head_dim(self) -> int:
         return self.n_embd // self.n_head
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of ``wte``, ``lm_head`` and the value embeddings: ``vocab_size`` rounded up to ``pad_vocab_size_to``."""
+        return -(-self.vocab_size // self.pad_vocab_size_to) * self.pad_vocab_size_to
+
+    @property
+    def value_embedding_layers(self) -> list[int]:
+        """The layers with a value embedding (nanochat's rule: every other layer, the last one included)."""
+        if not self.value_embeddings:
+            return []
+        return [i for i in range(self.n_layer) if i % 2 == (self.n_layer - 1) % 2]
 
     @classmethod
     def from_depth(cls, depth: int, vocab_size: int = 65536, sequence_len: int = 2048, **kwargs) -> "NanoChatGPTConfig":
