@@ -28,7 +28,7 @@ class NanoChatGPTConfig(PretrainedConfig):
     - ``residual_lambdas`` (G1): per-layer scalars ``resid_lambdas`` and ``x0_lambdas``; before block i,
       ``x = resid_lambdas[i] * x + x0_lambdas[i] * x0`` with ``x0`` the normed embedding.
     - ``layer_types`` / ``sliding_window`` (G2, transformers' names): ``"full_attention"`` or
-      ``"sliding_attention"`` per layer; a sliding layer's query sees ``sliding_window`` keys, itself included
+      ``"sliding_attention"`` per layer (``None``: all full, the G0 model); a sliding layer's query sees ``sliding_window`` keys, itself included
       (nanochat's window ``w``, FlashAttention's ``window_size=(w, 0)``, is ``sliding_window - 1``).
     - ``value_embeddings`` (G3): ``value_embeds.{i}`` and ``attn.ve_gate`` on the layers with
       ``i % 2 == (n_layer - 1) % 2``; ``v += ve_gate_scale * sigmoid(ve_gate(x[..., :ve_gate_channels])) * ve``
@@ -90,13 +90,14 @@ class NanoChatGPTConfig(PretrainedConfig):
             raise ValueError(f"rotary_dtype must be one of {ROTARY_DTYPES}, got {self.rotary_dtype!r}")
         if self.pad_vocab_size_to < 1:
             raise ValueError(f"pad_vocab_size_to must be at least 1, got {self.pad_vocab_size_to}")
-        if self.layer_types is not None:
-            if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= set(LAYER_TYPES):
-                raise ValueError(f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layer} layers, "
-                                 f"got {self.layer_types!r}")
-            if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
-                raise ValueError(f"sliding_window must be a positive number of keys when a layer is "
-                                 f"'sliding_attention', got {self.sliding_window!r}")
+        if self.layer_types is None:  # transformers' mask helpers read layer_types whenever the attribute exists
+            self.layer_types = ["full_attention"] * self.n_layer
+        if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= set(LAYER_TYPES):
+            raise ValueError(f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layer} layers, "
+                             f"got {self.layer_types!r}")
+        if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
+            raise ValueError(f"sliding_window must be a positive number of keys when a layer is "
+                             f"'sliding_attention', got {self.sliding_window!r}")
 
     @property
     def head_dim(self) -> int:
