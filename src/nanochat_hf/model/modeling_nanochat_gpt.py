@@ -27,6 +27,10 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_nanochat_gpt import NanoChatGPTConfig
 
+# transformers 5.24 renamed the KV cache argument and output field from past_key_values to cache (the old argument
+# name is accepted until 5.40): the forwards take both names and the outputs use the field this version has
+CACHE_FIELD = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
     # parameter-free, default eps (torch computes it in float32 with float32's eps, also for bf16 inputs)
@@ -137,7 +141,7 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["NanoChatGPTBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE_FIELD]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = False
@@ -213,18 +217,22 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        past_key_values = cache if cache is not None else past_key_values
         if use_cache is None:  # a cache only helps decoding, not training
             use_cache = self.config.use_cache and not self.training
         x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
         if use_cache and past_key_values is None:
             past_key_values = DynamicCache(config=self.config)
-        # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=attention_mask,
-                                  past_key_values=past_key_values, position_ids=position_ids)
+        if isinstance(attention_mask, dict):  # generate() with a static cache prepares the masks, one per layer type
+            masks, attention_mask = attention_mask, None
+        else:  # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
+            masks = {"full_attention": create_causal_mask(self.config, x, attention_mask, past_key_values,
+                                                          position_ids=position_ids)}  # the cache positional, see top
         if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
             # left padding: each row counts positions from its first real token (as generate() does)
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
@@ -233,10 +241,10 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
             position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
         cos_sin = rotary_cos_sin(self.config, position_ids.expand(x.shape[0], -1))
         x = rms_norm(x)  # norm right after the embedding
-        for block in self.h:
-            x = block(x, cos_sin, attention_mask=mask, past_key_values=past_key_values, **kwargs)
+        for block, layer_type in zip(self.h, self.config.layer_types):
+            x = block(x, cos_sin, attention_mask=masks[layer_type], past_key_values=past_key_values, **kwargs)
         return BaseModelOutputWithPast(last_hidden_state=rms_norm(x),
-                                       past_key_values=past_key_values if use_cache else None)
+                                       **{CACHE_FIELD: past_key_values if use_cache else None})
 
 
 class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
@@ -290,6 +298,7 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         loss_reduction: str = "mean",
         num_items_in_batch: int | torch.Tensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Labels are aligned with input_ids (shifted inside), -100 ignored. ``loss_reduction``: "mean" (or
@@ -298,7 +307,7 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
             use_cache = self.config.use_cache and not self.training and labels is None
         out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                               return_dict=True, **kwargs)  # an output object even if config.return_dict is False
+                               cache=cache, return_dict=True, **kwargs)  # an output object even if config.return_dict is False
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(out.last_hidden_state[:, keep]).float()
         cap = self.config.final_logit_softcapping
@@ -307,8 +316,8 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self._loss(logits, labels.to(logits.device), loss_reduction, num_items_in_batch)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
-                                      hidden_states=out.hidden_states, attentions=out.attentions)
+        return CausalLMOutputWithPast(loss=loss, logits=logits, hidden_states=out.hidden_states,
+                                      attentions=out.attentions, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
 
     @staticmethod
     def _loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str, num_items_in_batch) -> torch.Tensor:
@@ -356,11 +365,12 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
         out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                               return_dict=True, **kwargs)  # an output object even if config.return_dict is False
+                               cache=cache, return_dict=True, **kwargs)  # an output object even if config.return_dict is False
         logits = self.score(out.last_hidden_state)
         batch = logits.shape[0]
         if attention_mask is not None and attention_mask.dim() == 2:  # last real token, left or right padding
@@ -378,8 +388,8 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled, config=self.config)
-        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, past_key_values=out.past_key_values,
-                                                hidden_states=out.hidden_states, attentions=out.attentions)
+        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, hidden_states=out.hidden_states,
+                                                attentions=out.attentions, **{CACHE_FIELD: getattr(out, CACHE_FIELD)})
 
 
 __all__ = ["NanoChatGPTForCausalLM", "NanoChatGPTForSequenceClassification", "NanoChatGPTModel",
