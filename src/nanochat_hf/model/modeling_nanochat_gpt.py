@@ -306,11 +306,11 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
             masks = attention_mask
         else:
             # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
-            mask_kwargs = {"config": c, "inputs_embeds": x, "attention_mask": attention_mask,
-                           "past_key_values": past_key_values, "position_ids": position_ids}
-            masks = {"full_attention": create_causal_mask(**mask_kwargs)}
+            # (the cache goes 4th by position: transformers 5.24 renamed that argument from past_key_values to cache)
+            mask_args = (c, x, attention_mask, past_key_values)
+            masks = {"full_attention": create_causal_mask(*mask_args, position_ids=position_ids)}
             if "sliding_attention" in c.layer_types:  # G2: transformers' sliding-window mask (sliding_window keys)
-                masks["sliding_attention"] = create_sliding_window_causal_mask(**mask_kwargs)
+                masks["sliding_attention"] = create_sliding_window_causal_mask(*mask_args, position_ids=position_ids)
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             # left padding: each row counts positions from its first real token (as generate() does)
