@@ -77,3 +77,114 @@ def test_each_generation_feature_changes_the_logits():
         other.load_state_dict(model.state_dict(), strict=False)
         with torch.no_grad():
             assert (other(ids).logits - expected).abs().max().item() > 1e-3, field
+
+
+def random_generation_model(gen: str, seed: int = 0, **overrides) -> NanoChatGPTForCausalLM:
+    """A generation's tiny model with random weights everywhere (smear_lambda and backout_lambda non-zero)."""
+    config = NanoChatGPTConfig(**{**GENERATIONS[gen], "eos_token_id": 49, "pad_token_id": 48, **overrides})
+    model = NanoChatGPTForCausalLM(config).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (1.0 if "wte" in name or "lambda" in name else 0.3))
+    return model
+
+
+@pytest.mark.parametrize("gen", list(GENERATIONS))
+def test_cached_generate_equals_the_full_forward(gen):
+    """Greedy generate() with the KV cache: the logits of every step equal the full forward on the final sequence,
+    past the sliding window (smear reads the previous token at each one-token step)."""
+    model = random_generation_model(gen)
+    window = model.config.sliding_window or 32
+    prompt = torch.randint(0, 48, (2, window - 8), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        out = model.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, output_logits=True,
+                             return_dict_in_generate=True)
+        assert out.sequences.shape[1] > window + 8
+        full = model(out.sequences).logits[:, prompt.shape[1] - 1:-1]
+        uncached = model.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, use_cache=False)
+    assert (torch.stack(out.logits, dim=1) - full).abs().max().item() < 1e-5
+    assert torch.equal(uncached, out.sequences)
+
+
+@pytest.mark.parametrize("attn", ["sdpa", "eager"])
+def test_g5_one_token_steps_need_and_use_the_previous_token(attn):
+    model = random_generation_model("g5")
+    model.set_attn_implementation(attn)
+    ids = torch.randint(0, 48, (2, 140), generator=torch.Generator().manual_seed(2))  # past the 129-key window
+    with torch.no_grad():
+        full = model(ids).logits
+        out = model(ids[:, :130], use_cache=True)
+        steps, cache = [out.logits], out.past_key_values
+        for t in range(130, 140):
+            out = model(ids[:, t:t + 1], past_key_values=cache, previous_input_ids=ids[:, t - 1], use_cache=True)
+            steps.append(out.logits)
+        assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
+        with pytest.raises(ValueError, match="previous_input_ids"):
+            model(ids[:, 140:141], past_key_values=cache, use_cache=True)
+
+
+@pytest.mark.parametrize("cache_implementation", [None, "static"])
+@pytest.mark.parametrize("gen", ["g2", "g5"])
+def test_batched_left_padded_equals_one_by_one(gen, cache_implementation):
+    model = random_generation_model(gen)
+    prompts = [list(range(1, 40)), [5, 6], list(range(10, 30))]  # g2's window is 33 keys
+    kw = {"max_new_tokens": 10, "do_sample": False, "eos_token_id": None, "cache_implementation": cache_implementation}
+    pad = model.config.pad_token_id
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    with torch.no_grad():
+        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p):].tolist() for p in prompts]
+        batched = model.generate(input_ids=ids, attention_mask=mask, **kw)[:, width:].tolist()
+        padded = model(ids, attention_mask=mask).logits[1, -2:]  # a padded row's logits at its real tokens
+        alone = model(torch.tensor([prompts[1]])).logits[0]
+    assert batched == singles
+    assert (padded - alone).abs().max().item() < 1e-5
+
+
+def test_beam_search_reorders_the_smear_input():
+    model = random_generation_model("g5")
+    prompt = torch.randint(0, 48, (1, 12), generator=torch.Generator().manual_seed(3))
+    kw = {"max_new_tokens": 8, "do_sample": False, "num_beams": 3, "eos_token_id": None}
+    with torch.no_grad():
+        assert torch.equal(model.generate(prompt, **kw), model.generate(prompt, use_cache=False, **kw))
+
+
+def test_g5_from_scratch_follows_nanochat_init_weights():
+    """nanochat's GPT.init_weights at a825e63/HEAD, for the values it fixes (zeros, constants, ranges)."""
+    torch.manual_seed(0)
+    config = NanoChatGPTConfig(**{**G5, "vocab_size": 512, "n_layer": 4, "n_embd": 128, "n_head": 2, "n_kv_head": 1,
+                                  "layer_types": ["sliding_attention"] * 3 + ["full_attention"]})
+    sd = NanoChatGPTForCausalLM(config).state_dict()
+    s = 3 ** 0.5 * 128 ** -0.5
+    assert torch.equal(sd["transformer.resid_lambdas"], torch.tensor([1.15, 1.15 - 0.1 / 3, 1.15 - 0.2 / 3, 1.05]))
+    assert torch.equal(sd["transformer.x0_lambdas"], torch.tensor([0.20, 0.15, 0.10, 0.05]))
+    assert sd["transformer.smear_lambda"].tolist() == [0.0]
+    assert sd["transformer.backout_lambda"] == torch.tensor([0.2])
+    for i in range(4):
+        h = f"transformer.h.{i}."
+        assert (sd[h + "attn.c_proj.weight"] == 0).all() and (sd[h + "mlp.c_proj.weight"] == 0).all()
+        for name, bound in (("attn.c_q", s), ("attn.c_k", s), ("attn.c_v", s), ("mlp.c_fc", 0.4 * s)):
+            w = sd[h + name + ".weight"]
+            assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound and abs(w.std() - bound / 3 ** 0.5) < 0.1 * bound
+    gates = [sd["transformer.smear_gate.weight"]] + [sd[f"transformer.h.{i}.attn.ve_gate.weight"] for i in (1, 3)]
+    assert all(g.min() >= 0 and g.max() <= 0.02 and g.max() > 0 for g in gates)
+    assert sorted(k for k in sd if "value_embeds" in k) == ["transformer.value_embeds.1.weight",
+                                                            "transformer.value_embeds.3.weight"]
+    for i in (1, 3):
+        ve = sd[f"transformer.value_embeds.{i}.weight"]
+        assert ve.shape == (512, 64) and ve.abs().max() <= s and ve.abs().max() > 0.95 * s
+    assert abs(sd["transformer.wte.weight"].std() - 0.8) < 0.02
+    assert abs(sd["lm_head.weight"].std() - 0.001) < 0.0001
+
+
+def test_g5_saves_and_loads_with_auto_classes(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    model = random_generation_model("g5")
+    model.save_pretrained(tmp_path)
+    loaded = AutoModelForCausalLM.from_pretrained(tmp_path)
+    assert loaded.config.smear and loaded.config.layer_types == SLIDING
+    for k, v in model.state_dict().items():  # nothing re-initialised on load
+        assert torch.equal(loaded.state_dict()[k], v), k
