@@ -188,3 +188,31 @@ def test_g5_saves_and_loads_with_auto_classes(tmp_path):
     assert loaded.config.smear and loaded.config.layer_types == SLIDING
     for k, v in model.state_dict().items():  # nothing re-initialised on load
         assert torch.equal(loaded.state_dict()[k], v), k
+
+
+@pytest.mark.slow
+def test_g5_chat_pipeline_and_calculator_tool():
+    from transformers import pipeline
+
+    from nanochat_hf.inference import generate_tokens
+    from nanochat_hf.tokenizer import render_for_completion, train_tokenizer
+
+    tokenizer = train_tokenizer(["The answer is 5. Let me compute 2+3 with the calculator."] * 10, vocab_size=300)
+    model = random_generation_model("g5", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
+                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    messages = [{"role": "user", "content": "hello"}]
+    reply = pipeline("text-generation", model=model, tokenizer=tokenizer)(messages, max_new_tokens=6,
+                                                                          do_sample=False)
+    prompt = render_for_completion(tokenizer, {"messages": messages})
+    with torch.no_grad():
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+    assert reply[0]["generated_text"][-1]["content"] == tokenizer.decode(ids, skip_special_tokens=True)
+    # a prompt ending in a calculator call: the tool's answer is forced in, in a left-padded batch as alone
+    call = tokenizer.convert_tokens_to_ids(["<|python_start|>"]) + tokenizer.encode("2+3", add_special_tokens=False) \
+        + tokenizer.convert_tokens_to_ids(["<|python_end|>"])
+    prompts = [prompt + call, prompt[:3] + call]
+    batched = generate_tokens(model, tokenizer, prompts, max_new_tokens=6)
+    assert batched == [generate_tokens(model, tokenizer, [p], max_new_tokens=6)[0] for p in prompts]
+    forced = tokenizer.convert_tokens_to_ids(["<|output_start|>"]) + tokenizer.encode("5", add_special_tokens=False) \
+        + tokenizer.convert_tokens_to_ids(["<|output_end|>"])
+    assert all(row[:len(forced)] == forced for row in batched)

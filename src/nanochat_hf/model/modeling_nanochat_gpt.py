@@ -3,7 +3,8 @@ classification heads on top of it.
 
 Standalone (only torch, transformers and the sibling configuration file), so it ships as remote code.
 The backbone is mounted as ``transformer`` (holding ``wte`` and ``h``), so parameter names are exactly nanochat's
-and a nanochat state dict loads with ``strict=True``.
+and a nanochat state dict of the December model loads with ``strict=True``; the later generations' top-level
+parameters (scalars, smear gate, value embeddings) live in the backbone too, as ``transformer.<nanochat name>``.
 """
 
 import inspect
