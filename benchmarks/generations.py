@@ -6,8 +6,11 @@ the December model G0.
 
 G5 here is nanochat's HEAD model: residual and x0 lambdas, value embeddings on every other layer with their gates,
 q/k scaled by 1.2, RoPE base 1e5, smear, backout, window pattern "SSSL" (short window ceil(seq/4/128)*128, the last
-layer full), vocab padded to 64. Both models start from their own from-scratch init (seed 0) and train on the same
-random tokens (loss = our causal LM loss on labels = inputs). A step is one forward + backward (no optimizer).
+layer full), vocab padded to 64. Both models get random weights (seed 0: matrices N(0, 1/fan_in), embeddings
+N(0, 1), the scalars at their init), as a model looks after a few steps: a fresh December model's all-zero lm_head
+and output projections made its CPU steps about 1.3x (sdpa) to 2.4x (eager) slower than with random weights,
+which would flatter G5. Both train on the same random tokens (loss = our causal LM loss on labels = inputs); a step
+is one forward + backward (no optimizer).
 The two models alternate within each repeat (a change in load on shared cores hits both alike), after one untimed
 warm-up each; the table shows the best repeat and the ratio G5 / G0.
 """
@@ -19,6 +22,7 @@ import os
 import time
 
 import torch
+from torch import nn
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 
@@ -33,11 +37,21 @@ def g5_fields(n_layer: int, seq: int) -> dict:
             "layer_types": layer_types, "sliding_window": short + 1}
 
 
-def build(generation: str, depth: int, vocab: int, seq: int, device: torch.device) -> NanoChatGPTForCausalLM:
+def build(generation: str, depth: int, vocab: int, seq: int, device: torch.device,
+          attn: str = "sdpa") -> NanoChatGPTForCausalLM:
     torch.manual_seed(0)
     fields = g5_fields(depth, seq) if generation == "G5" else {}
     config = NanoChatGPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq, **fields)
-    return NanoChatGPTForCausalLM(config).to(device).train()
+    model = NanoChatGPTForCausalLM(config)
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                w = module.weight
+                w.copy_(torch.randn(w.shape, generator=g) * (1.0 if isinstance(module, nn.Embedding) else
+                                                             w.shape[1] ** -0.5))
+    model.set_attn_implementation(attn)
+    return model.to(device).train()
 
 
 def timed_step(model: NanoChatGPTForCausalLM, ids: torch.Tensor, device: torch.device) -> float:
@@ -62,6 +76,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=2)
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--attn", default="sdpa", help="attn_implementation of both models (sdpa, eager, ...)")
     p.add_argument("--threads", type=int, default=1, help="torch threads on CPU")
     return p.parse_args(argv)
 
@@ -71,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     device = torch.device(args.device)
     if device.type == "cpu":
         torch.set_num_threads(args.threads)
-    models = {g: build(g, args.depth, args.vocab, args.seq, device) for g in ("G0", "G5")}
+    models = {g: build(g, args.depth, args.vocab, args.seq, device, args.attn) for g in ("G0", "G5")}
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1)).to(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     c = models["G5"].config
