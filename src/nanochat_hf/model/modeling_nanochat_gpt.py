@@ -31,6 +31,8 @@ from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_nanochat_gpt import NanoChatGPTConfig
 
+# the outputs' cache field: `cache` from transformers 5.24 on (the old name still works there, with a warning)
+CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 SMEAR_CHANNELS = 24  # smear_gate reads the first 24 channels of the normed embedding (nanochat G5)
 
 
@@ -337,7 +339,7 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         if x_backout is not None:  # G5: the mid-depth residual is subtracted before the final norm
             x = x - self.backout_lambda.to(x.dtype) * x_backout
         return BaseModelOutputWithPast(last_hidden_state=rms_norm(x),
-                                       past_key_values=past_key_values if use_cache else None)
+                                       **{CACHE: past_key_values if use_cache else None})
 
     def _smear(self, x: torch.Tensor, past: int, previous_input_ids: torch.LongTensor | None,
                position_ids: torch.LongTensor) -> torch.Tensor:
@@ -442,7 +444,7 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None:
             loss = self._loss(logits, labels.to(logits.device), loss_reduction, num_items_in_batch)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)},
                                       hidden_states=out.hidden_states, attentions=out.attentions)
 
     @staticmethod
@@ -513,7 +515,7 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled, config=self.config)
-        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, past_key_values=out.past_key_values,
+        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, **{CACHE: getattr(out, CACHE)},
                                                 hidden_states=out.hidden_states, attentions=out.attentions)
 
 
