@@ -157,6 +157,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     ddp_find_unused_parameters: bool | None = False
     report_to: None | str | list[str] = field(default="none")
     seed: int = 42
+    use_cache: bool = field(default=True, metadata={  # the Trainer writes it into the config the model is saved with
+        "help": "the saved config's use_cache: generate() keeps a KV cache by default (training never builds one)"})
 
     def __post_init__(self) -> None:
         self._refuse_unused()

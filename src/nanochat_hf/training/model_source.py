@@ -10,7 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..conversion import find_nanochat_checkpoint, load_from_nanochat
 from ..conversion.files import check_positive_ints, read_json
-from ..data import demo_tokenizer
+from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, EOS_TOKEN
 from .arguments import MidTrainingArguments
@@ -73,7 +73,7 @@ def _first_line(e: BaseException) -> str:
 def _demo_model(args: MidTrainingArguments):
     tokenizer = demo_tokenizer()
     config = NanoChatGPTConfig.from_depth(
-        args.demo_depth, vocab_size=len(tokenizer), sequence_len=max(args.max_seq_len, 1024),
+        args.demo_depth, vocab_size=len(tokenizer), sequence_len=max(args.max_seq_len, DEMO_SEQUENCE_LEN),
         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tokenizer.pad_token_id,
     )
