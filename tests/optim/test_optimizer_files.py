@@ -6,8 +6,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from nanochat_hf.conversion.optimizer_files import (full_state_of_shards, load_nanochat_optimizer, nanochat_files,
-                                                     read_nanochat_optimizer)
+from nanochat_hf.conversion.optimizer_files import (
+    full_state_of_shards,
+    load_nanochat_optimizer,
+    nanochat_files,
+    read_nanochat_optimizer,
+)
 from nanochat_hf.optim import build_optimizer
 
 DATA = Path(__file__).parent / "data"

@@ -34,6 +34,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
 
+from ..conversion.optimizer_files import load_nanochat_optimizer
 from ..data import MicroBatchStream, PackedStream
 from ..optim import build_optimizer
 from ..tokenizer import token_bytes as compute_token_bytes
@@ -143,9 +144,11 @@ class MidTrainer(Trainer):
             a = self.args
             self.optimizer = build_optimizer(
                 self.model, matrix_lr=a.matrix_lr, embedding_lr=a.embedding_lr, unembedding_lr=a.unembedding_lr,
-                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac,
+                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac, recipe=a.optimizer_recipe,
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
+            if a.nanochat_optimizer:  # warm start (a resume then replaces this state with the checkpoint's)
+                load_nanochat_optimizer(self.optimizer, self.model, a.nanochat_optimizer)
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
