@@ -124,3 +124,32 @@ def test_bad_files_are_refused_in_one_line(tmp_path, helpers):
     with pytest.raises(ValueError, match=r"optim_000009_rank0.pt: missing"):
         load_nanochat_optimizer(opt, model, tmp_path / "optim_000009_rank1.pt")
     assert not opt.state
+
+
+@pytest.mark.parametrize("fmt", ["head", "g0"])
+def test_two_rank_file_sets_round_trip(helpers, tmp_path, fmt):
+    """Files for 2 processes, in nanochat's sharded layouts (HEAD: contiguous chunks of each stack, rows of the
+    large AdamW parameters; G0: DistMuon's matrix i on rank i % 2, DistAdamW's rows): read back, the same state."""
+    if fmt == "head":
+        initial, grads, _, _ = helpers.head_reference()
+        model = helpers.named_module(initial, 32)
+        opt = build_optimizer(model, **helpers.HEAD_RATES, recipe="2026-07")
+        helpers.head_steps(model, opt, grads[:2])
+        full = full_state_of_shards(model, "2026-07", [opt.state_dict()])
+    else:
+        model = g0_model()
+        full, _, _ = read_nanochat_optimizer(G0_FILE, model)
+        opt = build_optimizer(model)
+    dtypes = {n: torch.float32 for n, _ in model.named_parameters()}
+    files = nanochat_files(model, full, 2, fmt, dtypes, opt.param_groups)
+    for r, obj in enumerate(files):
+        torch.save(obj, tmp_path / f"optim_000002_rank{r}.pt")
+    back, world, got_fmt = read_nanochat_optimizer(tmp_path / "optim_000002_rank0.pt", model)
+    assert (world, got_fmt) == (2, fmt) and back.keys() == full.keys()
+    for n, st in full.items():
+        assert back[n].keys() == st.keys(), n
+        for k, v in st.items():
+            assert v == back[n][k] if k == "step" else torch.equal(v, back[n][k]), (n, k)
+    with pytest.raises(ValueError, match=r"optim_000002_rank0.pt: nanochat wrote this optimizer state with 2 "
+                                         r"process\(es\), this run has 1: warm-start with 2"):
+        load_nanochat_optimizer(opt, model, tmp_path / "optim_000002_rank0.pt")

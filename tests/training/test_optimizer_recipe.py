@@ -4,6 +4,7 @@
 import json
 
 import pytest
+import torch
 
 from nanochat_hf.training.checkpoint_check import check_fingerprint
 from nanochat_hf.training.checkpoint_io import load_optimizer_state
@@ -21,7 +22,8 @@ def _error_line(capsys):
 
 def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     from nanochat_hf import NanoChatGPTForCausalLM
-    from nanochat_hf.conversion.optimizer_files import write_nanochat_optimizer
+    from nanochat_hf.conversion import to_nanochat
+    from nanochat_hf.conversion.optimizer_files import full_state_of_shards, read_nanochat_optimizer
 
     out = tmp_path / "run"
     metrics = main([*tiny_args, "--num_iterations", "2", "--save_steps", "2", "--spelling_eval_rows", "0",
@@ -41,12 +43,17 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     assert "optimizer_recipe was '2026-07' in the checkpoint and is '2025-12' now" in line, line
     assert sorted(p.name for p in out.rglob("*")) == before
 
-    # nanochat's optimizer file of this state (HEAD format), then a fresh run warm-started from it
-    model = NanoChatGPTForCausalLM.from_pretrained(ckpt)
-    dtypes = {n: p.dtype for n, p in model.named_parameters()}
+    # to-nanochat of the checkpoint writes its optimizer as nanochat's HEAD-format file, which holds the same state
     nanochat_dir = tmp_path / "nanochat"
-    nanochat_dir.mkdir()
-    [path] = write_nanochat_optimizer(model, "2026-07", [state], nanochat_dir, 2, dtypes)
+    to_nanochat(ckpt, nanochat_dir)
+    path = nanochat_dir / "optim_000002_rank0.pt"
+    assert sorted(p.name for p in nanochat_dir.glob("optim_*")) == [path.name]
+    model = NanoChatGPTForCausalLM.from_pretrained(ckpt)
+    written, world, fmt = read_nanochat_optimizer(path, model)
+    ours = full_state_of_shards(model, "2026-07", [state])
+    assert (world, fmt) == (1, "head") and written.keys() == ours.keys()
+    assert all(torch.equal(written[n][k], ours[n][k]) for n in ours for k in ours[n] if k != "step")
+    # then a fresh run warm-started from it
     warm = main([*tiny_args, "--num_iterations", "1", "--spelling_eval_rows", "0", "--optimizer_recipe", "2026-07",
                  "--model_source", str(ckpt), "--nanochat_optimizer", str(path), "--output_dir", str(tmp_path / "w")])
     assert warm["steps"] == 1

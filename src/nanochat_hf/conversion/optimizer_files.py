@@ -208,14 +208,18 @@ def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullStat
                     optimizer.state[p] = {"momentum_buffer": value.to(p.device, torch.float32).clone()}
 
 
+def check_world_size(path: str | Path, world: int, ours: int) -> None:
+    if world != ours:
+        raise ValueError(f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
+                         f"{ours}: warm-start with {world} (its state is sharded per rank)")
+
+
 def load_nanochat_optimizer(optimizer: MuonAdamW, model: torch.nn.Module, path: str | Path) -> str:
     """Warm-start ``optimizer`` from nanochat's optimizer files of ``path``'s step (every rank reads all of them and
     keeps its part). Refused in one line, with nothing loaded, for a file set of another world size, model or
     generation. Returns a line saying what was loaded."""
     full, world, fmt = read_nanochat_optimizer(path, model)
-    if world != optimizer.world_size:
-        raise ValueError(f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
-                         f"{optimizer.world_size}: warm-start with {world} (its state is sharded per rank)")
+    check_world_size(path, world, optimizer.world_size)
     load_full_state(optimizer, model, full)
     return f"optimizer warm-started from {path} ({fmt} format, {len(full)} parameters' state; LRs from this run)"
 
@@ -349,3 +353,19 @@ def write_nanochat_optimizer(model: torch.nn.Module, recipe: str, shards: list[d
         paths.append(directory / f"optim_{step:06d}_rank{r}.pt")
         torch.save(obj, paths[-1])
     return paths
+
+
+def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
+    """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
+    from ..training.checkpoint_check import FINGERPRINT_DEFAULTS, FINGERPRINT_FILE  # training imports this module
+    from ..training.checkpoint_io import load_optimizer_state, read_json
+
+    paths = []
+    while (model_dir / f"optimizer.rank{len(paths)}.safetensors").is_file():
+        paths.append(model_dir / f"optimizer.rank{len(paths)}.safetensors")
+    if not paths:
+        return None
+    fingerprint = model_dir / FINGERPRINT_FILE
+    recipe = (read_json(fingerprint) if fingerprint.is_file() else {}).get(
+        "optimizer_recipe", FINGERPRINT_DEFAULTS["optimizer_recipe"])
+    return recipe, [load_optimizer_state(p) for p in paths]
