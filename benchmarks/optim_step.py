@@ -3,6 +3,7 @@ step of optimizer recipe 2026-07 (nanochat HEAD's MuonAdamW) vs nanochat's own f
 
     python benchmarks/optim_step.py            # d12 on CPU, d20 (and d12) when CUDA is available
     python benchmarks/optim_step.py --quick    # small smoke run
+    python benchmarks/optim_step.py --only_head  # just recipe 2026-07's step and the state per rank
 
 Every optimizer gets the same float32 parameters and gradients and the same math (Nesterov momentum 0.95,
 5 bf16 Newton-Schulz steps, lr * max(1, rows/cols)^0.5, no weight decay). torch's loops over the matrices one
@@ -259,6 +260,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, nargs="*", help="model depths (default: 12, plus 20 on CUDA)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=65536, help="vocabulary for the state sizes (nanochat's)")
+    parser.add_argument("--only_head", action="store_true", help="skip the December recipe's step measurements")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     depths = args.depth or ([2] if args.quick else [12, 20] if device.type == "cuda" else [12])
@@ -268,8 +270,9 @@ def main() -> None:
     if hasattr(os, "getloadavg"):
         print(f"load average before: {os.getloadavg()[0]:.2f} (other processes share these cores if > ~0)")
     for depth in depths:
-        bench_step(depth, repeats, device)
-        bench_gram(depth, repeats, device)
+        if not args.only_head:
+            bench_step(depth, repeats, device)
+            bench_gram(depth, repeats, device)
         bench_head_step(depth, repeats, device)
         print_state_bytes(depth, args.vocab)
     if hasattr(os, "getloadavg"):
