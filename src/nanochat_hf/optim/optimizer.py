@@ -472,4 +472,3 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
     for g in groups:
         g["initial_lr"] = g["lr"]
     return MuonAdamW(groups, process_group=process_group, sharded=sharded)
-
