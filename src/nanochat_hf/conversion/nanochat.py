@@ -27,6 +27,7 @@ from .files import (
     read_json,
 )
 from .native import config_from_native, native_to_nanochat_names
+from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
 
 NANOCHAT_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 SOURCE_FOLDERS = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
@@ -262,7 +263,9 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
                              f"model's vocab_size is {config.vocab_size}")
     # The checkpoint names are checked now, before any work; the tokenizer files when they are written (the same
     # tokenizer written again for another step is byte-identical, and left as it is).
-    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json") if p.exists()]
+    shards = checkpoint_shards(model_dir)  # a trainer checkpoint: its optimizer as nanochat's optim_*.pt files too
+    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json",
+                            *output_dir.glob(f"optim_{step:06d}_rank*.pt")) if p.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{existing[0]}: already exists (pass --overwrite to replace it, or choose another "
                               "--output / --step)")
@@ -271,6 +274,10 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
         torch.save(state_dict, tmp / f"model_{step:06d}.pt")
         meta = {"step": step, "model_config": config.to_nanochat_dict()}
         write_text(tmp / f"meta_{step:06d}.json", json.dumps(meta, indent=2))
+        if shards is not None:
+            with torch.device("meta"):
+                model = NanoChatGPTForCausalLM(config)
+            write_nanochat_optimizer(model, *shards, tmp, step, {n: t.dtype for n, t in state_dict.items()})
         if tokenizer is not None and tokenizer_output_dir is None:
             _write_nanochat_tokenizer(tokenizer, tmp / "tokenizer")
         elif tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too

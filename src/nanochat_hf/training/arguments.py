@@ -25,6 +25,7 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
 from nanochat_hf.evaluation.tasks import task_by_name
+from nanochat_hf.optim import RECIPES
 
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
 
@@ -108,7 +109,15 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     embedding_lr: float = 0.2
     matrix_lr: float = 0.02
     init_lr_frac: float = 1.0
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (embedding, lm_head)"})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "AdamW weight decay (embedding, lm_head); with optimizer_recipe 2026-07 the Muon groups' (the AdamW "
+                "groups then have nanochat's fixed ones)"})
+    optimizer_recipe: str = field(default="2025-12", metadata={
+        "help": "2025-12: nanochat's December Muon + AdamW; 2026-07: nanochat HEAD's MuonAdamW (Polar Express, "
+                "NorMuon, cautious weight decay, per-group betas and weight decay)"})
+    nanochat_optimizer: str | None = field(default=None, metadata={
+        "help": "warm-start the optimizer from nanochat's optim_<step>_rank0.pt (G0-era or HEAD format; each process "
+                "reads the file of its rank): momentum buffers and moments; the LRs stay this run's"})
     eval_every: int | None = field(default=None, metadata={
         "help": "evaluate val bpb every N steps, <=0: only at the end (alias of eval_steps; default 150)"})
     eval_tokens: int = 20 * 524288
@@ -196,6 +205,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
                              f"device_batch_size ({self.device_batch_size}), as nanochat does")
 
     def _check_nanochat_knobs(self) -> None:
+        if self.optimizer_recipe not in RECIPES:
+            raise ValueError(f"optimizer_recipe={self.optimizer_recipe}: expected one of {', '.join(RECIPES)}")
         for name in ("device_batch_size", "max_seq_len", "total_batch_size", "eval_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")

@@ -40,8 +40,10 @@ LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
 # Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
 FINGERPRINT_ARGS = (
     "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations",
-    *LR_FIELDS, "weight_decay", "max_grad_norm",
+    *LR_FIELDS, "weight_decay", "max_grad_norm", "optimizer_recipe",
 )
+# What a fingerprint written before a field existed meant by it (every earlier run used the December optimizer).
+FINGERPRINT_DEFAULTS = {"optimizer_recipe": "2025-12"}
 
 
 class CheckpointMismatch(ValueError):
@@ -192,6 +194,7 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
         return ["the checkpoint has no run fingerprint (written by an older version): data and optimizer setup "
                 "not checked"]
     notices = []
+    saved = {**FINGERPRINT_DEFAULTS, **saved}
     for name, value in current.items():
         if name not in saved:
             notices.append(f"{name} is not recorded in the checkpoint: not checked")

@@ -34,6 +34,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
 
+from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
 from ..data import MicroBatchStream, PackedStream
 from ..optim import build_optimizer
 from ..tokenizer import token_bytes as compute_token_bytes
@@ -95,6 +96,13 @@ class MidTrainer(Trainer):
         if (embedding_dtype := a.embedding_torch_dtype) is not None:
             # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
             self.model.get_input_embeddings().to(embedding_dtype)
+        # nanochat's optimizer files are read and checked now (a bad file set stops the run before training, in
+        # one line), and put into the optimizer when it is built
+        self.warm_start = None
+        if a.nanochat_optimizer:
+            full, world, fmt = read_nanochat_optimizer(a.nanochat_optimizer, self.model)
+            check_world_size(a.nanochat_optimizer, world, self.accelerator.num_processes)
+            self.warm_start = (full, fmt)
 
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
@@ -143,9 +151,15 @@ class MidTrainer(Trainer):
             a = self.args
             self.optimizer = build_optimizer(
                 self.model, matrix_lr=a.matrix_lr, embedding_lr=a.embedding_lr, unembedding_lr=a.unembedding_lr,
-                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac,
+                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac, recipe=a.optimizer_recipe,
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
+            if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
+                load_full_state(self.optimizer, self.model, self.warm_start[0])
+                if self.is_world_process_zero():
+                    print(f"optimizer warm-started from {a.nanochat_optimizer} ({self.warm_start[1]} format: "
+                          f"{len(self.warm_start[0])} parameters' state; LRs from this run)")
+                self.warm_start = None
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
