@@ -127,7 +127,8 @@ def tokenizer_part(out_dir: str) -> None:
 
     nanochat.dataset.parquets_iter_batched = batches
     os.environ["NANOCHAT_BASE_DIR"] = out_dir
-    sys.argv = ["tok_train.py", "--vocab-size", "400"]
+    spelling = "--vocab_size" if "--vocab_size" in Path("scripts/tok_train.py").read_text() else "--vocab-size"
+    sys.argv = ["tok_train.py", spelling, "400"]  # the flag was --vocab_size until argparse names changed
     runpy.run_path("scripts/tok_train.py", run_name="__main__")
 
 
@@ -155,7 +156,7 @@ def gsm8k_part(tok_dir: str, out_dir: str) -> None:
     tok = _nanochat_tokenizer(tok_dir)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rows = out / "gsm8k_rows.jsonl"
+    rows = out / "nanochat_gsm8k_rows.jsonl"
     rows.write_text("".join(json.dumps(r) + "\n" for r in GSM8K_ROWS))
     task = GSM8K.__new__(GSM8K)  # as GSM8K("main", "test") with the hub download replaced by the local rows
     Task.__init__(task)
@@ -178,7 +179,7 @@ def gsm8k_part(tok_dir: str, out_dir: str) -> None:
         completion = tok.decode(tokens)
         cases.append({"problem": index, "tokens": tokens, "stopped": parts[-1] == "<end>",
                       "completion": completion, "correct": task.evaluate(task[index], completion)})
-    (out / "gsm8k_completions.json").write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n")
+    (out / "nanochat_gsm8k_completions.json").write_text(json.dumps(cases, ensure_ascii=False, indent=1) + "\n")
 
 
 def render_part(tok_dir: str, out: str) -> None:
