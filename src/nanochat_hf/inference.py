@@ -298,12 +298,23 @@ def parts_from_tokens(tokenizer, token_ids: list[int]) -> list[dict[str, str]]:
     return parts
 
 
+def decode_completion(tokenizer, token_ids: list[int]) -> str:
+    """The reply as nanochat's chat_eval decodes it for scoring: every token, the special tokens of tool blocks
+    written out (``<|python_start|>12/60<|python_end|><|output_start|>0.2<|output_end|>``), the stop token that
+    ended it left out, decoded as one sequence."""
+    _, _, stop = tool_part_tokens(tokenizer)
+    if token_ids and token_ids[-1] in stop:
+        token_ids = token_ids[:-1]
+    return tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def _reply(tokenizer, tokens: list[int], stops: tuple[int, int]) -> dict[str, Any]:
     parts = parts_from_tokens(tokenizer, tokens)
     return {
         "message": {"role": "assistant", "content": parts},
         "parts": parts,
         "text": "".join(p["text"] for p in parts if p["type"] == TEXT),
+        "completion": decode_completion(tokenizer, tokens),
         "token_ids": tokens,
         "finish_reason": "stop" if tokens and tokens[-1] in stops else "length",
     }
@@ -327,9 +338,10 @@ def generate_reply(model, tokenizer, conversation: Mapping | list, max_new_token
     """Generate the assistant's reply to `conversation` (nanochat format, last message from the user).
 
     Returns {"message": {"role": "assistant", "content": parts}, "parts": parts, "text": the text parts joined,
-    "token_ids": every reply token (forced ones and the stop token included), "finish_reason": "stop" or
-    "length"}. Append result["message"] to the conversation to continue the chat. temperature 0 = greedy;
-    `seed` makes sampling reproducible.
+    "completion": the whole reply decoded as nanochat scores it (`decode_completion`), "token_ids": every reply
+    token (forced ones and the stop token included), "finish_reason": "stop" or "length"}. Append
+    result["message"] to the conversation to continue the chat. temperature 0 = greedy; `seed` makes sampling
+    reproducible.
     """
     return generate_replies(model, tokenizer, [conversation], max_new_tokens, temperature, top_k, seed)[0]
 
@@ -349,5 +361,5 @@ def format_parts(parts: list[dict[str, str]]) -> str:
     return "".join(out)
 
 
-__all__ = ["CalculatorToolProcessor", "calculate", "fit_prompt", "format_parts", "generate_replies", "generate_reply",
-           "generate_tokens", "parts_from_tokens", "tool_part_tokens"]
+__all__ = ["CalculatorToolProcessor", "calculate", "decode_completion", "fit_prompt", "format_parts",
+           "generate_replies", "generate_reply", "generate_tokens", "parts_from_tokens", "tool_part_tokens"]
