@@ -14,10 +14,15 @@ parts:
                          the task does) and COMPLETIONS (tokens as the engine returns them, terminal token left
                          out), decoded with tokenizer.decode and scored with GSM8K.evaluate, as chat_eval does
   render TOK_DIR OUT.json  tokenizer.render_conversation (ids, mask) of CONVERSATIONS
+  engine TOK_DIR OUT.json  nanochat.engine.Engine.generate_batch (greedy, the calculator tool on) on the prompt
+                         render_for_completion gives for ENGINE_CASES, with a "wired" model whose next token is a
+                         fixed function of the current one (each chain's token i leads to token i+1; any other
+                         token to id 0): the tokens it returns after the prompt (terminal token left out)
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import runpy
@@ -36,7 +41,7 @@ CORPUS = [
 
 EXPRESSIONS = [
     "12*7+3", "2+3", " (1 + 2) * -3 ", "5/2", "10/2", "12/60", "0.2*50", "0.1+0.2", "1/3", "2/3*3", "7//2",
-    "100*1.1", "3.0", "-0.0", "--5", "+4", "1,200*3", "1,234.5/2", "99999999999*99999999999",
+    "100*1.1", "3.0", "-0.0", "--5", "+4", "4,56*2", "1,234.5/2", "99999999999*99999999999",
     "9999999999.0*" * 40 + "1.0", ".5+5.", "3**2", "2 ** 3", "7%3", "1e3", "1.5e3", "1_000", "x*2", "$5+3",
     "5+3=", "12 * 3\n", "1/0", "1//0", "1 +", "", "()", "()*3", "...", "(1)(2)", "012", "1.5.2",
     "(" * 300 + "1" + ")" * 300,
@@ -118,6 +123,24 @@ CONVERSATIONS = [
 ]
 
 
+# (user message, chains of pieces: a special token or text, max_tokens). A chain's tokens must not repeat.
+ENGINE_CASES = [
+    ("What is 10/2?", [["<|assistant_start|>", "<|python_start|>", "10/2", "<|python_end|>"],
+                       ["<|output_end|>", "ok", "<|assistant_end|>"]], 24),
+    ("What is 1/3?", [["<|assistant_start|>", "<|python_start|>", "1/3", "<|python_end|>"],
+                      ["<|output_end|>", "so", "<|assistant_end|>"]], 40),
+    ("Budget", [["<|assistant_start|>", "<|python_start|>", "1/3", "<|python_end|>"]], 9),  # cut inside the output
+    ("7%2?", [["<|assistant_start|>", "<|python_start|>", "7%2", "<|python_end|>", "no", "<|assistant_end|>"]], 16),
+    ("Commas", [["<|assistant_start|>", "<|python_start|>", "4,56*2", "<|python_end|>"],
+                ["<|output_end|>", "ok", "<|assistant_end|>"]], 24),
+    ("Count", [["<|assistant_start|>", "<|python_start|>", "'strawberry'.count('r')", "<|python_end|>"],
+               ["<|output_end|>", "ok", "<|assistant_end|>"]], 32),
+    ("Empty", [["<|assistant_start|>", "<|python_start|>", "<|python_end|>", "ok", "<|assistant_end|>"]], 16),
+    ("Two calls", [["<|assistant_start|>", "<|python_start|>", "2*3", "<|python_end|>"],
+                   ["<|output_end|>", "<|python_start|>"]], 40),  # calls again and again until the budget ends
+]
+
+
 def tokenizer_part(out_dir: str) -> None:
     import nanochat.dataset
 
@@ -191,8 +214,51 @@ def render_part(tok_dir: str, out: str) -> None:
     Path(out).write_text(json.dumps(rendered, ensure_ascii=False) + "\n")
 
 
+def engine_part(tok_dir: str, out: str) -> None:
+    from types import SimpleNamespace
+
+    import torch
+    from nanochat.engine import Engine
+
+    tok = _nanochat_tokenizer(tok_dir)
+    vocab = tok.get_vocab_size()
+
+    class Wired(torch.nn.Module):
+        def __init__(self, pairs):
+            super().__init__()
+            self.config = SimpleNamespace(n_kv_head=1, n_head=1, n_embd=4, n_layer=1, sequence_len=256)
+            self.table = torch.zeros(vocab, vocab)
+            for src, dst in pairs:
+                self.table[src, dst] = 1.0
+
+        def get_device(self):
+            return torch.device("cpu")
+
+        def forward(self, ids, kv_cache=None):
+            batch, time = ids.shape  # keep the cache's position as nanochat's GPT does (its API changed)
+            if hasattr(kv_cache, "insert_kv"):
+                kv_cache.insert_kv(0, torch.zeros(batch, 1, time, 4), torch.zeros(batch, 1, time, 4))
+            elif kv_cache is not None:
+                kv_cache.advance(time)
+            return self.table[ids]
+
+    cases = []
+    for user, chains, max_tokens in ENGINE_CASES:
+        chains = [[i for p in chain for i in ([tok.encode_special(p)] if p.startswith("<|") else tok.encode(p))]
+                  for chain in chains]
+        pairs = [(a, b) for chain in chains for a, b in itertools.pairwise(chain)]
+        assert len({a for a, _ in pairs}) == len(pairs), f"{user}: a token leads to two others"
+        conversation = {"messages": [{"role": "user", "content": user}, {"role": "assistant", "content": ""}]}
+        prompt = tok.render_for_completion(conversation)
+        results, _ = Engine(Wired(pairs), tok).generate_batch(prompt, num_samples=1, max_tokens=max_tokens,
+                                                              temperature=0.0)
+        cases.append({"user": user, "chains": chains, "max_tokens": max_tokens, "prompt": prompt,
+                      "tokens": results[0][len(prompt):], "decoded": tok.decode(results[0][len(prompt):])})
+    Path(out).write_text(json.dumps(cases, ensure_ascii=False) + "\n")
+
+
 if __name__ == "__main__":
     sys.path.insert(0, os.getcwd())
     part, *args = sys.argv[1:]
     {"tokenizer": tokenizer_part, "calculator": calculator_part, "gsm8k": gsm8k_part,
-     "render": render_part}[part](*args)
+     "render": render_part, "engine": engine_part}[part](*args)
