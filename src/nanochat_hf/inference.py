@@ -155,7 +155,9 @@ class CalculatorToolProcessor(LogitsProcessor):
 
     def forced_reply(self, expression_ids: list[int]) -> list[int] | None:
         """The tokens the tool writes after ``<|python_end|>`` for this expression, or None (no result)."""
-        result = calculate(self.tokenizer.decode(expression_ids)) if expression_ids else None
+        if not expression_ids:  # nanochat's engine skips an empty call
+            return None
+        result = calculate(self.tokenizer.decode(expression_ids, clean_up_tokenization_spaces=False))
         if result is None:
             return None
         return [self.output_start, *self.tokenizer.encode(result, add_special_tokens=False), self.output_end]
