@@ -3,8 +3,8 @@
 Categorical (multiple choice): one batched forward over the left-padded prompts; the prediction is the answer
 letter with the highest logit at the last position, among the problem's letters only. Generative: batched,
 left-padded `generate()` with the calculator tool (`CalculatorToolProcessor`), then the task's checker on the
-reply's text. Under ``accelerate launch`` each process takes every world_size-th problem and the outcomes are
-gathered, so every process returns the same results.
+whole decoded completion, tool blocks included, as nanochat's. Under ``accelerate launch`` each process takes
+every world_size-th problem and the outcomes are gathered, so every process returns the same results.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from accelerate.utils import gather_object
 from huggingface_hub import EvalResult
 
 from ..atomic import write_text
-from ..inference import generate_tokens, parts_from_tokens
+from ..inference import decode_completion, generate_tokens
 from ..tokenizer import render_for_completion
 from .tasks import EVAL_TASKS, EvalTask, Problem, load_problems, task_by_name
 
@@ -84,14 +84,14 @@ def categorical_outcomes(model, tokenizer, problems: list[Problem], batch_size: 
 
 def generative_replies(model, tokenizer, problems: list[Problem], batch_size: int = 8, max_new_tokens: int = 512,
                        temperature: float = 0.0, top_k: int | None = 50, seed: int | None = None) -> list[str]:
-    """Per problem: the text of the reply (text parts joined; calculator calls and outputs left out)."""
+    """Per problem: the whole decoded completion, tool blocks included, as nanochat's chat_eval scores it."""
     replies = []
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         prompts = [render_for_completion(tokenizer, {"messages": p.messages}) for p in batch]
         for tokens in generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k,
                                       None if seed is None else seed + start):
-            replies.append("".join(p["text"] for p in parts_from_tokens(tokenizer, tokens) if p["type"] == "text"))
+            replies.append(decode_completion(tokenizer, tokens))
     return replies
 
 

@@ -3,14 +3,15 @@
 Hub tasks load with `datasets` under nanochat's hub names and are shuffled with ``.shuffle(seed=42)`` right after
 loading (so "the first 100 problems" are nanochat's first 100); ``data_files`` (json / jsonl / parquet in the
 hub dataset's column layout) loads local copies instead. SpellingBee is synthetic (our `data.synthetic`, test
-seeds). Categorical tasks are scored from the answer letters' logits; generative ones by a checker on the reply.
+seeds). Categorical tasks are scored from the answer letters' logits; generative ones by a checker on the whole decoded
+completion (tool blocks included), as nanochat's chat_eval.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from datasets import load_dataset
 
@@ -59,15 +60,21 @@ def mmlu_problem(row: dict) -> Problem:
     return Problem([user], assistant["content"], LETTERS[:len(row["choices"])])
 
 
+_FINAL_NUMBER = re.compile(r"#### (-?[0-9.,]+)")
+
+
 def final_number(text: str) -> str | None:
-    """The number after the last ``#### `` (commas dropped), as GSM8K writes its answers; None if there is none."""
-    found = re.findall(r"#### (-?[0-9.,]+)", text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
+    """nanochat's extract_answer (tasks/gsm8k.py): the digits, dots and commas after the first ``#### `` of
+    `text`, commas removed; None if there is none. Nothing else is normalized: "5." and "5.0" are not "5"."""
+    found = _FINAL_NUMBER.search(text)
+    return found.group(1).replace(",", "") if found else None
 
 
 def gsm8k_problem(row: dict) -> Problem:
-    user = gsm8k_conversation(row)["messages"][0]
-    return Problem([user], final_number(row["answer"]))
+    """openai/gsm8k row: question, answer. The right answer is read, as nanochat does, from the answer's last text
+    part (after its last ``<<...>>`` calculator call)."""
+    user, assistant = gsm8k_conversation(row)["messages"]
+    return Problem([user], final_number(assistant["content"][-1]["text"]))
 
 
 def humaneval_problem(row: dict) -> Problem:
@@ -89,8 +96,10 @@ def spelling_bee_problem(index: int) -> Problem:
 
 
 def check_final_number(problem: Problem, reply: str) -> bool:
-    predicted = final_number(reply)
-    return predicted is not None and predicted == problem.answer
+    """nanochat's GSM8K (and SpellingBee) verdict: `reply` is the whole decoded completion, tool blocks included
+    (`inference.decode_completion`), so a ``####`` inside a calculator call counts; no number on either side is
+    a match too, as there (pred None == ref None)."""
+    return final_number(reply) == problem.answer
 
 
 def humaneval_program(problem: Problem, reply: str) -> str:
