@@ -14,7 +14,7 @@ import pytest
 import torch
 from datasets import Dataset
 
-from nanochat_hf.data.bestfit import BestFitStream
+from nanochat_hf.data.bestfit import BestFitStream, rows_cut_message
 from nanochat_hf.training.schedule import lr_multiplier
 
 REFERENCE = json.loads((Path(__file__).parent / "data" / "bestfit_reference.json").read_text())
@@ -108,14 +108,13 @@ def test_conversation_longer_than_a_row_is_cut_and_counted():
     """nanochat would keep it in its buffer for good; ours cuts it to the row (as its renderer cuts at 2048)."""
     ds = dataset(range(40), 17, lengths={3: 30, 7: 17, 11: 18})
     stream = BestFitStream(ds, max_seq_len=16, device_batch_size=2, bos_token_id=BOS)
-    assert stream.cut == 2 and stream.cut_rows.tolist() == [3, 11]
-    assert stream.cut_message() == ("2 of 40 conversations are longer than a row of max_seq_len+1 = 17 tokens and "
-                                    "are cut to it (first: row 3, 30 tokens)")
+    assert rows_cut_message(ds, 16) == ("2 of 40 conversations are longer than a row of max_seq_len+1 = 17 tokens and "
+                                        "are cut to it (first: row 3, 30 tokens)")
     rows = np.concatenate([b["input_ids"].numpy() for b in stream.read(stream.num_micro_batches())])
     for token in (13, 17, 21):  # the cut ones and the one of exactly a row: BOS + 16 tokens, whole in a row
         per_row = (rows == token).sum(1)
         assert per_row.max() == 16 and set(per_row.tolist()) <= {0, 16}
-    assert BestFitStream(dataset(range(40), 17), 16, 2, bos_token_id=BOS).cut_message() is None
+    assert rows_cut_message(dataset(range(40), 17), 16) is None
 
 
 def test_rejects_bad_input():

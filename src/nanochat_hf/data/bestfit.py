@@ -12,7 +12,7 @@ assistant's completions, nanochat's loss mask), -100 on padding.
 
 One difference: a conversation longer than a row would never fit in nanochat (it stays in the buffer for good
 and the loader emits padding rows around it); here it is cut to the row, as nanochat's renderer cuts at 2048
-tokens, and counted (`cut`, `cut_rows`; the trainer prints one line).
+tokens, and counted (`rows_cut_message`: the run prints one line).
 
 The packing depends only on the conversations' lengths, so the planner (`_BestFit` run on lengths) gives, on
 every rank without communication, nanochat's end of epoch (the first micro-batch whose filling has consumed the
@@ -34,6 +34,24 @@ from .packing import MicroBatchStream
 
 BUFFER_SIZE = 100  # nanochat's buffer_size
 IGNORE = -100
+
+
+def _lengths(token_ds: Dataset) -> np.ndarray:
+    table = token_ds.with_format("arrow")
+    if "num_tokens" in token_ds.column_names:
+        return np.asarray(table["num_tokens"], dtype=np.int64)
+    return pc.list_value_length(table["input_ids"]).to_numpy().astype(np.int64)
+
+
+def rows_cut_message(token_ds: Dataset, max_seq_len: int) -> str | None:
+    """One line about the conversations longer than a row (max_seq_len + 1 tokens), which best-fit packing cuts
+    to the row; None when there are none."""
+    lengths, cap = _lengths(token_ds), max_seq_len + 1
+    cut = np.flatnonzero(lengths > cap)
+    if not len(cut):
+        return None
+    return (f"{len(cut)} of {len(lengths)} conversations are longer than a row of max_seq_len+1 = {cap} tokens "
+            f"and are cut to it (first: row {int(cut[0])}, {int(lengths[cut[0]])} tokens)")
 
 
 class _BestFit:
@@ -103,30 +121,13 @@ class BestFitStream(MicroBatchStream):
         self.T, self.B, self.rank, self.world_size = max_seq_len, device_batch_size, rank, world_size
         self.bos = bos_token_id  # nanochat pads rows with BOS (never a target)
         self.cap = max_seq_len + 1
-        if "num_tokens" in token_ds.column_names:
-            self._lengths = np.asarray(self.ds["num_tokens"], dtype=np.int64)
-        else:
-            self._lengths = pc.list_value_length(self.ds["input_ids"]).to_numpy().astype(np.int64)
+        self._lengths = _lengths(token_ds)
         if self._lengths.min() < 1:
             raise ValueError(f"BestFitStream: conversation row {int(np.argmin(self._lengths))} has no tokens")
         self.buffer_size = buffer_size
-        self.cut_rows = np.flatnonzero(self._lengths > self.cap)  # dataset rows cut to a row's length
         self._packer = _BestFit(self._lengths, self.cap, rank, world_size, buffer_size)
         self.micro_batches = 0  # handed out since the start
         self._plans: dict[int, tuple[_BestFit, list[int]]] = {}  # rank -> (planner, consumed after micro-batch m)
-
-    @property
-    def cut(self) -> int:
-        """Conversations (of the dataset) longer than a row, cut to max_seq_len + 1 tokens."""
-        return len(self.cut_rows)
-
-    def cut_message(self) -> str | None:
-        """One line about the conversations cut to a row, None when there are none."""
-        if not self.cut:
-            return None
-        return (f"{self.cut} of {len(self._lengths)} conversations are longer than a row of max_seq_len+1 = "
-                f"{self.cap} tokens and are cut to it (first: row {int(self.cut_rows[0])}, "
-                f"{int(self._lengths[self.cut_rows[0]])} tokens)")
 
     # ---- nanochat's epoch end and schedule progress -----------------------------------------------------
     def _consumed(self, rank: int, m: int) -> int:

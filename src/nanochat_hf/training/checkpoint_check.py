@@ -39,8 +39,8 @@ FINGERPRINT_FILE = "run_fingerprint.json"
 LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
 # Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
 FINGERPRINT_ARGS = (
-    "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations",
-    *LR_FIELDS, "weight_decay", "max_grad_norm",
+    "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations", "packing",
+    "completion_only_loss", *LR_FIELDS, "warmdown_ratio", "weight_decay", "max_grad_norm",
 )
 
 
