@@ -6,7 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from nanochat_hf.data import read_mixture
+from nanochat_hf.data import BestFitStream, demo_tokenizer, load_mixture, read_mixture, tokenize_conversations
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.schedule import lr_multiplier
 
@@ -114,15 +114,15 @@ def test_bad_recipe_values_are_one_line():
 
 def test_december_schedule_is_bit_identical():
     """lr_multiplier is nanochat HEAD's formula; at warmdown 0.2 it is the December mid-training one, bit for bit."""
-    december = lambda p: 1.0 if p < 0.8 else 1.0 - (p - 0.8) / 0.2  # noqa: E731 (mid_train.py at 790f3be)
+    def december(p):  # nanochat's mid_train.py at 790f3be
+        return 1.0 if p < 0.8 else 1.0 - (p - 0.8) / 0.2
+
     grid = np.concatenate([np.linspace(0, 1.05, 100_001), np.nextafter(0.8, [0, 1]), [0.8]])
     assert all(lr_multiplier(float(p)) == december(float(p)) for p in grid)
 
 
 def test_completion_only_rows(monkeypatch):
     """The tokenized SFT rows: targets only on the assistant's tokens, each row starting with BOS."""
-    from nanochat_hf.data import BestFitStream, demo_tokenizer, load_mixture, tokenize_conversations
-
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     tok = demo_tokenizer()
     ds = tokenize_conversations(load_mixture(None, "val").select(range(40)), tok, assistant_only=True)
