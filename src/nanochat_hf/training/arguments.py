@@ -23,11 +23,13 @@ from pathlib import Path
 import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
+from transformers.hf_argparser import string_to_bool
 
 from nanochat_hf.evaluation.tasks import task_by_name
 from nanochat_hf.optim import RECIPES
 
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
+from .inherit import find_meta, inherit, inheritance_lines
 
 # The demo run's settings (also `configs/demo.yaml`, a link to this file): used when neither a config file nor a
 # --model_source other than "demo" is given. Flags still override them.
@@ -43,8 +45,10 @@ ALIASES = {
 # TrainingArguments fields this recipe does not read: setting one (to anything but its default) is an error.
 REFUSED = {
     "learning_rate": "use matrix_lr / embedding_lr / unembedding_lr (nanochat's per-group rates) and init_lr_frac",
-    "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last 20% of progress)",
-    "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last 20% of progress)",
+    "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
+                         "progress)",
+    "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
+                           "progress)",
     "warmup_steps": "nanochat's schedule has no LR warm-up (Muon's momentum warms up over 300 steps)",
     "optim": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
     "optim_args": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
@@ -92,6 +96,15 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     # --- data -----------------------------------------------------------------------------------------------
     train_mixture: str | None = field(default=None, metadata={"help": "mixture YAML (None: offline demo mixture)"})
     val_mixture: str | None = field(default=None, metadata={"help": "validation mixture YAML (None: train_mixture)"})
+    packing: str = field(default="stream", metadata={
+        "help": "stream: conversations concatenated into one token stream cut into rows (nanochat's December "
+                "mid-training); bestfit: BOS-aligned best-fit rows padded, never cropped (nanochat's SFT at HEAD)"})
+    completion_only_loss: bool = field(default=False, metadata={
+        "help": "train on the assistant's completions only (nanochat's SFT); false: on every token (December "
+                "mid-training)"})
+    inherit_from_base: bool = field(default=False, metadata={
+        "help": "take max_seq_len, device_batch_size, total_batch_size and the three LRs that are not given from "
+                "the base checkpoint's meta JSON, as nanochat's chat_sft.py does (the run prints which)"})
     # --- nanochat's knobs (names and defaults of nanochat's mid_train) ----------------------------------------
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, "
                                                  "float32; --bf16 true is the same as bfloat16"})
@@ -109,6 +122,9 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     embedding_lr: float = 0.2
     matrix_lr: float = 0.02
     init_lr_frac: float = 1.0
+    warmdown_ratio: float = field(default=0.2, metadata={
+        "help": "the LR decays linearly to 0 over this last fraction of the run (December mid-training 0.2, "
+                "SFT at HEAD 0.5)"})
     weight_decay: float = field(default=0.0, metadata={
         "help": "AdamW weight decay (embedding, lm_head); with optimizer_recipe 2026-07 the Muon groups' (the AdamW "
                 "groups then have nanochat's fixed ones)"})
@@ -121,6 +137,13 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     eval_every: int | None = field(default=None, metadata={
         "help": "evaluate val bpb every N steps, <=0: only at the end (alias of eval_steps; default 150)"})
     eval_tokens: int = 20 * 524288
+    chatcore_every: int = field(default=-1, metadata={
+        "help": "ChatCORE (nanochat's five chat-eval tasks) at the evaluation of every N-th step and at the last "
+                "step; -1: never (tasks whose data cannot be loaded are skipped, saying so)"})
+    chatcore_max_cat: int = field(default=-1, metadata={
+        "help": "ChatCORE: at most this many problems per categorical task (-1: all)"})
+    chatcore_max_sample: int = field(default=24, metadata={
+        "help": "ChatCORE: at most this many problems per generative task (-1: all)"})
     dry_run: bool = field(default=False, metadata={"help": "train and log but write no checkpoint or model"})
     # --- extras -------------------------------------------------------------------------------------------
     num_threads: int | None = field(
@@ -216,6 +239,13 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             raise ValueError(f"embedding_dtype={self.embedding_dtype!r}: expected one of auto, bfloat16, float32")
         if self.num_iterations == 0 or self.num_iterations < -1:
             raise ValueError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
+        if self.packing not in ("stream", "bestfit"):
+            raise ValueError(f"packing={self.packing!r}: expected stream or bestfit")
+        if self.chatcore_every > 0 and self.eval_every > 0 and self.chatcore_every % self.eval_every:
+            raise ValueError(f"chatcore_every={self.chatcore_every} must be a multiple of eval_every="
+                             f"{self.eval_every} (ChatCORE runs with the evaluations)")
+        if not 0 < self.warmdown_ratio <= 1:
+            raise ValueError(f"warmdown_ratio={self.warmdown_ratio}: expected a fraction in (0, 1]")
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
         for name in self.chat_eval_task_list:
@@ -314,14 +344,38 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     _refuse_removed(_flags(argv), "command line")
     parser = HfArgumentParser(MidTrainingArguments)
     known = {action.dest for action in parser._actions}
+    config: dict = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
-        path = Path(argv.pop(0))
-        parser.set_defaults(**_drop_overridden(_config_defaults(path, known), argv))
+        config = _drop_overridden(_config_defaults(Path(argv.pop(0)), known), argv)
     else:
         peek = argparse.ArgumentParser(add_help=False)
         peek.add_argument("--model_source", default=None)
         source = peek.parse_known_args(argv)[0].model_source
         if source in (None, "", "demo"):
-            parser.set_defaults(**_drop_overridden(_config_defaults(DEMO_CONFIG, known), argv))
+            config = _drop_overridden(_config_defaults(DEMO_CONFIG, known), argv)
+    parser.set_defaults(**config)
+    inherited, meta_path = _inherit_from_base(parser, set(config) | _flags(argv), argv)
     (args,) = parser.parse_args_into_dataclasses(args=argv)
+    if inherited is not None and int(os.environ.get("RANK", "0")) == 0:
+        for line in inheritance_lines(args, inherited, meta_path):
+            print(f"mid_train: {line}", flush=True)
     return args
+
+
+def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str]
+                       ) -> tuple[dict | None, Path | None]:
+    """With inherit_from_base: the meta values of the inherited arguments that neither the config nor a flag
+    gives (`given`) become defaults. (None, None) without inherit_from_base."""
+    peek = argparse.ArgumentParser(add_help=False)
+    for name, kind in (("inherit_from_base", string_to_bool), ("model_source", str), ("model_tag", str),
+                       ("step", int), ("checkpoint_source", str)):
+        nargs = {"nargs": "?", "const": True} if kind is string_to_bool else {}  # a bare --inherit_from_base
+        peek.add_argument(f"--{name}", type=kind, default=parser.get_default(name), **nargs)
+    seen = peek.parse_known_args(argv)[0]
+    if not seen.inherit_from_base:
+        return None, None
+    given = given | {knob for knob, hf in ALIASES.items() if hf in given}
+    meta_path = find_meta(seen.model_source, seen.model_tag, seen.step, seen.checkpoint_source)
+    inherited = inherit(meta_path, given, seen.model_source)
+    parser.set_defaults(**inherited)
+    return inherited, meta_path

@@ -39,11 +39,12 @@ FINGERPRINT_FILE = "run_fingerprint.json"
 LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
 # Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
 FINGERPRINT_ARGS = (
-    "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations",
-    *LR_FIELDS, "weight_decay", "max_grad_norm", "optimizer_recipe",
+    "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations", "packing",
+    "completion_only_loss", *LR_FIELDS, "warmdown_ratio", "weight_decay", "max_grad_norm", "optimizer_recipe",
 )
 # What a fingerprint written before a field existed meant by it (every earlier run used the December optimizer).
-FINGERPRINT_DEFAULTS = {"optimizer_recipe": "2025-12"}
+FINGERPRINT_DEFAULTS = {"optimizer_recipe": "2025-12", "packing": "stream", "completion_only_loss": False,
+                        "warmdown_ratio": 0.2}
 
 
 class CheckpointMismatch(ValueError):

@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
+from ..data.bestfit import rows_cut_message
 from ..data.synthetic import simple_spelling
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
@@ -109,10 +110,15 @@ def setup(argv: list[str] | None = None):
     train = load_mixture(args.train_mixture, split="train")
     val = load_mixture(args.val_mixture, split="val")
     fingerprint = check_resume(args, train._fingerprint, val._fingerprint)
-    # mid-training trains on every token (nanochat ignores the assistant mask here)
+    # December mid-training trains on every token (nanochat ignores the assistant mask there); SFT at HEAD on the
+    # assistant's completions only. Both render with nanochat's cut at 2048 tokens.
     with args.main_process_first(desc="tokenizing"):
-        train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048, assistant_only=False)
-        val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=False)
+        train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048,
+                                              assistant_only=args.completion_only_loss)
+        val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=args.completion_only_loss)
+    if args.packing == "bestfit":
+        _say([f"{name}: {line}" for name, tokens in (("train", train_tokens), ("val", val_tokens))
+              if (line := rows_cut_message(tokens, args.max_seq_len))])
     return args, model, tokenizer, train_tokens, val_tokens, fingerprint
 
 

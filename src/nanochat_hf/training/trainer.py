@@ -35,7 +35,9 @@ from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
-from ..data import MicroBatchStream, PackedStream
+from ..data import BestFitStream, MicroBatchStream, PackedStream
+from ..evaluation import chatcore, results_table, run_chat_eval
+from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
@@ -48,6 +50,10 @@ from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
+
+
+# nanochat's ChatCORE tasks (chat_sft.py), in its order
+CHATCORE_TASKS = ("ARC-Easy", "ARC-Challenge", "MMLU", "GSM8K", "HumanEval")
 
 
 class StreamLoader:
@@ -113,14 +119,14 @@ class MidTrainer(Trainer):
 
     # ---- data -----------------------------------------------------------------------------------------------
     def make_stream(self, token_ds) -> MicroBatchStream:
-        """This rank's packed stream over a tokenized dataset (a subclass may feed other data)."""
-        return PackedStream(
-            token_ds,
-            max_seq_len=self.args.max_seq_len,
-            device_batch_size=self.args.device_batch_size,
-            rank=self.accelerator.process_index,
-            world_size=self.accelerator.num_processes,
-        )
+        """This rank's packed stream over a tokenized dataset (a subclass may feed other data): the December
+        token stream, or nanochat HEAD's best-fit rows (`packing`)."""
+        where = {"rank": self.accelerator.process_index, "world_size": self.accelerator.num_processes}
+        a = self.args
+        if a.packing == "bestfit":
+            return BestFitStream(token_ds, a.max_seq_len, a.device_batch_size, self.processing_class.bos_token_id,
+                                 **where)
+        return PackedStream(token_ds, max_seq_len=a.max_seq_len, device_batch_size=a.device_batch_size, **where)
 
     def get_train_dataloader(self) -> StreamLoader:
         if self._train_loader is None:
@@ -174,7 +180,8 @@ class MidTrainer(Trainer):
                 stream, ga = self.get_train_dataloader().stream, self.args.gradient_accumulation_steps
                 progress = lambda step: stream.lr_progress(step, ga)  # noqa: E731
                 self.nanochat_log.progress = progress  # nanochat shows the schedule's progress
-            self.lr_scheduler = nanochat_scheduler(self.optimizer if optimizer is None else optimizer, progress)
+            self.lr_scheduler = nanochat_scheduler(self.optimizer if optimizer is None else optimizer, progress,
+                                                   self.args.warmdown_ratio)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -213,9 +220,33 @@ class MidTrainer(Trainer):
             bpb = evaluate_bpb(self.model, stream.read(steps), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
+        step, every = self.state.global_step, a.chatcore_every
+        if every > 0 and step > 0 and (step % every == 0 or step == self.state.max_steps):
+            metrics.update(self.chatcore_metrics(metric_key_prefix))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(a, self.state, self.control, metrics)
         return metrics
+
+    def chatcore_metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """nanochat's ChatCORE of the model now (every rank takes its share of the problems): its five tasks,
+        at most chatcore_max_cat problems per categorical and chatcore_max_sample per generative task. A task whose
+        data cannot be loaded (a hub task offline) is skipped with one line; ChatCORE is then over the others."""
+        a, model = self.args, self.accelerator.unwrap_model(self.model)
+        scores = []
+        for name in CHATCORE_TASKS:
+            limit = a.chatcore_max_cat if task_by_name(name).mode == "categorical" else a.chatcore_max_sample
+            try:
+                with torch.no_grad(), self.accelerator.autocast():
+                    scores += run_chat_eval(model, self.processing_class, [name], None if limit < 0 else limit,
+                                            batch_size=a.device_batch_size, seed=a.seed)
+            except (ValueError, OSError, ConnectionError) as e:
+                if self.is_world_process_zero():
+                    print(f"mid_train: ChatCORE: {name} skipped: {' '.join(str(e).split())}", flush=True)
+        if not scores:
+            return {}
+        if self.is_world_process_zero():
+            print(f"step {self.state.global_step:05d} | ChatCORE:\n{results_table(scores)}", flush=True)
+        return {f"{prefix}_chatcore": chatcore(scores), **{f"{prefix}_chatcore/{s.task}": s.accuracy for s in scores}}
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.state.global_step > 0:  # a training step's log: add nanochat's metrics
