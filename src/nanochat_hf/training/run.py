@@ -27,7 +27,7 @@ from .checkpoint_check import check_fingerprint, load_fingerprint, resolve_resum
 from .checkpoint_io import read_json
 from .evaluation import exact_match_accuracy
 from .model_source import load_model_and_tokenizer
-from .output_dir import prepare_output_dir
+from .output_dir import prepare_output_dir, release_output_dir
 from .report import write_report
 from .trainer import MidTrainer
 
@@ -232,14 +232,17 @@ def main(argv: list[str] | None = None) -> dict:
     """Parse, set up, train, evaluate, save, report, push."""
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     try:
-        trainer = build_trainer(*setup(argv))
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    try:
-        train_time = train(trainer)
-    except NonFiniteLossError as e:
-        _fail(str(e), code=1)
-    return finish(trainer, train_time)
+        try:
+            trainer = build_trainer(*setup(argv))
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        try:
+            train_time = train(trainer)
+        except NonFiniteLossError as e:
+            _fail(str(e), code=1)
+        return finish(trainer, train_time)
+    finally:  # output_dir is free again (a refused run leaves no empty folder it made)
+        release_output_dir()
 
 
 if __name__ == "__main__":
