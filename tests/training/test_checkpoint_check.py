@@ -29,7 +29,8 @@ from nanochat_hf.training.checkpoint_check import (
     save_fingerprint,
     verify_checkpoint,
 )
-from nanochat_hf.training.checkpoint_io import save_optimizer_state, save_rng_state, write_json
+from nanochat_hf.training.checkpoint_io import (DiskFullError, disk_full_as_one_line, save_optimizer_state,
+                                               save_rng_state, write_json)
 
 
 def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
@@ -278,3 +279,28 @@ def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint
     changed = Dataset.from_list(rows[:2])._fingerprint
     with pytest.raises(ValueError, match=r"cannot resume: train_dataset was"):
         check_fingerprint(saved, run_fingerprint(make_args(tmp_path), changed, same, 1), 20)
+
+
+def test_a_full_disk_is_one_line_and_undone(tmp_path):
+    import resource
+
+    from safetensors.torch import save_file
+
+    undone = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
+    try:  # safetensors' own error type (SafetensorError "... (os error 27)"), and a plain OSError
+        with pytest.raises(DiskFullError) as err, disk_full_as_one_line("checkpoint x", tmp_path, 3 << 20,
+                                                                         lambda: undone.append(1)):
+            save_file({"w": torch.zeros(1 << 16)}, str(tmp_path / "w.safetensors"))
+        with pytest.raises(DiskFullError), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(2)):
+            (tmp_path / "big").write_bytes(b"x" * (1 << 17))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    message = str(err.value)
+    assert message.startswith(f"checkpoint x could not be saved in {tmp_path}: a file would exceed the file-size "
+                              "limit (ulimit -f); it needs about 3.0 MB free there (") and "\n" not in message
+    assert undone == [1, 2]
+    with pytest.raises(ValueError, match="other"), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(3)):
+        raise ValueError("other")  # any other error passes through, nothing undone
+    assert undone == [1, 2]

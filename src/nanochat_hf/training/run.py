@@ -31,7 +31,7 @@ from .checkpoint_check import (
     resolve_resume_checkpoint,
     run_fingerprint,
 )
-from .checkpoint_io import read_json
+from .checkpoint_io import DiskFullError, read_json
 from .evaluation import exact_match_accuracy
 from .model_source import load_model_and_tokenizer
 from .output_dir import prepare_output_dir, release_output_dir
@@ -248,10 +248,9 @@ def main(argv: list[str] | None = None) -> dict:
         except (ValueError, FileNotFoundError) as e:
             _fail(str(e))
         try:
-            train_time = train(trainer)
-        except NonFiniteLossError as e:
+            return finish(trainer, train(trainer))
+        except (NonFiniteLossError, DiskFullError) as e:
             _fail(str(e), code=1)
-        return finish(trainer, train_time)
     finally:  # output_dir is free again (a refused run leaves no empty folder it made)
         release_output_dir()
 

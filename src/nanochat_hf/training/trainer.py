@@ -39,8 +39,8 @@ from ..optim import build_optimizer
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
 from .checkpoint_check import save_fingerprint
-from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
-                            usual_modes, write_json)
+from .checkpoint_io import (disk_full_as_one_line, load_optimizer_state, load_rng_state, read_json,
+                            save_optimizer_state, save_rng_state, tensor_bytes, usual_modes, write_json)
 from .device import to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
@@ -224,7 +224,15 @@ class MidTrainer(Trainer):
         if self.args.should_save and target.exists():
             os.replace(target, aside)
         self._barrier()
-        super()._save_checkpoint(model, trial)
+
+        def undo() -> None:  # a full disk: the partial folder goes, the one set aside comes back
+            shutil.rmtree(target, ignore_errors=True)
+            if aside.exists():
+                os.replace(aside, target)
+
+        needed = tensor_bytes(self.model.state_dict(), dict(self.optimizer.state))  # this rank's share
+        with disk_full_as_one_line(f"checkpoint {target.name}", target.parent, needed, undo):
+            super()._save_checkpoint(model, trial)
         if self.args.should_save and aside.exists():
             shutil.rmtree(aside)
 
@@ -324,10 +332,13 @@ class MidTrainer(Trainer):
         out = Path(output_dir or self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         tmp = final_save_staging_dir(out)
-        self.accelerator.unwrap_model(self.model, keep_torch_compile=False).save_pretrained(tmp)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(tmp)
-        write_json(tmp / "training_args.json", self.args.to_dict())
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict()),
+                                   lambda: shutil.rmtree(tmp, ignore_errors=True)):
+            model.save_pretrained(tmp)
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(tmp)
+            write_json(tmp / "training_args.json", self.args.to_dict())
         usual_modes(tmp)
         publish_staged(tmp)
 
