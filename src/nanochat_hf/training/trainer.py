@@ -118,13 +118,15 @@ class MidTrainer(Trainer):
         if self._train_loader is None:
             stream = self.make_stream(self.train_dataset)
             ga = self.args.gradient_accumulation_steps
-            steps = self.args.num_iterations if self.args.num_iterations > 0 else stream.epoch_steps(ga)
-            if steps <= 0:
+            epoch_steps = stream.epoch_steps(ga)
+            if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
                 raise ValueError(
                     f"train mixture too small: one optimizer step needs {ga} micro-batches of "
-                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the epoch has "
-                    f"{stream.num_micro_batches()}"
+                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the whole mixture fills "
+                    f"{stream.num_micro_batches()} (its rows would be repeated within a step): add rows, or lower "
+                    "--total_batch_size / --device_batch_size"
                 )
+            steps = self.args.num_iterations if self.args.num_iterations > 0 else epoch_steps
             self._train_loader = StreamLoader(stream, steps * ga)
         return self._train_loader
 
