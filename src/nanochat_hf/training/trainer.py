@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
@@ -37,7 +38,8 @@ from transformers.utils.hub import hf_api
 from ..data import MicroBatchStream, PackedStream
 from ..optim import build_optimizer
 from ..tokenizer import token_bytes as compute_token_bytes
-from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
+from .callbacks import (MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint,
+                        device_peak_flops)
 from .checkpoint_check import save_fingerprint
 from .checkpoint_io import (disk_full_as_one_line, load_optimizer_state, load_rng_state, read_json,
                             save_optimizer_state, save_rng_state, tensor_bytes, usual_modes, write_json)
@@ -89,6 +91,8 @@ class MidTrainer(Trainer):
         )
         self.add_callback(MuonMomentumCallback())
         self.add_callback(self.nanochat_log)
+        if a.enable_jit_checkpoint:  # checkpoints at a step's end, after nanochat's logger and the log line
+            self.add_callback(StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager))
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
