@@ -70,7 +70,10 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 1024, max_
             os.killpg(launcher.pid, signal.SIGKILL)  # the program dies with it (parent-death signal)
             launcher.communicate()
             return RunResult(False, f"timeout after {timeout:g}s")
-        report = json.loads(out.decode().strip().splitlines()[-1]) if out.strip() else None
+        try:  # the launcher's last line; nothing (or a cut line) if it was killed
+            report = json.loads(out.decode("utf-8", "replace").strip().splitlines()[-1])
+        except (ValueError, IndexError):
+            report = None
         if report is None:  # the launcher itself failed
             lines = err.decode("utf-8", "replace").strip().splitlines() or [f"exit {launcher.returncode}"]
             return RunResult(False, f"sandbox failed: {lines[-1][:200]}")
