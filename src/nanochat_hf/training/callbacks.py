@@ -1,4 +1,4 @@
-"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics and its console lines."""
+"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics, console lines, step-end JIT checkpoints."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
 from .schedule import muon_momentum
 
@@ -38,6 +39,32 @@ class MuonMomentumCallback(TrainerCallback):
         opt = getattr(optimizer, "optimizer", optimizer)  # unwrap Accelerate's AcceleratedOptimizer
         if opt is not None and hasattr(opt, "set_muon_momentum"):
             opt.set_muon_momentum(muon_momentum(state.global_step))
+
+
+class StepEndJITCheckpoint(JITCheckpointCallback):
+    """transformers' just-in-time checkpoint (`--enable_jit_checkpoint`: SIGTERM -> save -> stop), taken only at the
+    end of an optimizer step and through the normal save path: after `NanoChatLogger` has counted the step and the
+    step's log line is written, as every other checkpoint. (The stock callback saves from whichever hook sees the
+    request first: mid-step, or at the step's end before nanochat's logger and the log line, so a resumed run
+    logged other losses.) Takes over the stock callback's signal handler (`jit_manager`)."""
+
+    def __init__(self, jit_manager) -> None:
+        super().__init__()
+        self.jit_manager = jit_manager
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        return  # never mid-step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        return
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested:
+            self.jit_manager.is_checkpoint_requested = False
+            control.should_save = True  # Trainer logs, then saves checkpoint-<step>, then stops
+            control.should_training_stop = True
+
+    on_epoch_end = on_step_end
 
 
 class NanoChatLogger(TrainerCallback):

@@ -24,11 +24,18 @@ from ..inference import format_parts, generate_reply
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
-from .checkpoint_check import check_fingerprint, load_fingerprint, resolve_resume_checkpoint, run_fingerprint
-from .checkpoint_io import read_json
+from .checkpoint_check import (
+    check_fingerprint,
+    data_format,
+    load_fingerprint,
+    model_config_fields,
+    resolve_resume_checkpoint,
+    run_fingerprint,
+)
+from .checkpoint_io import DiskFullError, read_json
 from .evaluation import exact_match_accuracy
 from .model_source import load_model_and_tokenizer
-from .output_dir import prepare_output_dir
+from .output_dir import prepare_output_dir, release_output_dir
 from .report import write_report
 from .trainer import MidTrainer
 
@@ -84,10 +91,14 @@ def prepare_output(args: MidTrainingArguments) -> None:
         args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
 
 
-def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_fingerprint: str | None) -> dict:
-    """This run's fingerprint (data stream + optimizer setup), compared with the checkpoint's when resuming:
-    ValueError naming a changed field; a changed LR is applied (by `MidTrainer`) and said."""
-    fingerprint = run_fingerprint(args, train_fingerprint, val_fingerprint, args.world_size)
+def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_fingerprint: str | None,
+                 model_config=None, tokenizer=None) -> dict:
+    """This run's fingerprint (data stream, optimizer setup, model config, data format, code version), compared with
+    the checkpoint's when resuming: ValueError naming a changed field; a changed LR is applied (by `MidTrainer`)
+    and said."""
+    fingerprint = run_fingerprint(args, train_fingerprint, val_fingerprint, args.world_size,
+                                  model_config_fields(model_config) if model_config is not None else None,
+                                  data_format(tokenizer) if tokenizer is not None else None)
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint
         step = read_json(os.path.join(path, "trainer_state.json"))["global_step"]
@@ -109,7 +120,7 @@ def setup(argv: list[str] | None = None):
     model, tokenizer = load_model_and_tokenizer(args)
     train = load_mixture(args.train_mixture, split="train")
     val = load_mixture(args.val_mixture, split="val")
-    fingerprint = check_resume(args, train._fingerprint, val._fingerprint)
+    fingerprint = check_resume(args, train._fingerprint, val._fingerprint, model.config, tokenizer)
     # December mid-training trains on every token (nanochat ignores the assistant mask there); SFT at HEAD on the
     # assistant's completions only. Both render with nanochat's cut at 2048 tokens.
     with args.main_process_first(desc="tokenizing"):
@@ -238,14 +249,16 @@ def main(argv: list[str] | None = None) -> dict:
     """Parse, set up, train, evaluate, save, report, push."""
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
     try:
-        trainer = build_trainer(*setup(argv))
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    try:
-        train_time = train(trainer)
-    except NonFiniteLossError as e:
-        _fail(str(e), code=1)
-    return finish(trainer, train_time)
+        try:
+            trainer = build_trainer(*setup(argv))
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        try:
+            return finish(trainer, train(trainer))
+        except (NonFiniteLossError, DiskFullError) as e:
+            _fail(str(e), code=1)
+    finally:  # output_dir is free again (a refused run leaves no empty folder it made)
+        release_output_dir()
 
 
 if __name__ == "__main__":

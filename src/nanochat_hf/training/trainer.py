@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
@@ -40,10 +41,11 @@ from ..evaluation import chatcore, results_table, run_chat_eval
 from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
 from ..tokenizer import token_bytes as compute_token_bytes
-from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
+from .callbacks import (MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint,
+                        device_peak_flops)
 from .checkpoint_check import save_fingerprint
-from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
-                            usual_modes, write_json)
+from .checkpoint_io import (disk_full_as_one_line, load_optimizer_state, load_rng_state, read_json,
+                            save_optimizer_state, save_rng_state, tensor_bytes, usual_modes, write_json)
 from .device import to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
@@ -96,6 +98,8 @@ class MidTrainer(Trainer):
         )
         self.add_callback(MuonMomentumCallback())
         self.add_callback(self.nanochat_log)
+        if a.enable_jit_checkpoint:  # checkpoints at a step's end, after nanochat's logger and the log line
+            self.add_callback(StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager))
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
@@ -132,13 +136,15 @@ class MidTrainer(Trainer):
         if self._train_loader is None:
             stream = self.make_stream(self.train_dataset)
             ga = self.args.gradient_accumulation_steps
-            steps = self.args.num_iterations if self.args.num_iterations > 0 else stream.epoch_steps(ga)
-            if steps <= 0:
+            epoch_steps = stream.epoch_steps(ga)
+            if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
                 raise ValueError(
                     f"train mixture too small: one optimizer step needs {ga} micro-batches of "
-                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the epoch has "
-                    f"{stream.num_micro_batches()}"
+                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the whole mixture fills "
+                    f"{stream.num_micro_batches()} (its rows would be repeated within a step): add rows, or lower "
+                    "--total_batch_size / --device_batch_size"
                 )
+            steps = self.args.num_iterations if self.args.num_iterations > 0 else epoch_steps
             self._train_loader = StreamLoader(stream, steps * ga)
         return self._train_loader
 
@@ -269,7 +275,15 @@ class MidTrainer(Trainer):
         if self.args.should_save and target.exists():
             os.replace(target, aside)
         self._barrier()
-        super()._save_checkpoint(model, trial)
+
+        def undo() -> None:  # a full disk: the partial folder goes, the one set aside comes back
+            shutil.rmtree(target, ignore_errors=True)
+            if aside.exists():
+                os.replace(aside, target)
+
+        needed = tensor_bytes(self.model.state_dict(), dict(self.optimizer.state))  # this rank's share
+        with disk_full_as_one_line(f"checkpoint {target.name}", target.parent, needed, undo):
+            super()._save_checkpoint(model, trial)
         if self.args.should_save and aside.exists():
             shutil.rmtree(aside)
 
@@ -369,10 +383,13 @@ class MidTrainer(Trainer):
         out = Path(output_dir or self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         tmp = final_save_staging_dir(out)
-        self.accelerator.unwrap_model(self.model, keep_torch_compile=False).save_pretrained(tmp)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(tmp)
-        write_json(tmp / "training_args.json", self.args.to_dict())
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict()),
+                                   lambda: shutil.rmtree(tmp, ignore_errors=True)):
+            model.save_pretrained(tmp)
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(tmp)
+            write_json(tmp / "training_args.json", self.args.to_dict())
         usual_modes(tmp)
         publish_staged(tmp)
 
