@@ -41,7 +41,7 @@ from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, de
 from .checkpoint_check import save_fingerprint
 from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
                             usual_modes, write_json)
-from .device import to_device
+from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
@@ -99,8 +99,7 @@ class MidTrainer(Trainer):
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
         if self.args.use_cpu or not torch.cuda.is_available():
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(self.args.num_threads or max(1, cores // self.accelerator.num_processes))
+            torch.set_num_threads(cpu_threads(self.args.num_threads, self.accelerator.num_processes))
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
