@@ -24,8 +24,14 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
 from nanochat_hf.data.tasks import check_data_file
-from nanochat_hf.evaluation import EVAL_TASKS, results_table, run_chat_eval, scores_as_dicts, task_by_name
-from nanochat_hf.evaluation import write_report_section
+from nanochat_hf.evaluation import (
+    EVAL_TASKS,
+    results_table,
+    run_chat_eval,
+    scores_as_dicts,
+    task_by_name,
+    write_report_section,
+)
 from nanochat_hf.training.device import cpu_threads
 from nanochat_hf.training.model_source import load_hf_dir
 

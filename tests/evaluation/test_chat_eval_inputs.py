@@ -50,8 +50,7 @@ CASES = {
     "no tokenizer files": (lambda m, t: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")] and [],
                            "error: {tmp}/model: no tokenizer in the model folder (tokenizer.json expected"),
     "--json in a missing folder": (lambda m, t: ["--json", str(t / "nope" / "r.json")],
-                                   "error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file or "
-                                   "directory)"),
+                                   "error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file"),
     "--report a folder": (lambda m, t: ["--report", str(t)], "error: --report {tmp} is a directory; expected a file"),
 }
 
@@ -75,7 +74,7 @@ def test_offline_hub_task_is_skipped_and_the_others_run(model_dir, tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "chat_eval.py"), "--model", str(model_dir),
                            "--tasks", "ARC-Easy,SpellingBee", "--max_problems", "3", "--max_new_tokens", "4",
                            "--num_threads", "1", "--json", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, timeout=300, env=env)
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     skipped = [line for line in proc.stderr.splitlines() if "skipped" in line]
     assert len(skipped) == 1 and skipped[0].startswith("chat eval ARC-Easy skipped: could not load "

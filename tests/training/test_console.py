@@ -73,9 +73,9 @@ def test_offline_chat_eval_task_is_skipped_and_the_report_written(tmp_path, monk
               "ARC-Easy,SpellingBee", "--chat_eval_max_problems", "2", "--output_dir", str(out)])
     lines = stdout.getvalue().splitlines()
     skipped = [line for line in lines if "skipped" in line]
-    assert skipped == ["mid_train: chat eval ARC-Easy skipped: could not load allenai/ai2_arc/ARC-Easy split 'test' "
-                       "(Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)); offline? give local "
-                       "files of the same layout with data_files"]
+    assert skipped == [("mid_train: chat eval ARC-Easy skipped: could not load allenai/ai2_arc/ARC-Easy split 'test' "
+                        "(Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)); offline? give local "
+                        "files of the same layout with data_files")]
     report = (out / "report.md").read_text()
     assert "| SpellingBee | generative |" in report and "ARC-Easy" not in report
     assert "name: SpellingBee" in (out / "README.md").read_text()
@@ -115,3 +115,18 @@ def test_ctrl_c_leaves_a_resumable_checkpoint_or_nothing(tmp_path):
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("mid_train: interrupted at step ") and f"removed {out}" in last, last
     assert not out.exists()
+
+
+@pytest.mark.parametrize("requested, processes, load, expected", [
+    (None, 1, 0.1, 2),  # quiet 2 cores: both
+    (None, 1, 7.5, 1),  # other jobs keep the cores busy: one thread, not two spinning
+    (None, 1, 1.2, 1),  # one core's worth of other work
+    (None, 2, 0.0, 1),  # two processes share the two cores
+    (3, 1, 7.5, 3),  # asked for: as asked
+])
+def test_cpu_threads_leave_busy_cores_alone(monkeypatch, requested, processes, load, expected):
+    from nanochat_hf.training import device
+
+    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(device.os, "getloadavg", lambda: (load, load, load), raising=False)
+    assert device.cpu_threads(requested, processes) == expected
