@@ -324,6 +324,18 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
     return values
 
 
+def config_values(path: str | os.PathLike | None = None) -> dict:
+    """Each argument's value before any flag: a config file's (the demo config's when None) over the dataclass
+    defaults, an alias pair resolved. `scripts/preview_data.py` shows the batch arithmetic of a run from these."""
+    defaults = {f.name: f.default for f in dataclasses.fields(MidTrainingArguments)
+                if f.default is not dataclasses.MISSING}
+    values = {**defaults, **_config_defaults(Path(path) if path else DEMO_CONFIG, set(defaults))}
+    for knob, hf in ALIASES.items():
+        if values[knob] is None:
+            values[knob] = values[hf]
+    return values
+
+
 def _flags(argv: list[str]) -> set[str]:
     return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
 
