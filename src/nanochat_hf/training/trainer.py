@@ -36,6 +36,7 @@ from transformers.utils.hub import hf_api
 
 from ..data import MicroBatchStream, PackedStream
 from ..optim import build_optimizer
+from ..progress import Progress
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
 from .checkpoint_check import save_fingerprint
@@ -194,8 +195,9 @@ class MidTrainer(Trainer):
         stream = self.make_stream(self.eval_dataset if eval_dataset is None else eval_dataset)
         a = self.args
         steps = max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * self.accelerator.num_processes))
-        with self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
-            bpb = evaluate_bpb(self.model, stream.read(steps), self.token_bytes, a.device)
+        progress = Progress("validation", steps, "micro-batches", enabled=self.is_world_process_zero(), announce=False)
+        with progress, self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
+            bpb = evaluate_bpb(self.model, progress.wrap(stream.read(steps)), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
         self.log(metrics)
