@@ -14,9 +14,10 @@ from dataclasses import dataclass, field
 from collections.abc import Callable
 
 from datasets import load_dataset
+from datasets.exceptions import DatasetsError
 
 from ..data import synthetic
-from ..data.tasks import LETTERS, gsm8k_conversation, mmlu_conversation, render_mc
+from ..data.tasks import LETTERS, DataLoadError, check_data_file, gsm8k_conversation, mmlu_conversation, render_mc
 from .sandbox import run_program
 
 SPELLING_BEE_SIZE = 256  # test problems, as nanochat's chat_eval
@@ -144,17 +145,26 @@ def load_problems(task: EvalTask, data_files: list[str] | None = None, max_probl
     if task.dataset is None:  # SpellingBee: synthetic test seeds
         n = SPELLING_BEE_SIZE if max_problems is None else min(max_problems, SPELLING_BEE_SIZE)
         return [spelling_bee_problem(i) for i in range(n)]
+    # DataLoadError (a ValueError): the task's data cannot be read; callers skip the task or stop, in one line
     if data_files:
         builder = "parquet" if all(f.endswith(".parquet") for f in data_files) else "json"
         source = ", ".join(data_files)
-        ds = load_dataset(builder, data_files={task.split: list(data_files)}, split=task.split, cache_dir=cache_dir)
+        for path in data_files:
+            check_data_file(path, task.name)
+        try:
+            ds = load_dataset(builder, data_files={task.split: list(data_files)}, split=task.split,
+                              cache_dir=cache_dir)
+        except (DatasetsError, ValueError, OSError) as e:
+            first = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
+            raise DataLoadError(f"{task.name}: data file(s) {source} cannot be read as {builder} ({first[0]})") \
+                from None
     else:
         source = f"{task.dataset}/{task.config}" if task.config else task.dataset
         try:
             ds = load_dataset(task.dataset, task.config, split=task.split, cache_dir=cache_dir)
-        except (ConnectionError, OSError) as e:
-            raise RuntimeError(f"{task.name}: could not load {source} split {task.split!r} ({e}); offline? "
-                               f"give local files of the same layout with data_files") from e
+        except (DatasetsError, ConnectionError, OSError) as e:
+            raise DataLoadError(f"{task.name}: could not load {source} split {task.split!r} ({e}); offline? "
+                                f"give local files of the same layout with data_files") from None
     ds = ds.shuffle(seed=42)
     if max_problems is not None:
         ds = ds.select(range(min(max_problems, len(ds))))

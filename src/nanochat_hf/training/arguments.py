@@ -71,6 +71,47 @@ REMOVED = {
 }
 
 
+# Our --help text for the TrainingArguments fields this recipe reads with a meaning of its own (the rest keep
+# transformers' text and meaning).
+HELP = {
+    "resume_from_checkpoint": "true: continue from the newest intact checkpoint-<step> in output_dir (a damaged newer "
+                              "one is skipped, saying why); or a checkpoint folder. Every file is checked first, the "
+                              "same number of processes is needed",
+    "torch_compile": "compile the training step with torch.compile (on CPU this needs a C++ compiler; the first steps "
+                     "take a minute or more longer); false: eager",
+    "save_total_limit": "keep at most this many checkpoint-<step> folders (the best one is kept)",
+    "load_best_model_at_end": "load the best checkpoint at the end (with --metric_for_best_model val_bpb)",
+    "metric_for_best_model": "val_bpb (lower is better) picks the best checkpoint",
+    "disable_tqdm": "no progress bar (the bar is drawn only when stdout and stderr are a terminal)",
+    "push_to_hub": "push the final model (and checkpoints, see hub_strategy) to hub_model_id",
+    "ddp_timeout": "seconds a process waits for the others at a collective before failing (every backend)",
+}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """One default per knob: the value a run gets (a config file's included). None is not shown (the help says what
+    it means), nor on an alias (its knob shows it) or where the help states the default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "default" in text or text.startswith("alias of"):
+            return text
+        return super()._get_help_string(action)
+
+
+def _own_help(parser: HfArgumentParser) -> None:
+    """Refused fields hidden from --help (still parsed, to refuse them in one line), our texts, one default each."""
+    for action in parser._actions:  # a bool field defaulting to True has a second, --no_<name> action
+        if action.dest in REFUSED:
+            action.help = argparse.SUPPRESS
+    actions = {a.dest: a for a in parser._actions if a.help != argparse.SUPPRESS}
+    for name, text in HELP.items():
+        actions[name].help = text
+    for knob, hf in ALIASES.items():  # a knob left at None takes its alias' value
+        shown = actions[knob].default if actions[knob].default is not None else actions[hf].default
+        actions[knob].help = f"{actions[knob].help} (default: {shown})"
+
+
 def _refuse_removed(names, where: str) -> None:
     removed = sorted(set(names) & set(REMOVED))
     if removed:
@@ -112,16 +153,19 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         "help": "dtype of the token embedding while training: auto (bfloat16 when training on CUDA with bf16 "
                 "autocast, as nanochat does; otherwise as loaded), bfloat16 (needs bf16 autocast), float32"})
     num_iterations: int | None = field(default=None, metadata={
-        "help": "optimizer steps; -1 = one epoch of the mixture (alias of max_steps; default -1)"})
-    max_seq_len: int = 2048
+        "help": "optimizer steps; -1 = one epoch of the mixture (alias: max_steps)"})
+    max_seq_len: int = field(default=2048, metadata={"help": "tokens per row of a micro-batch (packed conversations)"})
     device_batch_size: int | None = field(default=None, metadata={
-        "help": "rows per micro-batch per process (alias of per_device_train_batch_size; default 32)"})
+        "help": "rows per micro-batch per process (alias: per_device_train_batch_size)"})
     total_batch_size: int = field(default=524288, metadata={
         "help": "tokens per optimizer step, all ranks; gradient_accumulation_steps is derived from it"})
-    unembedding_lr: float = 0.004
-    embedding_lr: float = 0.2
-    matrix_lr: float = 0.02
-    init_lr_frac: float = 1.0
+    unembedding_lr: float = field(default=0.004, metadata={"help": "AdamW learning rate of lm_head (scaled by "
+                                                             "(width/768)^-0.5, as nanochat)"})
+    embedding_lr: float = field(default=0.2, metadata={"help": "AdamW learning rate of the token embedding (scaled "
+                                                       "by (width/768)^-0.5, as nanochat)"})
+    matrix_lr: float = field(default=0.02, metadata={"help": "Muon learning rate of every transformer.h matrix"})
+    init_lr_frac: float = field(default=1.0, metadata={"help": "the learning rates start at this fraction of the "
+                                                       "above (nanochat's schedule then holds, then decays to 0)"})
     warmdown_ratio: float = field(default=0.2, metadata={
         "help": "the LR decays linearly to 0 over this last fraction of the run (December mid-training 0.2, "
                 "SFT at HEAD 0.5)"})
@@ -135,8 +179,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         "help": "warm-start the optimizer from nanochat's optim_<step>_rank0.pt (G0-era or HEAD format; each process "
                 "reads the file of its rank): momentum buffers and moments; the LRs stay this run's"})
     eval_every: int | None = field(default=None, metadata={
-        "help": "evaluate val bpb every N steps, <=0: only at the end (alias of eval_steps; default 150)"})
-    eval_tokens: int = 20 * 524288
+        "help": "evaluate val bpb every N steps, <=0: only at the end (alias: eval_steps)"})
+    eval_tokens: int = field(default=20 * 524288, metadata={"help": "validation tokens read at each evaluation"})
     chatcore_every: int = field(default=-1, metadata={
         "help": "ChatCORE (nanochat's five chat-eval tasks) at the evaluation of every N-th step and at the last "
                 "step; -1: never (tasks whose data cannot be loaded are skipped, saying so)"})
@@ -161,7 +205,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         "help": "at most this many problems per chat-eval task (default: all)"})
     sample_prompt: str = field(default="Spell the word: apple", metadata={"help": "prompt of the final sample chat"})
     # --- TrainingArguments fields whose defaults are the recipe's -----------------------------------------
-    output_dir: str | None = field(default="outputs/nanochat-hf-demo")
+    output_dir: str | None = field(default="outputs/nanochat-hf-demo", metadata={
+        "help": "where the model, report.md, model card and checkpoint-<step> folders are written"})
     # (transformers 5 dropped this TrainingArguments flag; same name and meaning as its 4.x one)
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "allow an output_dir that holds another run (its files are replaced as this run writes its own)"})
@@ -322,6 +367,18 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
     return values
 
 
+def config_values(path: str | os.PathLike | None = None) -> dict:
+    """Each argument's value before any flag: a config file's (the demo config's when None) over the dataclass
+    defaults, an alias pair resolved. `scripts/preview_data.py` shows the batch arithmetic of a run from these."""
+    defaults = {f.name: f.default for f in dataclasses.fields(MidTrainingArguments)
+                if f.default is not dataclasses.MISSING}
+    values = {**defaults, **_config_defaults(Path(path) if path else DEMO_CONFIG, set(defaults))}
+    for knob, hf in ALIASES.items():
+        if values[knob] is None:
+            values[knob] = values[hf]
+    return values
+
+
 def _flags(argv: list[str]) -> set[str]:
     return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
 
@@ -342,7 +399,9 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     _refuse_removed(_flags(argv), "command line")
-    parser = HfArgumentParser(MidTrainingArguments)
+    parser = HfArgumentParser(MidTrainingArguments, formatter_class=_HelpFormatter, description=(
+        "Mid-train a nanochat model: mid_train.py [config.yaml] [--flag value ...]. The defaults shown are the ones "
+        "this command line gets: a config file's values, else the demo config's unless --model_source names a model."))
     known = {action.dest for action in parser._actions}
     config: dict = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
@@ -355,6 +414,7 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
             config = _drop_overridden(_config_defaults(DEMO_CONFIG, known), argv)
     parser.set_defaults(**config)
     inherited, meta_path = _inherit_from_base(parser, set(config) | _flags(argv), argv)
+    _own_help(parser)
     (args,) = parser.parse_args_into_dataclasses(args=argv)
     if inherited is not None and int(os.environ.get("RANK", "0")) == 0:
         for line in inheritance_lines(args, inherited, meta_path):

@@ -61,9 +61,12 @@ def prepare_output_dir(output_dir: str | Path, overwrite_output_dir: bool, resum
             return [(f"--overwrite_output_dir: {output_dir} holds an earlier run ({', '.join(found)}); this run "
                      "replaces those files as it writes its own (nothing is deleted now; old checkpoint-* folders "
                      "with other step numbers stay)")]
+        # resuming needs a complete checkpoint (trainer_state.json is written last): advise it only when there is one
+        resumable = any((p / "trainer_state.json").is_file() for p in path.iterdir() if CHECKPOINT_RE.match(p.name))
+        resume = "--resume_from_checkpoint true to continue it, " if resumable else ""
         raise OutputDirError(
-            f"output_dir {output_dir} already holds a run ({', '.join(found)}): pass --overwrite_output_dir to "
-            "replace it, --resume_from_checkpoint true to continue it, or choose another --output_dir"
+            f"output_dir {output_dir} already holds a run ({', '.join(found)}): pass --overwrite_output_dir true to "
+            f"replace it, {resume}or choose another --output_dir"
         )
     except OutputDirError:
         release_output_dir(output_dir)

@@ -40,13 +40,14 @@ from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
+from ..progress import Progress
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import (MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint,
                         device_peak_flops)
 from .checkpoint_check import save_fingerprint
 from .checkpoint_io import (disk_full_as_one_line, load_optimizer_state, load_rng_state, read_json,
                             save_optimizer_state, save_rng_state, tensor_bytes, usual_modes, write_json)
-from .device import to_device
+from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
@@ -117,8 +118,7 @@ class MidTrainer(Trainer):
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
         if self.args.use_cpu or not torch.cuda.is_available():
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(self.args.num_threads or max(1, cores // self.accelerator.num_processes))
+            torch.set_num_threads(cpu_threads(self.args.num_threads, self.accelerator.num_processes))
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
@@ -222,8 +222,9 @@ class MidTrainer(Trainer):
         stream = self.make_stream(self.eval_dataset if eval_dataset is None else eval_dataset)
         a = self.args
         steps = max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * self.accelerator.num_processes))
-        with self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
-            bpb = evaluate_bpb(self.model, stream.read(steps), self.token_bytes, a.device)
+        progress = Progress("validation", steps, "micro-batches", enabled=self.is_world_process_zero(), announce=False)
+        with progress, self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
+            bpb = evaluate_bpb(self.model, progress.wrap(stream.read(steps)), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
         step, every = self.state.global_step, a.chatcore_every
