@@ -19,7 +19,7 @@ from pathlib import Path
 
 import torch
 
-from ..model import NanoChatGPTConfig
+from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from .files import check_positive_ints
 
 logger = logging.getLogger(__name__)
@@ -74,7 +74,7 @@ def _fields(config: NanoChatGPTConfig) -> dict:
 
 
 def _generation_fields(generation: Generation) -> dict:
-    return _fields(NanoChatGPTConfig(n_layer=1, n_head=1, n_embd=2, **generation.fields))
+    return _fields(NanoChatGPTConfig(n_layer=1, n_head=1, n_embd=64, **generation.fields))
 
 
 def nanochat_shapes(config: NanoChatGPTConfig) -> dict[str, tuple[int, ...]]:
@@ -103,6 +103,15 @@ def nanochat_shapes(config: NanoChatGPTConfig) -> dict[str, tuple[int, ...]]:
         shapes["smear_gate.weight"] = (1, SMEAR_CHANNELS)
     shapes.update({f"value_embeds.{i}.weight": (vocab, kv) for i in ve_layers})
     return shapes
+
+
+def hf_names(config: NanoChatGPTConfig) -> dict[str, str]:
+    """nanochat's tensor name -> our model's: the same, or under ``transformer.`` where our model keeps a G1-G5
+    parameter that nanochat's GPT holds beside ``transformer`` (resid_lambdas, value_embeds.<i>, smear_gate...)."""
+    with torch.device("meta"):
+        ours = set(NanoChatGPTForCausalLM(config).state_dict())
+    return {k: f"transformer.{k}" if k not in ours and f"transformer.{k}" in ours else k
+            for k in nanochat_shapes(config)}
 
 
 def nanochat_dtype(key: str, dtype: torch.dtype) -> torch.dtype:

@@ -30,6 +30,7 @@ from .generations import (
     BY_NAME,
     detect,
     generation_of,
+    hf_names,
     meta_model_config,
     model_config_of,
     nanochat_dtype,
@@ -147,7 +148,8 @@ def load_from_nanochat(checkpoint_dir: str | os.PathLike, tokenizer_dir: str | o
     dtype = parse_dtype(dtype) or common_dtype(state_dict)
     with torch.device("meta"):
         model = NanoChatGPTForCausalLM(config)
-    model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
+    names = hf_names(config)
+    model.load_state_dict({names[k]: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
     model.generation_config = generation_config
     return model.eval(), tokenizer  # eval mode, as from_pretrained returns it
 
@@ -167,7 +169,8 @@ def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
     generation_config = _set_special_ids(config, tokenizer)
     if (dtype := parse_dtype(dtype)) is not None:
         state_dict = {k: v.to(dtype) for k, v in state_dict.items()}
-    state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    names = hf_names(config)
+    state_dict = {names[k]: v.contiguous() for k, v in state_dict.items()}
     with torch.device("meta"):  # only for save_pretrained's config + code files; weights come from state_dict
         model = NanoChatGPTForCausalLM(config).to(common_dtype(state_dict))
     model.generation_config = generation_config
@@ -204,7 +207,8 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig]:
-    """(nanochat-named state dict, config) of a directory holding our model or transformers' native NanoChat."""
+    """(state dict under nanochat's names, config) of a directory holding our model or transformers' native
+    NanoChat."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: model directory not found")
@@ -230,6 +234,9 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     state_dict = read_hf_weights(model_dir)
     if model_type == "nanochat":
         state_dict = native_to_nanochat_names(state_dict)
+    else:
+        names = {ours: theirs for theirs, ours in hf_names(config).items()}
+        state_dict = {names.get(k, k): v for k, v in state_dict.items()}
     check_state_dict(state_dict, nanochat_shapes(config), model_dir / "model.safetensors", config_path)
     return state_dict, config
 
