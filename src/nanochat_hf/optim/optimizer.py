@@ -413,6 +413,20 @@ def state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[
     return per_rank
 
 
+SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
+
+
+def _generation_group(key: str) -> str | None:
+    """The AdamW group of a parameter of nanochat's later model generations (G1-G5) that sits beside the blocks
+    (nanochat's name, or ours under ``transformer.``); None for the December model's parameters."""
+    key = key.removeprefix("transformer.")
+    if key.startswith("value_embeds."):
+        return "value_embeds"
+    if key in ("resid_lambdas", "x0_lambdas"):
+        return key
+    return "smear" if key in ("smear_gate.weight", "smear_lambda", "backout_lambda") else None
+
+
 def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
                     unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
                     muon_momentum: float = 0.95, ns_steps: int = 5, betas: tuple[float, float] = (0.8, 0.95),
@@ -420,6 +434,11 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
                     matrix_optimizer: str = "muon", recipe: str = "2025-12") -> MuonAdamW:
     """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
     matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
+
+    A G1-G5 model's other parameters get AdamW groups with the December betas and weight decay, at the rates
+    nanochat's setup_optimizers gave them while it had this optimizer (a91743c): value embeddings as wte,
+    resid_lambdas 0.01 * SCALAR_LR, x0_lambdas SCALAR_LR; smear_gate, smear_lambda and backout_lambda (G5) 0.2 as
+    at a825e63. The value-embedding gates (``ve_gate``, in the blocks) are matrices: Muon.
 
     ``matrix_optimizer="adamw"`` (an ablation, not nanochat's recipe) puts the block matrices in an AdamW group
     instead ("adamw/matrix": same betas, eps and weight decay, rate ``matrix_lr`` as given, not width-scaled).
@@ -442,6 +461,7 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
     n_embd = getattr(config, "n_embd", None) or config.hidden_size
     adamw_scale = (n_embd / 768) ** -0.5
     matrices, wte, head = [], [], []
+    later = {"value_embeds": [], "resid_lambdas": [], "x0_lambdas": [], "smear": []}  # G1-G5, in nanochat's order
     for name, p in model.named_parameters():  # each parameter once, into exactly one group (or an error)
         if not p.requires_grad:
             continue
@@ -454,18 +474,24 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
             wte.append(p)
         elif key == "lm_head.weight":
             head.append(p)
+        elif (group := _generation_group(key)) is not None:
+            later[group].append(p)
         else:
             raise ValueError(f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
-                             f"transformer.wte.weight or lm_head.weight")
+                             "transformer.wte.weight, lm_head.weight or a G1-G5 resid/x0 lambda, value embedding, "
+                             "smear or backout parameter")
     adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
     if matrix_optimizer == "muon":
         matrix_group = {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
                         "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps}
     else:
         matrix_group = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
+    later_lr = {"value_embeds": embedding_lr * adamw_scale, "resid_lambdas": 0.01 * SCALAR_LR,
+                "x0_lambdas": SCALAR_LR, "smear": 0.2}
     groups = [
         {**adamw, "params": head, "name": "adamw/lm_head", "lr": unembedding_lr * adamw_scale * init_lr_frac},
         {**adamw, "params": wte, "name": "adamw/wte", "lr": embedding_lr * adamw_scale * init_lr_frac},
+        *({**adamw, "params": ps, "name": f"adamw/{g}", "lr": later_lr[g] * init_lr_frac} for g, ps in later.items()),
         matrix_group,
     ]
     groups = [g for g in groups if g["params"]]

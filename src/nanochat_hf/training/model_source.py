@@ -8,7 +8,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..conversion import find_nanochat_checkpoint, load_from_nanochat
+from ..conversion import find_nanochat_checkpoint, load_from_nanochat, nanochat_tokenizer_dir
 from ..conversion.files import check_positive_ints, read_json
 from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
@@ -25,13 +25,13 @@ def _is_nanochat_dir(path: Path) -> bool:
 
 def _load_nanochat(path: Path, args: MidTrainingArguments):
     if any(path.glob("model_*.pt")):  # a model tag directory
-        checkpoint_dir, base = path, path.parent.parent
+        checkpoint_dir = path
     else:
         base = path if any(path.glob("*_checkpoints")) else path.parent
         checkpoint_dir, args.step = find_nanochat_checkpoint(
             base, source=args.checkpoint_source, model_tag=args.model_tag, step=args.step
         )
-    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else base / "tokenizer"
+    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else nanochat_tokenizer_dir(checkpoint_dir)
     if not (tokenizer_dir / "tokenizer.pkl").is_file():
         raise FileNotFoundError(
             f"no nanochat tokenizer at {tokenizer_dir / 'tokenizer.pkl'} (pass --tokenizer_dir DIR)"
