@@ -240,3 +240,12 @@ def test_g5_gradient_checkpointing_gives_the_same_gradients():
     assert grads[0]["transformer.value_embeds.0.weight"].abs().sum() > 0
     for name, grad in grads[0].items():
         assert torch.allclose(grad, grads[1][name], atol=1e-6), name
+
+
+def test_config_refuses_gates_wider_than_the_model():
+    with pytest.raises(ValueError, match="ve_gate_channels must be between 1 and n_embd \\(16\\), got 32"):
+        NanoChatGPTConfig(n_embd=16, n_head=2, value_embeddings=True)
+    with pytest.raises(ValueError, match="smear reads the first 24 channels"):
+        NanoChatGPTConfig(n_embd=16, n_head=2, smear=True)
+    with pytest.raises(ValueError, match="value embeddings .* pass input_ids"):
+        random_generation_model("g3")(inputs_embeds=torch.zeros(1, 3, 32))
