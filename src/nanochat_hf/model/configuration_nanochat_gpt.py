@@ -49,7 +49,7 @@ class NanoChatGPTConfig(PretrainedConfig):
     """
 
     model_type = "nanochat_gpt"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the KV cache field (renamed in transformers 5.24)
     attribute_map = {
         "hidden_size": "n_embd",
         "num_hidden_layers": "n_layer",

@@ -162,7 +162,7 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["NanoChatGPTBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = False
@@ -424,12 +424,14 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         loss_reduction: str = "mean",
         num_items_in_batch: int | torch.Tensor | None = None,
+        shift_labels: torch.LongTensor | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Labels are aligned with input_ids (shifted inside), -100 ignored. ``loss_reduction``: "mean" (or
-        sum / ``num_items_in_batch`` when given), "sum", or "none" -> (B, L-1) per-token nats, 0 where ignored."""
+        """Labels are aligned with input_ids (shifted inside), -100 ignored; ``shift_labels`` (already aligned with
+        the logits) replace them. ``loss_reduction``: "mean" (or sum / ``num_items_in_batch`` when given), "sum",
+        or "none" -> per-token nats, 0 where ignored: (B, L-1) from labels, (B, L) from shift_labels."""
         if use_cache is None:  # a cache only helps decoding: not when training or scoring labels
-            use_cache = self.config.use_cache and not self.training and labels is None
+            use_cache = self.config.use_cache and not self.training and labels is None and shift_labels is None
         out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                                return_dict=True, **kwargs)  # an output object even if config.return_dict is False
@@ -442,28 +444,34 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         logits = cap * torch.tanh(logits / cap)
 
         loss = None
-        if labels is not None:
-            loss = self._loss(logits, labels.to(logits.device), loss_reduction, num_items_in_batch)
+        if labels is not None or shift_labels is not None:
+            loss = self._loss(logits, labels, shift_labels, loss_reduction, num_items_in_batch)
         return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)},
                                       hidden_states=out.hidden_states, attentions=out.attentions)
 
-    @staticmethod
-    def _loss(logits: torch.Tensor, labels: torch.Tensor, reduction: str, num_items_in_batch) -> torch.Tensor:
-        if logits.shape[1] != labels.shape[1]:
-            raise ValueError(f"labels length {labels.shape[1]} != logits length {logits.shape[1]} "
-                             "(logits_to_keep must be 0 when computing a loss)")
-        logits, targets = logits[:, :-1], labels[:, 1:]
+    def _loss(self, logits: torch.Tensor, labels: torch.Tensor | None, shift_labels: torch.Tensor | None,
+              reduction: str, num_items_in_batch) -> torch.Tensor:
+        """Sequence/context parallel training shifts the labels before it shards the sequence and hands the model
+        ``shift_labels``; without them the last position has no target and is left out (not padded with -100: the
+        sum then runs over the same terms in the same order as nanochat's loss, bit for bit)."""
+        if shift_labels is None:
+            if logits.shape[1] != labels.shape[1]:
+                raise ValueError(f"labels length {labels.shape[1]} != logits length {logits.shape[1]} "
+                                 "(logits_to_keep must be 0 when computing a loss)")
+            logits, shift_labels = logits[:, :-1], labels[:, 1:]
+        elif shift_labels.shape != logits.shape[:2]:
+            raise ValueError(f"shift_labels shape {tuple(shift_labels.shape)} != logits shape "
+                             f"{tuple(logits.shape[:2])} (logits_to_keep must be 0 when computing a loss)")
+        shift_labels = shift_labels.to(logits.device)
+        if reduction == "mean":  # transformers' causal LM loss, handed the targets it would otherwise shift itself
+            return self.loss_function(logits=logits.contiguous(), labels=None, vocab_size=logits.shape[-1],
+                                      num_items_in_batch=num_items_in_batch, shift_labels=shift_labels.contiguous())
         if reduction == "none":
-            return F.cross_entropy(logits.transpose(1, 2), targets, ignore_index=-100, reduction="none")
-        total = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1), ignore_index=-100,
-                                reduction="sum")
+            return F.cross_entropy(logits.transpose(1, 2), shift_labels, ignore_index=-100, reduction="none")
         if reduction == "sum":
-            return total
-        if reduction != "mean":
-            raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
-        if num_items_in_batch is not None:  # gradient accumulation: normalise by the tokens of the whole step
-            return total / torch.as_tensor(num_items_in_batch, device=total.device)
-        return total / (targets != -100).sum()
+            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), shift_labels.reshape(-1), ignore_index=-100,
+                                   reduction="sum")
+        raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
 # generate() asks for inspect.signature(forward) of a remote-code model at every decoding step (transformers looks for
