@@ -216,3 +216,36 @@ def test_g5_chat_pipeline_and_calculator_tool():
     forced = tokenizer.convert_tokens_to_ids(["<|output_start|>"]) + tokenizer.encode("5", add_special_tokens=False) \
         + tokenizer.convert_tokens_to_ids(["<|output_end|>"])
     assert all(row[:len(forced)] == forced for row in batched)
+
+
+def test_g5_flops_per_token_equal_nanochat_estimate_flops():
+    """nanochat's GPT.estimate_flops at HEAD 92d63d4 for this tiny G5 config (window_pattern "SSSL"): 412,080 at
+    sequence_len 256 (short window 128) and 1,395,120 at 2048 (short window 512), printed by nanochat's code.
+    (a825e63 counted 6 x 24 fewer: it left the smear gate's weights out of the matmul parameters.)"""
+    for seq, window, expected in ((256, 129, 412_080), (2048, 513, 1_395_120)):
+        config = NanoChatGPTConfig(**{**G5, "sequence_len": seq, "sliding_window": window})
+        with torch.device("meta"):
+            assert NanoChatGPTForCausalLM(config).num_flops_per_token() == expected
+
+
+def test_g5_gradient_checkpointing_gives_the_same_gradients():
+    ids = torch.randint(0, 48, (2, 150), generator=torch.Generator().manual_seed(5))
+    grads = []
+    for checkpointing in (False, True):
+        model = random_generation_model("g5").train()
+        if checkpointing:
+            model.gradient_checkpointing_enable()
+        model(ids, labels=ids).loss.backward()
+        grads.append({n: p.grad for n, p in model.named_parameters()})
+    assert grads[0]["transformer.value_embeds.0.weight"].abs().sum() > 0
+    for name, grad in grads[0].items():
+        assert torch.allclose(grad, grads[1][name], atol=1e-6), name
+
+
+def test_config_refuses_gates_wider_than_the_model():
+    with pytest.raises(ValueError, match="ve_gate_channels must be between 1 and n_embd \\(16\\), got 32"):
+        NanoChatGPTConfig(n_embd=16, n_head=2, value_embeddings=True)
+    with pytest.raises(ValueError, match="smear reads the first 24 channels"):
+        NanoChatGPTConfig(n_embd=16, n_head=2, smear=True)
+    with pytest.raises(ValueError, match="value embeddings .* pass input_ids"):
+        random_generation_model("g3")(inputs_embeds=torch.zeros(1, 3, 32))
