@@ -233,3 +233,60 @@ def test_inputs_embeds_and_resize_token_embeddings():
     assert model.config.vocab_size == 120
     with torch.no_grad():
         assert model(ids).logits.shape == (tester.batch_size, tester.seq_length, 120)
+
+
+def test_loss_honours_shift_labels():
+    """Sequence/context parallel training shifts the labels on the whole sequence before sharding it and hands the
+    model ``shift_labels`` (transformers' test_causal_lm_loss_honors_shift_labels): they replace ``labels``, and a
+    shard's last position is scored against the target they give it."""
+    model = tester.model()
+    ids, mask = tester.inputs()
+    labels = ids.clone()
+    labels[0, :4] = -100  # the left padding and its <|bos|>
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]  # what the Trainer builds before sharding
+    with torch.no_grad():
+        ref = model(ids, attention_mask=mask, labels=labels)
+        given = model(ids, attention_mask=mask, shift_labels=shifted)
+        other_labels = model(ids, attention_mask=mask, labels=torch.zeros_like(labels), shift_labels=shifted)
+        shard_end = shifted.clone()
+        shard_end[:, -1] = 5  # a shard's last token has the next shard's first token as its target
+        per_token = model(ids, attention_mask=mask, shift_labels=shard_end, loss_reduction="none").loss
+    assert torch.allclose(given.loss, ref.loss, atol=1e-6, rtol=0)
+    assert torch.equal(other_labels.loss, given.loss)  # labels are ignored once shift_labels are given
+    expected = F.cross_entropy(ref.logits.transpose(1, 2), shard_end, ignore_index=-100, reduction="none")
+    assert per_token.shape == shard_end.shape and torch.equal(per_token, expected) and (per_token[:, -1] > 0).all()
+    with pytest.raises(ValueError, match=r"shift_labels shape \(3, 8\) != logits shape \(3, 9\)"):
+        model(ids, shift_labels=shifted[:, 1:])
+
+
+def test_trained_model_config_keeps_use_cache(tmp_path):
+    """transformers' Trainer writes args.use_cache into the model's config (its default, False, would make every
+    generate() of the saved model run without a KV cache): ours says True."""
+    from transformers import Trainer
+
+    from nanochat_hf.training.arguments import MidTrainingArguments
+
+    model = tester.model()
+    Trainer(model=model, args=MidTrainingArguments(output_dir=str(tmp_path), eval_strategy="no"))
+    model.save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["use_cache"] is True
+
+
+def test_demo_tokenizer_saved_alone_knows_the_model_context(tmp_path):
+    from nanochat_hf.data import demo_tokenizer
+    from nanochat_hf.data.demo import DEMO_SEQUENCE_LEN
+
+    demo_tokenizer().save_pretrained(tmp_path)
+    assert json.loads((tmp_path / "tokenizer_config.json").read_text())["model_max_length"] == DEMO_SEQUENCE_LEN == 1024
+
+
+def test_lora_needs_target_modules_and_the_documented_ones_work():
+    """PEFT keeps default LoRA targets only for the model types in its own table: without target_modules it stops
+    with one line naming the field (the README gives the values to pass)."""
+    peft = pytest.importorskip("peft")
+    with pytest.raises(ValueError, match="Please specify `target_modules`"):
+        peft.get_peft_model(tester.model(), peft.LoraConfig(r=2))
+    for targets in ("all-linear", ["c_q", "c_k", "c_v", "c_proj", "c_fc"]):
+        lora = peft.get_peft_model(tester.model(), peft.LoraConfig(r=2, target_modules=targets))
+        names = {n.split(".lora_A")[0].rsplit(".", 1)[-1] for n, _ in lora.named_parameters() if "lora_A" in n}
+        assert names == {"c_q", "c_k", "c_v", "c_proj", "c_fc"}, targets

@@ -38,6 +38,7 @@ from .generations import (
     window_pattern_of,
 )
 from .native import config_from_native, native_to_nanochat_names
+from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
 
 SOURCE_FOLDERS = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
                   "rl": "chatrl_checkpoints"}
@@ -291,7 +292,9 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
                              f"model's vocab_size is {config.vocab_size}")
     # The checkpoint names are checked now, before any work; the tokenizer files when they are written (the same
     # tokenizer written again for another step is byte-identical, and left as it is).
-    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json") if p.exists()]
+    shards = checkpoint_shards(model_dir)  # a trainer checkpoint: its optimizer as nanochat's optim_*.pt files too
+    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json",
+                            *output_dir.glob(f"optim_{step:06d}_rank*.pt")) if p.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{existing[0]}: already exists (pass --overwrite to replace it, or choose another "
                               "--output / --step)")
@@ -299,6 +302,10 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
     meta = {**source_meta, "step": step, "model_config": meta_model_config(config, pattern)}
     protect = files_in(model_dir)
     with staged_dir(output_dir, overwrite, protect) as tmp:
+        if shards is not None:
+            with torch.device("meta"):
+                model = NanoChatGPTForCausalLM(config)
+            write_nanochat_optimizer(model, *shards, tmp, step, {n: t.dtype for n, t in nanochat_state.items()})
         if tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too
             with staged_dir(tokenizer_dir, overwrite, protect) as tok_tmp:
                 _write_nanochat_tokenizer(tokenizer, tok_tmp)

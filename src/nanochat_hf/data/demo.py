@@ -17,6 +17,7 @@ from .mixture import load_mixture
 logger = logging.getLogger("nanochat_hf.data")
 
 DEMO_VOCAB_SIZE = 4096
+DEMO_SEQUENCE_LEN = 1024  # the demo model's context (longer when max_seq_len asks for more): the tokenizer's max length
 
 
 def demo_texts() -> list[str]:
@@ -30,6 +31,7 @@ def demo_texts() -> list[str]:
 def demo_tokenizer(vocab_size: int = DEMO_VOCAB_SIZE, cache_dir: str | os.PathLike | None = None):
     """A `PreTrainedTokenizerFast` trained with `nanochat_hf.tokenizer.train_tokenizer` on the demo train mixture.
 
+    Its ``model_max_length`` is the demo model's ``DEMO_SEQUENCE_LEN`` (transformers' default is "no limit", 1e30).
     Deterministic; saved under ``<cache_dir or cache_root()>/demo_tokenizer-<vocab>-<cache key>`` (the key covers
     the texts and the tokenizer package's code) and loaded from there on later calls (the folder appears
     atomically, complete or not at all).
@@ -47,4 +49,4 @@ def demo_tokenizer(vocab_size: int = DEMO_VOCAB_SIZE, cache_dir: str | os.PathLi
         except OSError:  # another process finished first (FileExistsError when its files differ): keep its copy
             if not (folder / "tokenizer.json").is_file():
                 raise
-    return PreTrainedTokenizerFast.from_pretrained(folder)
+    return PreTrainedTokenizerFast.from_pretrained(folder, model_max_length=DEMO_SEQUENCE_LEN)
