@@ -116,7 +116,7 @@ def test_converted_model_gives_nanochat_logits(generation_base, commit):
 def test_missing_window_pattern_comes_from_the_parent_base_checkpoint(generation_base, write_generation, tmp_path,
                                                                      caplog):
     base = tmp_path / "nanochat"
-    write_generation(base / "base_checkpoints" / "d3", "a825e63")  # the base run, meta with "SSSL"
+    write_generation(base / "base_checkpoints" / "d3", "a825e63", orig_mod=False)  # base_train: plain names
     sft = base / "chatsft_checkpoints" / "d3"
     write_generation(sft, "a825e63", step=9, window_pattern=False)  # SFT meta before 8b4849d
     with caplog.at_level(logging.WARNING):

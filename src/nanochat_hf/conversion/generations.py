@@ -169,13 +169,6 @@ def window_pattern_of(config: NanoChatGPTConfig, generation: Generation, preferr
 
 # ------------------------------------------------------------------------------------- nanochat -> config
 
-@dataclass
-class Detected:
-    generation: Generation
-    config: NanoChatGPTConfig
-    window_pattern: str | None  # what nanochat's loader builds the layers from (None: before windows)
-
-
 def _parent_pattern(checkpoint_dir: Path, model_config: dict) -> tuple[str, Path] | None:
     """window_pattern of the base checkpoint a mid/SFT/RL checkpoint was trained from
     (``<base>/base_checkpoints/<same tag>``, the newest meta with the same architecture), if there is one."""
@@ -243,8 +236,9 @@ def model_config_of(meta: dict, meta_path: Path) -> dict:
     return model_config
 
 
-def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: Path, meta_path: Path) -> Detected:
-    """The generation and our config of a nanochat checkpoint (keys without ``_orig_mod.``), from its tensor names
+def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: Path, meta_path: Path
+           ) -> NanoChatGPTConfig:
+    """Our config of a nanochat checkpoint (keys without ``_orig_mod.``), from its tensor names
     and meta's `model_config` (checked by ``model_config_of``); the window pattern from the meta, else from the
     parent base checkpoint's meta, else "L" (as nanochat's own loader assumes) with a one-line warning. Raises a
     one-line ValueError naming the file and key for a tensor of no generation, a meta that contradicts the keys,
@@ -265,7 +259,7 @@ def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: 
             logger.warning("%s: no model_config.window_pattern; using %r from the parent base checkpoint %s",
                            meta_path, pattern, found[1])
         elif not (generation.name == "G1" and model_path.parent.parent.name == "base_checkpoints"):
-            pattern = "L"  # a G1 base checkpoint predates windows: nothing is assumed there
+            pattern = "L"  # (a G1 base checkpoint without one predates windows: nothing to assume)
             logger.warning("%s: no model_config.window_pattern and no parent base checkpoint meta with one: assumed "
                            "'L' (every layer attends to the whole context), as nanochat's own loader does", meta_path)
     if generation.name == "G1" and pattern is not None:
@@ -287,7 +281,7 @@ def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: 
                    and int(m.group(1)) == wrong[0])
         raise ValueError(f"{model_path}: {key} is on layer {wrong[0]}, but nanochat puts value embeddings on layers "
                          f"{config.value_embedding_layers} of {n_layer} (i % 2 == (n_layer - 1) % 2)")
-    return Detected(generation, config, pattern if generation.windows else None)
+    return config
 
 
 # ------------------------------------------------------------------------------------- config -> nanochat

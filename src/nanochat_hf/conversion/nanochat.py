@@ -113,7 +113,7 @@ def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise ValueError(f"{model_path}: expected a state dict of tensors, got {type(state_dict).__name__}")
     state_dict = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
-    config = detect(state_dict, model_config, model_path, meta_path).config
+    config = detect(state_dict, model_config, model_path, meta_path)
     check_state_dict(state_dict, nanochat_shapes(config), model_path, meta_path)
     return state_dict, config, meta, step
 
