@@ -52,18 +52,8 @@ def write_g5_base(base: Path) -> None:
 
 @pytest.fixture(scope="module")
 def g5_base(tmp_path_factory) -> Path:
-    from nanochat_hf.conversion import read_nanochat_checkpoint
-    from nanochat_hf.conversion.generations import hf_names
-
     base = tmp_path_factory.mktemp("g5") / "nanochat"
     write_g5_base(base)
-    _, config, _, _ = read_nanochat_checkpoint(base / "base_checkpoints" / "d2")
-    from nanochat_hf import NanoChatGPTForCausalLM
-
-    with torch.device("meta"):
-        ours = set(NanoChatGPTForCausalLM(config).state_dict())
-    if ours != set(hf_names(config).values()):
-        pytest.skip("modeling_nanochat_gpt.py does not build nanochat's G5 tensors yet (another branch's work)")
     return base
 
 
