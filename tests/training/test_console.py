@@ -130,3 +130,31 @@ def test_cpu_threads_leave_busy_cores_alone(monkeypatch, requested, processes, l
     monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(device.os, "getloadavg", lambda: (load, load, load), raising=False)
     assert device.cpu_threads(requested, processes) == expected
+
+
+def test_library_noise_is_dropped_and_the_rest_kept(caplog):
+    import logging
+
+    import transformers
+
+    from nanochat_hf.training.run import quiet_libraries
+
+    quiet_libraries(main_process=True)
+    try:
+        assert transformers.utils.logging.tqdm(range(2), desc="Writing model shards").disable
+        assert not transformers.utils.logging.tqdm(range(2), desc="Loading weights").disable
+        with caplog.at_level(logging.WARNING):
+            logger = logging.getLogger("transformers.training_args")
+            logger.warning("The speedups for torchdynamo mostly come with GPU Ampere or higher and which is not "
+                           "detected here.")
+            logger.warning("something else")
+        assert [r.getMessage() for r in caplog.records] == ["something else"]
+        quiet_libraries(main_process=False)
+        assert transformers.utils.logging.tqdm(range(2), desc="Loading weights").disable  # rank 0 shows it
+    finally:
+        transformers.utils.logging.set_tqdm_hook(None)
+        import datasets
+
+        datasets.enable_progress_bars()
+        for name in ("huggingface_hub", "datasets"):
+            logging.getLogger(name).setLevel(logging.NOTSET)

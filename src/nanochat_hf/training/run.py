@@ -254,18 +254,23 @@ RUN: dict[str, Any] = {}
 
 def quiet_libraries(main_process: bool) -> None:
     """Keep our lines and one bar: transformers' per-save "Writing model shards" bar (one shard, at every save) is
-    dropped, other processes show no library bars (they would duplicate rank 0's), and transformers' notice that
-    torch.compile's speed-ups need an Ampere GPU is not printed on CPU runs, which compile on purpose."""
+    dropped, other processes show no library bars or warnings (they would duplicate rank 0's), and transformers'
+    notice that torch.compile's speed-ups need an Ampere GPU is not printed on CPU runs, which compile on purpose."""
     def hook(factory, args, kwargs):
         if not main_process or kwargs.get("desc") == "Writing model shards":
             kwargs = {**kwargs, "disable": True}
         return factory(*args, **kwargs)
 
     transformers.utils.logging.set_tqdm_hook(hook)
-    if not main_process:
+    if not main_process:  # rank 0 says it once (e.g. huggingface_hub's retries of an unreachable hub)
         datasets.disable_progress_bars()
-    logging.getLogger("transformers.training_args").addFilter(
-        lambda record: "speedups for torchdynamo" not in record.getMessage())
+        for name in ("huggingface_hub", "datasets"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("transformers.training_args").addFilter(_no_dynamo_gpu_notice)
+
+
+def _no_dynamo_gpu_notice(record: logging.LogRecord) -> bool:
+    return "speedups for torchdynamo" not in record.getMessage()
 
 
 def interrupted() -> None:
