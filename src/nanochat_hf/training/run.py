@@ -279,19 +279,26 @@ def interrupted() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the clean-up halfway
     args, trainer = RUN.get("args"), RUN.get("trainer")
     step = f" at step {trainer.state.global_step}" if trainer is not None else " before training started"
-    if args is None or args.dry_run or not _is_main():
+    if not _is_main():
         sys.exit(130)
-    out = Path(args.output_dir)
-    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # a final save cut short
-    if RUN.get("model_saved"):
+    out = Path(args.output_dir) if args is not None and not args.dry_run else None
+    if out is not None:
+        shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # a final save cut short
+    if out is None:
+        what = "nothing was written"
+    elif RUN.get("model_saved"):
         what = f"the model is saved in {out}; report.md and the model card were not written"
     elif not out.is_dir():
         what = "nothing was written"
     else:
         try:
             path, _ = resolve_resume_checkpoint(out, True, int(os.environ.get("WORLD_SIZE", "1")))
-            what = f"{path} can be resumed with --resume_from_checkpoint true"
         except ValueError:  # no intact checkpoint
+            path = None
+        if path is not None and (args.resume_from_checkpoint or
+                                 (path / "trainer_state.json").stat().st_mtime >= RUN["started"]):
+            what = f"{path} can be resumed with --resume_from_checkpoint true"
+        else:  # none, or an earlier run's (kept there with --overwrite_output_dir)
             if RUN.get("created_output_dir"):
                 shutil.rmtree(out, ignore_errors=True)
                 what = f"no checkpoint had been written (--save_steps N writes them): removed {out}"
