@@ -41,11 +41,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", required=True, help="model directory or Hub repo id (tokenizer alongside)")
     parser.add_argument("--tasks", default=",".join(EVAL_TASKS), help="comma-separated (default: all six)")
     parser.add_argument("--max_problems", type=int, default=None, help="per task: the first N after the shuffle")
-    parser.add_argument("--batch_size", type=int, default=8)
-    parser.add_argument("--max_new_tokens", type=int, default=512)
+    parser.add_argument("--batch_size", type=int, default=8, help="problems per forward / generate call (default 8)")
+    parser.add_argument("--max_new_tokens", type=int, default=512,
+                        help="generative tasks: at most this many reply tokens (default 512)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    parser.add_argument("--top_k", type=int, default=50)
-    parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument("--top_k", type=int, default=50, help="sampling: the k most likely tokens (default 50; 0: all)")
+    parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
     parser.add_argument("--data_files", action="append", default=[], metavar="TASK=FILE[,FILE]",
                         help="local copies of a task's hub data, in its column layout (repeatable)")
     parser.add_argument("--report", default=None, help="add the results section to this report.md")

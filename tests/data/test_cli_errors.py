@@ -80,7 +80,7 @@ ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env
     "text batch size": (IN, lambda t: None, ["--device-batch-size", "big"], {}, ["--device-batch-size", "'big'"]),
     "negative -n": (IN, lambda t: None, ["-n", "-3"], {}, ["-n", "'-3'"]),
     "indivisible batch": (IN, lambda t: None, ["--total-batch-size", "1000", "--max-seq-len", "64"], {},
-                          ["total_batch_size 1000", "32*64*1"]),
+                          ["total_batch_size 1000", "8*64*1"]),  # the demo config's 8 rows
     "unknown flag": (SUB, lambda t: None, ["--colour", "never"], {}, ["unrecognized arguments: --colour"]),
     "bad color": (IN, lambda t: None, ["--color", "pink"], {}, ["--color", "'pink'"]),
     "missing tokenizer": (IN, lambda t: None, ["--tokenizer", "no_such_dir"], {},

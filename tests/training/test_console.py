@@ -130,3 +130,45 @@ def test_cpu_threads_leave_busy_cores_alone(monkeypatch, requested, processes, l
     monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
     monkeypatch.setattr(device.os, "getloadavg", lambda: (load, load, load), raising=False)
     assert device.cpu_threads(requested, processes) == expected
+
+
+def test_library_noise_is_dropped_and_the_rest_kept(caplog):
+    import logging
+
+    import transformers
+
+    from nanochat_hf.training.run import quiet_libraries
+
+    quiet_libraries(main_process=True)
+    try:
+        assert transformers.utils.logging.tqdm(range(2), desc="Writing model shards").disable
+        assert not transformers.utils.logging.tqdm(range(2), desc="Loading weights").disable
+        with caplog.at_level(logging.WARNING):
+            logger = logging.getLogger("transformers.training_args")
+            logger.warning("The speedups for torchdynamo mostly come with GPU Ampere or higher and which is not "
+                           "detected here.")
+            logger.warning("something else")
+        assert [r.getMessage() for r in caplog.records] == ["something else"]
+        quiet_libraries(main_process=False)
+        assert transformers.utils.logging.tqdm(range(2), desc="Loading weights").disable  # rank 0 shows it
+    finally:
+        transformers.utils.logging.set_tqdm_hook(None)
+        import datasets
+
+        datasets.enable_progress_bars()
+        for name in ("huggingface_hub", "datasets"):
+            logging.getLogger(name).setLevel(logging.NOTSET)
+
+
+def test_output_dir_refusal_says_what_it_holds_and_only_advice_that_works(tmp_path):
+    from nanochat_hf.training.output_dir import OutputDirError, prepare_output_dir
+
+    (tmp_path / "report.md").write_text("an earlier run")
+    (tmp_path / "checkpoint-4").mkdir()  # incomplete: no trainer_state.json, nothing to resume
+    with pytest.raises(OutputDirError) as refused:
+        prepare_output_dir(tmp_path, overwrite_output_dir=False, resuming=False)
+    assert str(refused.value) == (f"output_dir {tmp_path} already holds a run (report.md, 1 checkpoint-* folder): pass "
+                                  "--overwrite_output_dir true to replace it, or choose another --output_dir")
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    with pytest.raises(OutputDirError, match="--resume_from_checkpoint true to continue it"):
+        prepare_output_dir(tmp_path, overwrite_output_dir=False, resuming=False)

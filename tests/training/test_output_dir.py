@@ -110,7 +110,7 @@ def test_another_run_is_refused_unless_overwrite_or_resume(tmp_path, names, desc
         prepare_output_dir(out, overwrite_output_dir=False, resuming=False)
     message = str(err.value)
     assert "\n" not in message and described in message and "--overwrite_output_dir" in message
-    assert "--resume_from_checkpoint" in message
+    assert "--resume_from_checkpoint" not in message  # no complete checkpoint (trainer_state.json): nothing to resume
 
     (notice,) = prepare_output_dir(out, overwrite_output_dir=True, resuming=False)
     assert described in notice and "nothing is deleted now" in notice

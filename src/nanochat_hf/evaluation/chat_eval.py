@@ -110,7 +110,8 @@ def evaluate_task(model, tokenizer, task: EvalTask, problems: list[Problem], bat
     mine = list(range(state.process_index, len(problems), state.num_processes))
     share = [problems[i] for i in mine]
     outcomes = []
-    with Progress(f"chat eval {task.name}", len(share), "problems", enabled=state.is_main_process) as progress:
+    desc = f"chat eval {task.name}" + (f" (this process's share of {len(problems)})" if state.num_processes > 1 else "")
+    with Progress(desc, len(share), "problems", enabled=state.is_main_process) as progress:
         for start in range(0, len(share), batch_size):  # the batches the two modes would make themselves
             batch = share[start:start + batch_size]
             if task.mode == "categorical":

@@ -266,18 +266,23 @@ RUN: dict[str, Any] = {}
 
 def quiet_libraries(main_process: bool) -> None:
     """Keep our lines and one bar: transformers' per-save "Writing model shards" bar (one shard, at every save) is
-    dropped, other processes show no library bars (they would duplicate rank 0's), and transformers' notice that
-    torch.compile's speed-ups need an Ampere GPU is not printed on CPU runs, which compile on purpose."""
+    dropped, other processes show no library bars or warnings (they would duplicate rank 0's), and transformers'
+    notice that torch.compile's speed-ups need an Ampere GPU is not printed on CPU runs, which compile on purpose."""
     def hook(factory, args, kwargs):
         if not main_process or kwargs.get("desc") == "Writing model shards":
             kwargs = {**kwargs, "disable": True}
         return factory(*args, **kwargs)
 
     transformers.utils.logging.set_tqdm_hook(hook)
-    if not main_process:
+    if not main_process:  # rank 0 says it once (e.g. huggingface_hub's retries of an unreachable hub)
         datasets.disable_progress_bars()
-    logging.getLogger("transformers.training_args").addFilter(
-        lambda record: "speedups for torchdynamo" not in record.getMessage())
+        for name in ("huggingface_hub", "datasets"):
+            logging.getLogger(name).setLevel(logging.ERROR)
+    logging.getLogger("transformers.training_args").addFilter(_no_dynamo_gpu_notice)
+
+
+def _no_dynamo_gpu_notice(record: logging.LogRecord) -> bool:
+    return "speedups for torchdynamo" not in record.getMessage()
 
 
 def interrupted() -> None:
@@ -286,19 +291,26 @@ def interrupted() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the clean-up halfway
     args, trainer = RUN.get("args"), RUN.get("trainer")
     step = f" at step {trainer.state.global_step}" if trainer is not None else " before training started"
-    if args is None or args.dry_run or not _is_main():
+    if not _is_main():
         sys.exit(130)
-    out = Path(args.output_dir)
-    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # a final save cut short
-    if RUN.get("model_saved"):
+    out = Path(args.output_dir) if args is not None and not args.dry_run else None
+    if out is not None:
+        shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # a final save cut short
+    if out is None:
+        what = "nothing was written"
+    elif RUN.get("model_saved"):
         what = f"the model is saved in {out}; report.md and the model card were not written"
     elif not out.is_dir():
         what = "nothing was written"
     else:
         try:
             path, _ = resolve_resume_checkpoint(out, True, int(os.environ.get("WORLD_SIZE", "1")))
-            what = f"{path} can be resumed with --resume_from_checkpoint true"
         except ValueError:  # no intact checkpoint
+            path = None
+        if path is not None and (args.resume_from_checkpoint or
+                                 (path / "trainer_state.json").stat().st_mtime >= RUN["started"]):
+            what = f"{path} can be resumed with --resume_from_checkpoint true"
+        else:  # none, or an earlier run's (kept there with --overwrite_output_dir)
             if RUN.get("created_output_dir"):
                 shutil.rmtree(out, ignore_errors=True)
                 what = f"no checkpoint had been written (--save_steps N writes them): removed {out}"
