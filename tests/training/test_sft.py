@@ -133,3 +133,29 @@ def test_completion_only_rows(monkeypatch):
     assert (labels[ids == start] == -100).all() and (labels[ids == end] == end).all()
     user = tok.convert_tokens_to_ids("<|user_start|>")
     assert (labels[ids == user] == -100).all() and (labels != -100).any()
+
+
+@pytest.mark.slow
+def test_chatcore_every_n_steps_and_at_the_end(tmp_path, monkeypatch, capsys):
+    """ChatCORE at the evaluations of every chatcore_every-th step and the last (not step 0); a task whose data
+    cannot be loaded (a hub task offline) is skipped in one line."""
+    from nanochat_hf.training import trainer as trainer_module
+    from nanochat_hf.training.run import main
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(trainer_module, "CHATCORE_TASKS", ("SpellingBee", "ARC-Easy"))
+    out, mixture = tmp_path / "out", tmp_path / "mix.yaml"
+    mixture.write_text(json.dumps({"train": {"tasks": [{"task": "simple_spelling", "size": 60, "words": "demo"}]},
+                                   "val": {"tasks": [{"task": "simple_spelling", "size": 10, "words": "demo"}]}}))
+    main([str(REPO / "configs" / "sft_demo.yaml"), "--train_mixture", str(mixture), "--val_mixture", str(mixture),
+          "--demo_depth", "1", "--max_seq_len", "64", "--device_batch_size",
+          "2", "--total_batch_size", "128", "--num_iterations", "3", "--eval_every", "2", "--eval_tokens", "128",
+          "--chatcore_every", "2", "--chatcore_max_sample", "1", "--spelling_eval_rows", "0", "--chat_eval_tasks", "",
+          "--torch_compile", "false", "--disable_tqdm", "true", "--output_dir", str(out)])
+    history = json.loads((out / "trainer_state.json").read_text())["log_history"]
+    assert [h["step"] for h in history if "eval_chatcore" in h] == [2, 3]
+    assert [h["step"] for h in history if "eval_val_bpb" in h] == [0, 2, 3]
+    assert all("eval_chatcore/SpellingBee" in h and "eval_chatcore/ARC-Easy" not in h
+               for h in history if "eval_chatcore" in h)
+    skipped = [line for line in capsys.readouterr().out.splitlines() if "ChatCORE: ARC-Easy skipped" in line]
+    assert len(skipped) == 2

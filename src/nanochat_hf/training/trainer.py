@@ -246,7 +246,7 @@ class MidTrainer(Trainer):
                 with torch.no_grad(), self.accelerator.autocast():
                     scores += run_chat_eval(model, self.processing_class, [name], None if limit < 0 else limit,
                                             batch_size=a.device_batch_size, seed=a.seed)
-            except (ValueError, OSError, ConnectionError) as e:
+            except (ValueError, OSError, ConnectionError, RuntimeError) as e:  # RuntimeError: hub data offline
                 if self.is_world_process_zero():
                     print(f"mid_train: ChatCORE: {name} skipped: {' '.join(str(e).split())}", flush=True)
         if not scores:
