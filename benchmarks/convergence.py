@@ -1,10 +1,14 @@
-"""The recipe's point, measured: Muon + AdamW against AdamW alone, on the demo model and the offline demo mixture.
+"""The recipe's point, measured: Muon + AdamW against AdamW alone, on the demo model and the offline demo mixture;
+and the two optimizer recipes against each other (December 2025 and nanochat HEAD's, `--recipes 2025-12,2026-07`).
 
     python benchmarks/convergence.py [--steps 80] [--eval_every 5] [--lrs 0.0003,0.001,0.003,0.01]
-                                     [--output convergence.json] [--MidTrainingArguments flag value ...]
+                                     [--recipes 2025-12,2026-07] [--output convergence.json]
+                                     [--MidTrainingArguments flag value ...]
 
 Arms, all trained by `MidTrainer` through `nanochat_hf.training.run` (`build_trainer`, `train`):
 - "muon": the recipe, Muon on the block matrices at matrix_lr, AdamW on embedding and lm_head at the demo's rates;
+- "muon 2026-07" (with --recipes ...,2026-07): the same rates in optimizer recipe 2026-07 (nanochat HEAD's
+  MuonAdamW: its groups, betas and weight decays, Polar Express, NorMuon, cautious weight decay);
 - "adamw lr=X", one per --lrs value: every parameter in AdamW (`build_optimizer(matrix_optimizer="adamw")`), the
   block matrices at X, embedding and lm_head at the same rates as in the recipe.
 Every arm starts from the same initial weights and reads the same batches in the same order, under the same LR
@@ -12,7 +16,8 @@ schedule (constant, then linear to 0 over the last 20% of the steps), with 1 tor
 every evaluation (step 0, every --eval_every steps, the last step).
 
 The table: each arm's final val bpb, the first evaluated step at which its val bpb is at or below the best AdamW
-arm's final val bpb (the target), and that step divided by the best AdamW arm's own. Other flags are passed to
+arm's final val bpb (the target), and that step divided by the best AdamW arm's own. With both recipes, one more
+line: the steps each recipe takes to the December arm's final val bpb. Other flags are passed to
 `MidTrainingArguments` on top of the demo config (e.g. --max_seq_len 64 for a quick run).
 """
 
@@ -35,7 +40,7 @@ import nanochat_hf  # noqa: F401  (registers the Auto classes)
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.atomic import write_text
 from nanochat_hf.data import demo_tokenizer, load_mixture, tokenize_conversations
-from nanochat_hf.optim import build_optimizer
+from nanochat_hf.optim import RECIPES, build_optimizer
 from nanochat_hf.tokenizer.chat_format import EOS_TOKEN
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import NanoChatConsole
@@ -65,7 +70,11 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--lrs", default=DEFAULT_LRS, help="comma list of AdamW rates for the block matrices")
     p.add_argument("--depth", type=int, default=4, help="model depth (nanochat's rule: width 64*depth)")
     p.add_argument("--output", default=None, help="JSON file of the curves (rewritten after every arm)")
+    p.add_argument("--recipes", default="2025-12", help=f"comma list of optimizer recipes for Muon arms ({RECIPES})")
     a, rest = p.parse_known_args(argv)
+    a.recipes = [x.strip() for x in a.recipes.split(",") if x.strip()]
+    if not a.recipes or set(a.recipes) - set(RECIPES):
+        p.error(f"--recipes {a.recipes}: expected a comma list of {', '.join(RECIPES)}")
     try:
         a.lrs = [float(x) for x in a.lrs.split(",") if x.strip()]
     except ValueError:
@@ -91,7 +100,13 @@ def summarize(arms: list[dict]) -> dict:
         steps = first_step_at_or_below(arm["curve"], target)
         arm["steps_to_target"] = steps
         arm["ratio"] = steps / reference if steps is not None and reference else None
-    return {"best_adamw": best["name"], "target_val_bpb": target, "best_adamw_steps": reference}
+    summary = {"best_adamw": best["name"], "target_val_bpb": target, "best_adamw_steps": reference}
+    recipes = {a.get("recipe"): a for a in arms if a["optimizer"] == "muon"}
+    if {"2025-12", "2026-07"} <= set(recipes):  # both recipes to the December arm's final val bpb
+        december = recipes["2025-12"]["final_val_bpb"]
+        summary["recipes"] = {"target_val_bpb": december, **{r: first_step_at_or_below(recipes[r]["curve"], december)
+                                                             for r in ("2025-12", "2026-07")}}
+    return summary
 
 
 def table(arms: list[dict], summary: dict) -> str:
@@ -101,11 +116,17 @@ def table(arms: list[dict], summary: dict) -> str:
         steps = "not reached" if a["steps_to_target"] is None else str(a["steps_to_target"])
         ratio = "-" if a["ratio"] is None else f"{a['ratio']:.2f}"
         lines.append(f"{a['name']:<16} {a['final_val_bpb']:>13.4f} {steps:>15} {ratio:>12}")
+    if "recipes" in summary:
+        r = summary["recipes"]
+        head = "not reached" if r["2026-07"] is None else r["2026-07"]
+        lines.append(f"recipes, steps to {r['target_val_bpb']:.4f} val bpb (the December arm's final): 2025-12 "
+                     f"{r['2025-12']}, 2026-07 {head}")
     return "\n".join(lines)
 
 
-def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_tokens, val_tokens) -> dict:
-    """Train a copy of `model`: the recipe's optimizer (matrix_lr None) or AdamW everywhere at matrix_lr."""
+def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_tokens, val_tokens,
+            recipe: str = "2025-12") -> dict:
+    """Train a copy of `model`: the optimizer of ``recipe`` (matrix_lr None) or AdamW everywhere at matrix_lr."""
     t0 = time.time()
     trainer = build_trainer(args, copy.deepcopy(model), tokenizer, train_tokens, val_tokens)
     trainer.pop_callback(NanoChatConsole)
@@ -115,9 +136,15 @@ def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_to
             trainer.model, matrix_lr=matrix_lr, embedding_lr=args.embedding_lr, unembedding_lr=args.unembedding_lr,
             weight_decay=args.weight_decay, init_lr_frac=args.init_lr_frac, matrix_optimizer="adamw")
         clip_in_optimizer(trainer.optimizer, args.max_grad_norm)
+    elif recipe != "2025-12":
+        trainer.optimizer = build_optimizer(
+            trainer.model, matrix_lr=args.matrix_lr, embedding_lr=args.embedding_lr,
+            unembedding_lr=args.unembedding_lr, weight_decay=args.weight_decay, init_lr_frac=args.init_lr_frac,
+            recipe=recipe)
+        clip_in_optimizer(trainer.optimizer, args.max_grad_norm)
     train(trainer)
     curve = [(h["step"], h["eval_val_bpb"]) for h in trainer.state.log_history if "eval_val_bpb" in h]
-    result = {"name": name, "optimizer": "muon" if matrix_lr is None else "adamw",
+    result = {"name": name, "optimizer": "muon" if matrix_lr is None else "adamw", "recipe": recipe,
               "matrix_lr": args.matrix_lr if matrix_lr is None else matrix_lr,
               "final_val_bpb": curve[-1][1], "curve": curve, "wall_s": round(time.time() - t0, 1)}
     del trainer
@@ -162,9 +189,10 @@ def main(argv: list[str] | None = None) -> dict:
                          "embedding_lr": args.embedding_lr, "unembedding_lr": args.unembedding_lr},
             "arms": [],
         }
-        plan = [("muon", None)] + [(f"adamw lr={lr:g}", lr) for lr in a.lrs]
-        for name, lr in plan:
-            report["arms"].append(run_arm(name, lr, args, model, tokenizer, train_tokens, val_tokens))
+        plan = [("muon" if r == "2025-12" else f"muon {r}", None, r) for r in a.recipes]
+        plan += [(f"adamw lr={lr:g}", lr, "2025-12") for lr in a.lrs]
+        for name, lr, recipe in plan:
+            report["arms"].append(run_arm(name, lr, args, model, tokenizer, train_tokens, val_tokens, recipe))
             if a.output:  # after every arm: a long run stopped early keeps what it measured
                 write_text(a.output, json.dumps(report, indent=1) + "\n")
     report["summary"] = summarize(report["arms"])

@@ -1,7 +1,9 @@
-"""Median time of one Muon step over the block matrices of a nanochat model: ours vs torch.optim.Muon.
+"""Median time of one Muon step over the block matrices of a nanochat model: ours vs torch.optim.Muon, and the
+step of optimizer recipe 2026-07 (nanochat HEAD's MuonAdamW) vs nanochat's own formula run eagerly.
 
     python benchmarks/optim_step.py            # d12 on CPU, d20 (and d12) when CUDA is available
     python benchmarks/optim_step.py --quick    # small smoke run
+    python benchmarks/optim_step.py --only_head  # just recipe 2026-07's step and the state per rank
 
 Every optimizer gets the same float32 parameters and gradients and the same math (Nesterov momentum 0.95,
 5 bf16 Newton-Schulz steps, lr * max(1, rows/cols)^0.5, no weight decay). torch's loops over the matrices one
@@ -11,6 +13,12 @@ the machine is measured in the same run with plain batched matmuls of exactly th
 multiplies, and the table reports which fraction of it each step reaches (standard Newton-Schulz FLOPs / step
 time / matmul rate). Then: the Gram iteration's speed and deviation on the rectangular shapes, and the optimizer
 state per rank for 1 and 2 processes of the sharded step.
+
+Recipe 2026-07: `NorMuonAdamW`'s step over the same matrices (one stack per shape) against a transcription of
+nanochat's `muon_step_fused` (92d63d4, nanochat/optim.py) run eagerly, op by op, on the same stacks, the way its
+MuonAdamW calls it with one process (stack the parameters, step, copy back); orthogonalisation in bfloat16 on CUDA
+and float32 on CPU, as nanochat's compute dtype. Also the largest difference of the two updates, and the state per
+rank of both recipes at 1 and 2 processes.
 """
 
 from __future__ import annotations
@@ -23,7 +31,15 @@ import time
 import torch
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-from nanochat_hf.optim import MuonAdamW, newton_schulz, ns_batch_size, state_bytes_per_rank
+from nanochat_hf.optim import (
+    MuonAdamW,
+    NorMuonAdamW,
+    head_state_bytes_per_rank,
+    newton_schulz,
+    ns_batch_size,
+    state_bytes_per_rank,
+)
+from nanochat_hf.optim.kernels import POLAR_EXPRESS_COEFFS
 
 
 def model_shapes(depth: int, vocab: int = 65536) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
@@ -141,14 +157,101 @@ def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
                   f"{(diff.norm() / std.norm()).item():>14.3g} {((std - exact).norm() / exact.norm()).item():>15.3g}")
 
 
+def nanochat_muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_buffer, momentum_t, lr_t,
+                       wd_t, beta2_t, ns_steps, red_dim, compute_dtype) -> None:
+    """nanochat's muon_step_fused at 92d63d4 (nanochat/optim.py), transcribed op for op, without torch.compile."""
+    momentum = momentum_t.to(stacked_grads.dtype)
+    momentum_buffer.lerp_(stacked_grads, 1 - momentum)
+    g = stacked_grads.lerp_(momentum_buffer, momentum)
+    X = g.bfloat16() if compute_dtype == torch.bfloat16 else g  # nanochat's names
+    target = X.float().norm(dim=(-2, -1), keepdim=True) / (X.size(-2) ** 0.5)
+    row_norm = X.float().norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    X = X * (target / row_norm).to(X.dtype)
+    X = X / (X.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
+    for a, b, c in POLAR_EXPRESS_COEFFS[:ns_steps]:
+        if g.size(-2) > g.size(-1):
+            A = X.mT @ X
+            X = a * X + X @ (b * A + c * (A @ A))
+        else:
+            A = X @ X.mT
+            X = a * X + (b * A + c * (A @ A)) @ X
+    g = X.to(stacked_params.dtype)
+    g = g * (min(g.size(-2), g.size(-1)) ** 0.5 / g.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(
+        g.dtype)
+    beta2 = beta2_t.to(g.dtype)
+    v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
+    red_dim_size = g.size(red_dim)
+    v_norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * red_dim_size).sqrt()
+    second_momentum_buffer.lerp_(v_mean.to(dtype=second_momentum_buffer.dtype), 1 - beta2)
+    step_size = second_momentum_buffer.clamp_min(1e-10).rsqrt()
+    v_norm_new = ((v_mean * red_dim_size) * step_size.float().square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    g = g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
+    lr, wd = lr_t.to(g.dtype), wd_t.to(g.dtype)
+    stacked_params.sub_(lr * g + lr * wd * stacked_params * ((g * stacked_params) >= 0))
+
+
+def bench_head_step(depth: int, repeats: int, device: torch.device) -> None:
+    """Recipe 2026-07's Muon step (ours) vs nanochat's formula run eagerly, on the same stacks."""
+    shapes = model_shapes(depth)[0]
+    dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
+    grads = [torch.randn(s, device=device) for s in shapes]
+    stacks = {s: [i for i, t in enumerate(shapes) if t == s] for s in sorted(set(shapes))}
+    groups = [{"params": [params[i] for i in idx], "kind": "muon", "name": f"muon/{s[0]}x{s[1]}", "lr": 0.02,
+               "initial_lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "beta2": 0.9,
+               "weight_decay": 0.2, "polar_dtype": str(dtype).removeprefix("torch.")} for s, idx in stacks.items()]
+    ours = NorMuonAdamW(groups, sharded=False)
+    nc_state = {s: (torch.zeros(len(idx), *s, device=device),
+                    torch.zeros((len(idx), s[0], 1) if s[0] >= s[1] else (len(idx), 1, s[1]), device=device))
+                for s, idx in stacks.items()}
+    momentum_t, wd_t, beta2_t = (torch.tensor(v, dtype=torch.float32) for v in (0.95, 0.2, 0.9))
+
+    def step_ours():
+        for p, g in zip(params, grads):
+            p.grad = g.clone()
+        ours.step()
+
+    @torch.no_grad()
+    def step_nanochat():
+        for s, idx in stacks.items():
+            stacked = torch.stack([params[i] for i in idx])
+            lr_t = torch.tensor(0.02 * max(1.0, s[0] / s[1]) ** 0.5, dtype=torch.float32)
+            nanochat_muon_step(torch.stack([grads[i] for i in idx]), stacked, *nc_state[s], momentum_t, lr_t,
+                               wd_t, beta2_t, 5, -1 if s[0] >= s[1] else -2, dtype)
+            torch._foreach_copy_([params[i] for i in idx], list(stacked.unbind(0)))
+
+    # the same first step from the same state, for the difference of the updates
+    start = [p.detach().clone() for p in params]
+    step_ours()
+    ours_update = [p.detach() - s0 for p, s0 in zip(params, start)]
+    with torch.no_grad():
+        for p, s0 in zip(params, start):
+            p.copy_(s0)
+    step_nanochat()
+    nc_update = [p.detach() - s0 for p, s0 in zip(params, start)]
+    diff = max((a - b).abs().max().item() for a, b in zip(ours_update, nc_update))
+    size = max(b.abs().max().item() for b in nc_update)
+    t = interleaved({"ours (NorMuonAdamW)": step_ours, "nanochat's formula, eager": step_nanochat}, repeats, device)
+    base = t["nanochat's formula, eager"]
+    print(f"\nrecipe 2026-07, d{depth}: {len(shapes)} matrices in {len(stacks)} stacks, orthogonalisation in "
+          f"{str(dtype).removeprefix('torch.')}; first-step updates differ by at most {diff:.3g} "
+          f"({diff / size:.2g} of the largest update element)")
+    header = f"{'Muon step, recipe 2026-07':<32} {'s':>9} {'/ nanochat':>10}"
+    print(header + "\n" + "-" * len(header))
+    for name, sec in t.items():
+        print(f"{name:<32} {sec:>9.4f} {sec / base:>10.2f}")
+
+
 def print_state_bytes(depth: int, vocab: int) -> None:
     block, adamw = model_shapes(depth, vocab)
     print(f"\noptimizer state per rank, d{depth} (vocab {vocab}), from the sharding rule of the sharded step "
-          f"(tests/optim/test_distributed.py checks the rule against a 2-process run):")
-    for world in (1, 2):
-        per_rank = state_bytes_per_rank(block, adamw, world)
-        print(f"  {world} process{'es' if world > 1 else ''}: " +
-              ", ".join(f"rank {r} {b / 2**20:,.1f} MiB" for r, b in enumerate(per_rank)))
+          f"(tests/optim/test_distributed.py and test_head_recipe.py check the rules against 2-process runs):")
+    for recipe, rule in (("2025-12", state_bytes_per_rank), ("2026-07", head_state_bytes_per_rank)):
+        for world in (1, 2):
+            per_rank = rule(block, adamw, world)
+            print(f"  recipe {recipe}, {world} process{'es' if world > 1 else ''}: " +
+                  ", ".join(f"rank {r} {b / 2**20:,.2f} MiB" for r, b in enumerate(per_rank)))
 
 
 def main() -> None:
@@ -157,6 +260,7 @@ def main() -> None:
     parser.add_argument("--depth", type=int, nargs="*", help="model depths (default: 12, plus 20 on CUDA)")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--vocab", type=int, default=65536, help="vocabulary for the state sizes (nanochat's)")
+    parser.add_argument("--only_head", action="store_true", help="skip the December recipe's step measurements")
     args = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     depths = args.depth or ([2] if args.quick else [12, 20] if device.type == "cuda" else [12])
@@ -166,8 +270,10 @@ def main() -> None:
     if hasattr(os, "getloadavg"):
         print(f"load average before: {os.getloadavg()[0]:.2f} (other processes share these cores if > ~0)")
     for depth in depths:
-        bench_step(depth, repeats, device)
-        bench_gram(depth, repeats, device)
+        if not args.only_head:
+            bench_step(depth, repeats, device)
+            bench_gram(depth, repeats, device)
+        bench_head_step(depth, repeats, device)
         print_state_bytes(depth, args.vocab)
     if hasattr(os, "getloadavg"):
         print(f"\nload average after: {os.getloadavg()[0]:.2f}")

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
     def reply(messages: list[dict], at_line_start: bool) -> dict:
-        prompt = render_for_completion(tokenizer, {"messages": messages})
+        prompt = render_for_completion(tokenizer, {"messages": messages}, max_tokens=None)  # fit_prompt keeps the end
         fitted = fit_prompt(prompt, sequence_len, args.max_new_tokens)
         if len(fitted) < len(prompt):
             print(f"note: the conversation is {len(prompt)} tokens, more than the "

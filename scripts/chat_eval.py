@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 import torch
@@ -21,8 +23,17 @@ from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
-from nanochat_hf.evaluation import EVAL_TASKS, results_table, run_chat_eval, scores_as_dicts, task_by_name
-from nanochat_hf.evaluation import write_report_section
+from nanochat_hf.data.tasks import check_data_file
+from nanochat_hf.evaluation import (
+    EVAL_TASKS,
+    results_table,
+    run_chat_eval,
+    scores_as_dicts,
+    task_by_name,
+    write_report_section,
+)
+from nanochat_hf.training.device import cpu_threads
+from nanochat_hf.training.model_source import load_hf_dir
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -41,6 +52,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--json", default=None, help="also write the per-task results to this JSON file")
     parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
                         help="default: bfloat16 on cuda, float32 otherwise")
+    parser.add_argument("--num_threads", type=int, default=None,
+                        help="CPU threads per process (default: the cores divided among the processes, no more than "
+                             "the cores other jobs leave idle; as mid_train)")
     return parser.parse_args(argv)
 
 
@@ -66,10 +80,39 @@ def check_args(args: argparse.Namespace) -> str | None:
         return "--max_problems, --batch_size and --max_new_tokens must be >= 1"
     if args.temperature < 0 or args.top_k < 0:
         return "--temperature and --top_k must be >= 0"
+    if args.num_threads is not None and args.num_threads < 1:
+        return "--num_threads must be >= 1"
     local = Path(args.model).expanduser()
     if (local.is_absolute() or args.model.startswith((".", "~"))) and not local.is_dir():
         return f"--model {args.model}: no such model directory"
     return None
+
+
+def check_inputs(args: argparse.Namespace) -> None:
+    """Everything that can be checked before the model is loaded and the evaluation runs; ValueError / OSError in
+    one line: data files (empty, not JSON, binary, not parquet), the --json / --report paths writable, a local
+    model folder complete (config, readable safetensors, tokenizer files; `load_hf_dir` checks them)."""
+    for task, paths in args.data_files.items():
+        for path in paths:
+            check_data_file(path, f"--data_files {task}")
+    for flag, target in (("--json", args.json), ("--report", args.report)):
+        if target:
+            _check_writable(flag, Path(target))
+
+
+def _check_writable(flag: str, target: Path) -> None:
+    """The results must not be lost after the whole evaluation ran: prove now that `target` can be written."""
+    if target.is_dir():
+        raise ValueError(f"{flag} {target} is a directory; expected a file path")
+    if target.exists() and not os.access(target, os.W_OK):
+        raise ValueError(f"{flag} {target} is not writable")
+    folder = target.parent
+    try:  # files are written to a temporary name beside the target and renamed (see nanochat_hf.atomic)
+        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+    except OSError as e:
+        raise ValueError(f"{flag} {target}: cannot write in {folder} ({e.strerror})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,24 +122,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
 
+    try:
+        check_inputs(args)
+    except (ValueError, OSError) as e:
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        return 2
     # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
     state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
+    if state.device.type == "cpu":
+        torch.set_num_threads(cpu_threads(args.num_threads, state.num_processes))
     local = Path(args.model).expanduser()
-    source = str(local) if local.is_dir() else args.model
     dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else
                                                            torch.float32)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(state.device).eval()
+        if local.is_dir():
+            model, tokenizer = load_hf_dir(local, dtype=dtype)
+        else:  # a hub repo id
+            tokenizer = AutoTokenizer.from_pretrained(args.model)
+            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
     except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
         return 2
+    model = model.to(state.device).eval()
+
+    def skipped(task: str, reason: str) -> None:
+        if state.is_main_process:
+            print(f"chat eval {task} skipped: {reason.removeprefix(f'{task}: ')}", file=sys.stderr, flush=True)
+
     try:
         scores = run_chat_eval(model, tokenizer, args.tasks, args.max_problems, args.batch_size,
                                args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
-                               args.data_files)
-    except (RuntimeError, ValueError) as e:  # offline hub task, malformed local rows: one line
+                               args.data_files, skip_unavailable=skipped)
+    except ValueError as e:  # malformed local rows: one line
         print(f"error: {e}", file=sys.stderr)
+        return 1
+    if not scores:
+        print("error: no task could be evaluated (see the lines above)", file=sys.stderr)
         return 1
     if state.is_main_process:
         print(results_table(scores))

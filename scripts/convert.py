@@ -4,6 +4,12 @@
     python scripts/convert.py to-nanochat --model O --output D [--step N]
     python scripts/convert.py to-native --model O --output N
 
+Every nanochat model generation converts both ways (G0, December 2025, to G5, March 2026 and nanochat today):
+from-nanochat tells them apart by the checkpoint's tensor names and meta; to-nanochat writes the files that
+nanochat's own loader of that generation reads. to-native exports G0 only (transformers' NanoChat has no later
+features). The tokenizer is read from and written to nanochat's layout, <base>/tokenizer beside
+<base>/<source>_checkpoints/<tag>, unless --tokenizer-dir / --tokenizer-output say otherwise.
+
 Nothing is ever deleted, and the source files are never replaced. An --output that is not empty (to-nanochat: one
 holding files of the names it writes), or that is, contains or is inside the source, is refused unless
 --overwrite, which replaces only the files the command writes.
@@ -52,7 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--step", type=step_number, default=None,
                    help="step in the file names (default: trainer_state.json's global_step, else the source step)")
     p.add_argument("--tokenizer-output", type=Path, default=None,
-                   help="where to write tokenizer.pkl + token_bytes.pt (default: <output>/tokenizer)")
+                   help="where to write tokenizer.pkl + token_bytes.pt (default: <output>/../../tokenizer, nanochat's "
+                        "layout: --output <base>/<source>_checkpoints/<tag> puts it in <base>/tokenizer)")
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
 
     p = sub.add_parser("to-native", help="export to transformers' built-in NanoChatForCausalLM (no custom code)")
@@ -64,11 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from nanochat_hf.conversion import from_nanochat, to_nanochat, to_native  # after parsing: --help needs no torch
+    # after parsing: --help needs no torch
+    from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native
 
     try:
         if args.command == "from-nanochat":
-            tokenizer_dir = args.tokenizer_dir or args.checkpoint_dir.resolve().parent.parent / "tokenizer"
+            tokenizer_dir = args.tokenizer_dir or nanochat_tokenizer_dir(args.checkpoint_dir)
             out = from_nanochat(args.checkpoint_dir, args.output, tokenizer_dir, step=args.step, dtype=args.dtype,
                                 trust_pickle=args.trust_pickle, overwrite=args.overwrite)
         elif args.command == "to-nanochat":

@@ -1,9 +1,10 @@
 """Preview a mid-training mixture: rendered conversations, sizes per task, token statistics, steps per epoch.
 
-    python scripts/preview_data.py [--mixture configs/mixtures/demo.yaml] [--split train] [-n 5]
-        [--tokenizer DIR] [--max-seq-len 2048 --device-batch-size 32 --total-batch-size 524288 --world-size 1]
+    python scripts/preview_data.py [configs/mid_d20.yaml] [--mixture configs/mixtures/demo.yaml] [--split train]
+        [-n 5] [--tokenizer DIR] [--max-seq-len N --device-batch-size N --total-batch-size N --world-size 1]
 
-Without --mixture it previews the offline demo mixture; without --tokenizer it uses the demo tokenizer.
+It reads the run config mid_train reads (the demo config when none is given): its train mixture (val_mixture with
+--split val) and batch settings, which the flags override. Without --tokenizer it uses the demo tokenizer.
 """
 
 from __future__ import annotations
@@ -41,14 +42,19 @@ def non_negative_int(value: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--mixture", default=None, help="mixture YAML (default: the offline demo mixture)")
+    p.add_argument("config", nargs="?", default=None,
+                   help="mid_train's run config YAML (default: the demo config, configs/demo.yaml)")
+    p.add_argument("--mixture", default=None, help="mixture YAML (default: the config's; the demo's is the offline "
+                   "demo mixture)")
     p.add_argument("--split", default="train", help="split of a split-keyed mixture file (train, val, ...)")
     p.add_argument("-n", type=non_negative_int, default=5, help="conversations to print")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer dir, or nanochat tokenizer dir (tokenizer.pkl)")
     p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a nanochat tokenizer.pkl")
-    p.add_argument("--max-seq-len", type=positive_int, default=2048)
-    p.add_argument("--device-batch-size", type=positive_int, default=32)
-    p.add_argument("--total-batch-size", type=positive_int, default=524288, help="tokens per optimizer step")
+    p.add_argument("--max-seq-len", type=positive_int, default=None, help="tokens per row (default: the config's)")
+    p.add_argument("--device-batch-size", type=positive_int, default=None,
+                   help="rows per micro-batch per process (default: the config's)")
+    p.add_argument("--total-batch-size", type=positive_int, default=None,
+                   help="tokens per optimizer step (default: the config's)")
     p.add_argument("--world-size", type=positive_int, default=1)
     p.add_argument("--max-tokens", type=positive_int, default=2048, help="truncation of each rendered conversation")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
@@ -109,8 +115,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def preview(args: argparse.Namespace) -> int:
     from nanochat_hf.data import PackedStream, load_mixture, loads, read_mixture, tokenize_conversations
+    from nanochat_hf.training.arguments import config_values
 
-    B, T, W = args.device_batch_size, args.max_seq_len, args.world_size
+    config = config_values(args.config)
+    if args.mixture is None:
+        args.mixture = config["val_mixture"] if args.split == "val" and config["val_mixture"] else \
+            config["train_mixture"]
+    B = args.device_batch_size = args.device_batch_size or config["device_batch_size"]
+    T = args.max_seq_len = args.max_seq_len or config["max_seq_len"]
+    W = args.world_size
+    args.total_batch_size = args.total_batch_size or config["total_batch_size"]
     if args.total_batch_size % (B * T * W):
         raise ValueError(f"total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
                          f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}")
@@ -142,12 +156,13 @@ def preview(args: argparse.Namespace) -> int:
     print(f"  {'total':<18}{len(lengths):>14,}{total:>14,}{total / len(lengths):>15.1f}")
     print(f"Tokens per conversation: min {min(lengths)}, median {statistics.median(lengths):g}, "
           f"mean {statistics.mean(lengths):.1f}, max {max(lengths)} (truncated at {args.max_tokens})")
-    micro = PackedStream(tds, max_seq_len=T, device_batch_size=B, rank=0, world_size=W).num_micro_batches()
-    steps = micro // grad_accum
+    stream = PackedStream(tds, max_seq_len=T, device_batch_size=B, rank=0, world_size=W)
+    micro = stream.num_micro_batches()
+    steps = stream.epoch_steps(grad_accum)  # what mid_train runs with num_iterations -1 (nanochat's epoch end)
     print(f"\nBatching: {W} rank(s) x {B} rows x {T} tokens, grad_accum {grad_accum} "
           f"-> {args.total_batch_size:,} tokens per optimizer step")
     print(f"One epoch: {micro:,} micro-batches per rank -> {steps:,} optimizer steps "
-          f"({steps * args.total_batch_size:,} of {total:,} tokens trained)")
+          f"({steps * args.total_batch_size:,} tokens trained, the mixture has {total:,})")
     if steps == 0:
         print("warning: the mixture is smaller than one optimizer step at these batch settings")
     return 0

@@ -13,7 +13,7 @@ as in nanochat).
 from __future__ import annotations
 
 import ast
-import math
+import operator
 from collections.abc import Mapping
 from typing import Any
 
@@ -36,98 +36,104 @@ from .tokenizer.chat_format import (
     special_token_ids,
 )
 
-MAX_EXPRESSION_CHARS = 1000
-MAX_INT_BITS = 1024  # about 308 decimal digits: any int beyond this (also as an intermediate) gives None
-
-_BINARY = {
-    ast.Add: lambda a, b: a + b,
-    ast.Sub: lambda a, b: a - b,
-    ast.Mult: lambda a, b: a * b,
-    ast.Div: lambda a, b: a / b,
-    ast.FloorDiv: lambda a, b: a // b,
-    ast.Mod: lambda a, b: a % b,
+# nanochat's calculator (engine.py, use_calculator; the same at 790f3be and 92d63d4): after commas are removed, an
+# expression of only these characters is arithmetic (``**`` is refused) ...
+_MATH_CHARS = frozenset("0123456789*+-/.() ")
+# ... otherwise it must use only these, contain ".count(" and none of the names below
+_STRING_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\"()._ ")
+_DANGEROUS = ("__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input", "globals", "locals",
+              "vars", "dir", "getattr", "setattr", "delattr", "hasattr")
+# methods a string expression may call (nanochat's eval allows any: these are the ones that cannot blow up)
+_METHODS = {
+    str: frozenset((
+        "count", "find", "rfind", "index", "rindex", "startswith", "endswith", "lower", "upper", "title",
+        "capitalize", "casefold", "swapcase", "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines",
+        "partition", "rpartition", "join", "removeprefix", "removesuffix", "isalpha", "isdigit", "isnumeric",
+        "isdecimal", "isalnum", "isspace", "islower", "isupper", "istitle", "isascii", "isidentifier",
+        "isprintable")),
+    list: frozenset(("count", "index")),
+    tuple: frozenset(("count", "index")),
 }
+_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
+           ast.FloorDiv: operator.floordiv}
+_UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg, ast.Not: operator.not_}
+_COMPARE = {ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_,
+            ast.IsNot: operator.is_not}
 
 
 class _Rejected(Exception):
-    """The expression uses something the calculator does not allow."""
+    """Something nanochat's eval would not run either (a name: its eval has no builtins), or that we do not run."""
 
 
-def _power(base: int | float, exp: int | float) -> int | float:
-    if isinstance(base, int) and isinstance(exp, int) and exp > 0 and abs(base) > 1:
-        # bound the size before computing: |base|**exp has about bit_length * exp bits
-        if (abs(base).bit_length() - 1) * exp > MAX_INT_BITS:
-            raise _Rejected("power too large")
-    result = base ** exp  # float overflow raises OverflowError
-    if isinstance(result, complex):  # e.g. (-8) ** 0.5
-        raise _Rejected("complex result")
-    return result
-
-
-def _eval(node: ast.AST) -> int | float | str:
+def _eval(node: ast.AST) -> Any:
+    """Python's own semantics for the constructs nanochat's character sets allow; anything else is rejected."""
     if isinstance(node, ast.Expression):
         return _eval(node.body)
     if isinstance(node, ast.Constant):
-        # bool is an int subclass: excluded, as are complex, bytes, None
-        if type(node.value) in (int, float, str):
-            return node.value
-        raise _Rejected("literal")
-    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.UAdd, ast.USub)):
-        value = _number(_eval(node.operand))
-        return -value if isinstance(node.op, ast.USub) else +value
-    if isinstance(node, ast.BinOp):
-        left, right = _number(_eval(node.left)), _number(_eval(node.right))
-        if isinstance(node.op, ast.Pow):
-            return _power(left, right)
-        op = _BINARY.get(type(node.op))
-        if op is None:
-            raise _Rejected("operator")
-        return op(left, right)
-    if isinstance(node, ast.Call):
-        # only  'literal'.count('literal')
-        func = node.func
-        if (isinstance(func, ast.Attribute) and func.attr == "count" and not node.keywords and len(node.args) == 1
-                and isinstance(func.value, ast.Constant) and type(func.value.value) is str
-                and isinstance(node.args[0], ast.Constant) and type(node.args[0].value) is str):
-            return func.value.value.count(node.args[0].value)
+        return node.value
+    if isinstance(node, ast.Tuple):  # only () can be written: commas are removed first
+        return tuple(_eval(e) for e in node.elts)
+    if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
+        return _UNARY[type(node.op)](_eval(node.operand))
+    if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+        left, right = _eval(node.left), _eval(node.right)
+        if isinstance(node.op, ast.Mult) and any(isinstance(v, (str, tuple, list)) and v for v in (left, right)):
+            raise _Rejected("sequence repetition")  # cannot be written: only () * n can, and it gives ()
+        return _BINARY[type(node.op)](left, right)
+    if isinstance(node, ast.BoolOp):
+        value = _eval(node.values[0])
+        for operand in node.values[1:]:
+            if bool(value) != isinstance(node.op, ast.And):  # `and` stops at a falsy value, `or` at a truthy one
+                break
+            value = _eval(operand)
+        return value
+    if isinstance(node, ast.Compare):
+        left = _eval(node.left)
+        for op, comparator in zip(node.ops, node.comparators):
+            if type(op) not in _COMPARE:
+                raise _Rejected("comparison")
+            right = _eval(comparator)
+            if not _COMPARE[type(op)](left, right):
+                return False
+            left = right
+        return True
+    if isinstance(node, ast.IfExp):
+        return _eval(node.body) if _eval(node.test) else _eval(node.orelse)
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and not node.keywords:
+        receiver = _eval(node.func.value)
+        if node.func.attr not in _METHODS.get(type(receiver), ()):
+            raise _Rejected(f"method {node.func.attr}")
+        return getattr(receiver, node.func.attr)(*(_eval(a) for a in node.args))
     raise _Rejected(type(node).__name__)
 
 
-def _number(value: int | float | str) -> int | float:
-    if isinstance(value, str):  # strings only as the receiver/argument of .count
-        raise _Rejected("string in arithmetic")
-    if isinstance(value, int) and value.bit_length() > MAX_INT_BITS:
-        raise _Rejected("integer too large")
-    return value
-
-
-def _format(value: int | float) -> str:
-    if isinstance(value, int):
-        return str(value)
-    if value.is_integer() and abs(value) < 1e15:  # 10/2 -> "5" (GSM8K's tool outputs are written that way)
-        return str(int(value))
-    return format(value, ".12g")  # 0.1+0.2 -> "0.3", 5/2 -> "2.5"
-
-
 def calculate(expression: str) -> str | None:
-    """Evaluate a calculator expression as nanochat's tool does, safely; None when it is not allowed or fails.
+    """The text nanochat's calculator tool forces for `expression`: ``str(result)``, or None (no result).
 
-    Allowed: int/float literals, + - * / // % **, unary + -, parentheses, and ``'text'.count('t')`` on string
-    literals. Commas are dropped from expressions without quotes ("1,200*3" -> "3600"), as nanochat does.
-    Integers are bounded to `MAX_INT_BITS` bits (huge powers give None); division by zero, float overflow,
-    inf/nan and complex results give None. Parsed with `ast` and walked by hand: nothing is ever eval'ed.
+    As nanochat's engine (``use_calculator``, then ``str(result)``): commas are removed; an expression of digits,
+    ``+ - * / ( ) .`` and spaces is arithmetic (``**`` refused), so ``10/2`` gives ``5.0``, ``0.1+0.2`` gives
+    ``0.30000000000000004`` and ``%``, ``1e3``, ``**`` give None; otherwise only letters, digits, quotes,
+    ``( ) . _`` and spaces, with ``.count(`` and none of nanochat's dangerous names (``'strawberry'.count('r')``
+    gives ``3``). A failure (division by zero, a syntax error, a name, which nanochat's builtin-less eval cannot
+    resolve) gives None, as does a result of None. nanochat evaluates with ``eval``; we walk the parsed tree by
+    hand with Python's own operators and call only harmless ``str`` methods, so constructs that cannot blow up
+    give nanochat's text, and the few others (generators, attribute reads, other methods) give None.
     """
-    if not isinstance(expression, str) or len(expression) > MAX_EXPRESSION_CHARS:
+    if not isinstance(expression, str):
         return None
-    if "'" not in expression and '"' not in expression:
-        expression = expression.replace(",", "")
-    try:
-        result = _number(_eval(ast.parse(expression.strip(), mode="eval")))
-    except (_Rejected, SyntaxError, ValueError, ArithmeticError, RecursionError, MemoryError):
+    expression = expression.replace(",", "")
+    if all(c in _MATH_CHARS for c in expression):
+        if "**" in expression:
+            return None
+    elif (not all(c in _STRING_CHARS for c in expression) or ".count(" not in expression
+          or any(name in expression.lower() for name in _DANGEROUS)):
         return None
-    if isinstance(result, float) and not math.isfinite(result):
-        return None
-    return _format(result)
+    try:  # eval() strips leading spaces, ast.parse would not
+        result = _eval(ast.parse(expression.lstrip(" "), mode="eval"))
+        return None if result is None else str(result)
+    except (_Rejected, SyntaxError, ValueError, TypeError, AttributeError, ArithmeticError, RecursionError,
+            MemoryError):
+        return None  # str() of an int over 4300 digits raises ValueError (nanochat's engine would crash)
 
 
 class CalculatorToolProcessor(LogitsProcessor):
@@ -149,7 +155,9 @@ class CalculatorToolProcessor(LogitsProcessor):
 
     def forced_reply(self, expression_ids: list[int]) -> list[int] | None:
         """The tokens the tool writes after ``<|python_end|>`` for this expression, or None (no result)."""
-        result = calculate(self.tokenizer.decode(expression_ids)) if expression_ids else None
+        if not expression_ids:  # nanochat's engine skips an empty call
+            return None
+        result = calculate(self.tokenizer.decode(expression_ids, clean_up_tokenization_spaces=False))
         if result is None:
             return None
         return [self.output_start, *self.tokenizer.encode(result, add_special_tokens=False), self.output_end]
@@ -292,12 +300,23 @@ def parts_from_tokens(tokenizer, token_ids: list[int]) -> list[dict[str, str]]:
     return parts
 
 
+def decode_completion(tokenizer, token_ids: list[int]) -> str:
+    """The reply as nanochat's chat_eval decodes it for scoring: every token, the special tokens of tool blocks
+    written out (``<|python_start|>12/60<|python_end|><|output_start|>0.2<|output_end|>``), the stop token that
+    ended it left out, decoded as one sequence."""
+    _, _, stop = tool_part_tokens(tokenizer)
+    if token_ids and token_ids[-1] in stop:
+        token_ids = token_ids[:-1]
+    return tokenizer.decode(token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+
 def _reply(tokenizer, tokens: list[int], stops: tuple[int, int]) -> dict[str, Any]:
     parts = parts_from_tokens(tokenizer, tokens)
     return {
         "message": {"role": "assistant", "content": parts},
         "parts": parts,
         "text": "".join(p["text"] for p in parts if p["type"] == TEXT),
+        "completion": decode_completion(tokenizer, tokens),
         "token_ids": tokens,
         "finish_reason": "stop" if tokens and tokens[-1] in stops else "length",
     }
@@ -321,9 +340,10 @@ def generate_reply(model, tokenizer, conversation: Mapping | list, max_new_token
     """Generate the assistant's reply to `conversation` (nanochat format, last message from the user).
 
     Returns {"message": {"role": "assistant", "content": parts}, "parts": parts, "text": the text parts joined,
-    "token_ids": every reply token (forced ones and the stop token included), "finish_reason": "stop" or
-    "length"}. Append result["message"] to the conversation to continue the chat. temperature 0 = greedy;
-    `seed` makes sampling reproducible.
+    "completion": the whole reply decoded as nanochat scores it (`decode_completion`), "token_ids": every reply
+    token (forced ones and the stop token included), "finish_reason": "stop" or "length"}. Append
+    result["message"] to the conversation to continue the chat. temperature 0 = greedy; `seed` makes sampling
+    reproducible.
     """
     return generate_replies(model, tokenizer, [conversation], max_new_tokens, temperature, top_k, seed)[0]
 
@@ -343,5 +363,5 @@ def format_parts(parts: list[dict[str, str]]) -> str:
     return "".join(out)
 
 
-__all__ = ["CalculatorToolProcessor", "calculate", "fit_prompt", "format_parts", "generate_replies", "generate_reply",
-           "generate_tokens", "parts_from_tokens", "tool_part_tokens"]
+__all__ = ["CalculatorToolProcessor", "calculate", "decode_completion", "fit_prompt", "format_parts",
+           "generate_replies", "generate_reply", "generate_tokens", "parts_from_tokens", "tool_part_tokens"]

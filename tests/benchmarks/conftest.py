@@ -36,3 +36,8 @@ def generation() -> ModuleType:
 @pytest.fixture(scope="module")
 def embedding_memory() -> ModuleType:
     return _load("embedding_memory")
+
+
+@pytest.fixture(scope="module")
+def generations() -> ModuleType:
+    return _load("generations")

@@ -72,10 +72,11 @@ def test_bad_model_dir(case, hf_dir, tmp_path):
     breaker, command, words = HF_CASES[case]
     model = shutil.copytree(hf_dir, tmp_path / "model")
     breaker(model)
-    code, err = run(tmp_path, command, "--model", model, "--output", tmp_path / "out")
+    out = tmp_path / "base_checkpoints" / "out"  # nanochat's layout (to-nanochat puts the tokenizer beside it)
+    code, err = run(tmp_path, command, "--model", model, "--output", out)
     assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert all(w in err[0] for w in words), err
-    assert not (tmp_path / "out").exists()
+    assert not out.exists() and not (tmp_path / "tokenizer").exists()
 
 
 @pytest.mark.parametrize("args, words", [

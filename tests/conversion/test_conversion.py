@@ -115,8 +115,8 @@ def test_converted_dir_loads_in_a_fresh_process(hf_dir, nanochat_base, tmp_path,
 
 
 def test_round_trip_to_nanochat_is_bit_identical(hf_dir, nanochat_base, tmp_path):
-    out_dir = tmp_path / "d2"
-    out_dir.mkdir()
+    out_dir = tmp_path / "base_checkpoints" / "d2"  # nanochat's layout: the tokenizer goes to tmp_path/tokenizer
+    out_dir.mkdir(parents=True)
     (out_dir / "model_000001.pt").write_bytes(b"another step, kept")
     assert to_nanochat(hf_dir, out_dir) == out_dir
     assert (out_dir / "model_000001.pt").read_bytes() == b"another step, kept"
@@ -129,10 +129,10 @@ def test_round_trip_to_nanochat_is_bit_identical(hf_dir, nanochat_base, tmp_path
     source_meta = json.loads((nanochat_base / "base_checkpoints" / "d2" / "meta_000005.json").read_text())
     assert meta["model_config"] == source_meta["model_config"] and meta["step"] == 5
     # the tokenizer goes back to nanochat's format, with the same ids and token byte lengths
-    tokenizer = load_nanochat_tokenizer(out_dir / "tokenizer", trust_pickle=True)
+    tokenizer = load_nanochat_tokenizer(tmp_path / "tokenizer", trust_pickle=True)
     assert tokenizer(SAMPLE, add_special_tokens=False)["input_ids"] == \
         tiktoken_encoding(nanochat_base).encode(SAMPLE, allowed_special="all")
-    assert torch.equal(torch.load(out_dir / "tokenizer" / "token_bytes.pt", weights_only=True),
+    assert torch.equal(torch.load(tmp_path / "tokenizer" / "token_bytes.pt", weights_only=True),
                        torch.load(nanochat_base / "tokenizer" / "token_bytes.pt", weights_only=True))
     # an explicit step names the files
     to_nanochat(hf_dir, out_dir, step=123)
@@ -162,8 +162,8 @@ def test_to_native_matches_float32_rotary_and_picks_the_closest_eps(hf_dir, nano
                 module.eps = 1e-6
         assert (native(idx).logits - ours_f32(idx).logits).abs().max().item() > diff
     # and a native directory converts back to nanochat's names and values
-    to_nanochat(native_dir, tmp_path / "from_native", step=5)
-    back = torch.load(tmp_path / "from_native" / "model_000005.pt", weights_only=True)
+    to_nanochat(native_dir, tmp_path / "base_checkpoints" / "from_native", step=5)
+    back = torch.load(tmp_path / "base_checkpoints" / "from_native" / "model_000005.pt", weights_only=True)
     original = original_state_dict(nanochat_base)
     assert back.keys() == original.keys() and all(torch.equal(back[k], original[k]) for k in original)
 
@@ -277,9 +277,21 @@ def test_cli(nanochat_base, tmp_path, capsys):
     assert expected[128:256].tolist() == [3] * 128
     assert torch.equal(token_bytes(AutoTokenizer.from_pretrained(tmp_path / "hf")), expected.long())
     assert main(["to-native", "--model", str(tmp_path / "hf"), "--output", str(tmp_path / "native")]) == 0
-    assert main(["to-nanochat", "--model", str(tmp_path / "hf"), "--output", str(tmp_path / "nc")]) == 0
-    assert (tmp_path / "nc" / "model_000002.pt").is_file() and (tmp_path / "native" / "config.json").is_file()
+    nc = tmp_path / "base" / "base_checkpoints" / "d2"
+    assert main(["to-nanochat", "--model", str(tmp_path / "hf"), "--output", str(nc)]) == 0
+    assert (nc / "model_000002.pt").is_file() and (tmp_path / "native" / "config.json").is_file()
+    # both commands use nanochat's layout, so what to-nanochat wrote converts back with the defaults
+    assert (tmp_path / "base" / "tokenizer" / "tokenizer.pkl").is_file()
+    assert main(["from-nanochat", "--checkpoint-dir", str(nc), "--output", str(tmp_path / "hf2"),
+                 "--trust-pickle"]) == 0
+    assert load_file(tmp_path / "hf2" / "model.safetensors").keys() == load_file(tmp_path / "hf" /
+                                                                                "model.safetensors").keys()
     capsys.readouterr()
     assert main(["to-nanochat", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "nc2")]) == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith("error: ") and "nope" in err and "\n" not in err
+    # a folder outside nanochat's layout has no place for the tokenizer: refused in one line, nothing written
+    assert main(["to-nanochat", "--model", str(tmp_path / "hf"), "--output", str(tmp_path / "elsewhere")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "_checkpoints/<tag>" in err and "--tokenizer-output" in err and "\n" not in err
+    assert not (tmp_path / "elsewhere").exists()

@@ -135,39 +135,42 @@ def test_to_native(hf_dir, convert, capsys, tmp_path):
 
 
 def test_to_nanochat_over_existing_files(hf_dir, convert, capsys, tmp_path):
-    out = tmp_path / "d2"
-    (out / "tokenizer").mkdir(parents=True)
-    for name in ("model_000005.pt", "meta_000005.json", "model_000001.pt", "tokenizer/tokenizer.pkl",
-                 "tokenizer/token_bytes.pt"):
+    out, tokenizer = tmp_path / "base_checkpoints" / "d2", tmp_path / "tokenizer"  # nanochat's layout
+    out.mkdir(parents=True)
+    tokenizer.mkdir()
+    for name in ("model_000005.pt", "meta_000005.json", "model_000001.pt"):
         (out / name).write_bytes(b"the user's " + name.encode())
-    before = snapshot(out)
+    for name in ("tokenizer.pkl", "token_bytes.pt"):
+        (tokenizer / name).write_bytes(b"the user's " + name.encode())
+    before = snapshot(tmp_path)
     code, err = convert("to-nanochat", "--model", hf_dir, "--output", out, capsys=capsys)
     assert code == 2 and "model_000005.pt: already exists" in err and "--overwrite" in err
-    assert snapshot(out) == before
+    assert snapshot(tmp_path) == before
     # another step: the checkpoint is new, but the tokenizer files there are the user's (different): refused whole
     code, err = convert("to-nanochat", "--model", hf_dir, "--output", out, "--step", "7", capsys=capsys)
-    assert code == 2 and f"{out / 'tokenizer'}/token" in err and "already exists" in err
-    assert snapshot(out) == before
+    assert code == 2 and f"{tokenizer}/token" in err and "already exists" in err
+    assert snapshot(tmp_path) == before
     tok_out = tmp_path / "tok"
     tok_out.mkdir()
     (tok_out / "token_bytes.pt").write_bytes(b"mine")
     code, err = convert("to-nanochat", "--model", hf_dir, "--output", out, "--step", "7", "--tokenizer-output",
                         tok_out, capsys=capsys)
     assert code == 2 and "token_bytes.pt: already exists" in err
-    assert snapshot(out) == before and snapshot(tok_out) == {"token_bytes.pt": b"mine"}
+    assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("tok/")} == before
+    assert snapshot(tok_out) == {"token_bytes.pt": b"mine"}
     # --overwrite replaces exactly the files it writes; the other step stays
     code, err = convert("to-nanochat", "--model", hf_dir, "--output", out, "--overwrite", capsys=capsys)
     assert code == 0, err
-    assert (out / "model_000001.pt").read_bytes() == before["model_000001.pt"]
+    assert (out / "model_000001.pt").read_bytes() == before["base_checkpoints/d2/model_000001.pt"]
     assert torch.load(out / "model_000005.pt", weights_only=True).keys()
 
 
 def test_same_tokenizer_again_is_not_a_conflict(hf_dir, tmp_path, convert, capsys):
-    out = tmp_path / "d2"
+    out = tmp_path / "base_checkpoints" / "d2"
     assert convert("to-nanochat", "--model", hf_dir, "--output", out, capsys=capsys)[0] == 0
-    tokenizer = snapshot(out / "tokenizer")
+    tokenizer = snapshot(tmp_path / "tokenizer")
     assert convert("to-nanochat", "--model", hf_dir, "--output", out, "--step", "9", capsys=capsys)[0] == 0
-    assert (out / "model_000009.pt").is_file() and snapshot(out / "tokenizer") == tokenizer
+    assert (out / "model_000009.pt").is_file() and snapshot(tmp_path / "tokenizer") == tokenizer
 
 
 def test_a_failure_while_writing_leaves_the_output_as_it_was(hf_dir, tmp_path, monkeypatch):
@@ -195,7 +198,7 @@ def test_written_files_keep_the_umask_mode(nanochat_base, hf_dir, tmp_path, umas
     try:
         hf = from_nanochat(nanochat_base / "base_checkpoints" / "d2", tmp_path / "hf", nanochat_base / "tokenizer",
                            trust_pickle=True)
-        nc = to_nanochat(hf_dir, tmp_path / "nc")
+        nc = to_nanochat(hf_dir, tmp_path / "base_checkpoints" / "nc")
         existing = tmp_path / "existing"
         existing.mkdir()
         native = to_native(hf_dir, existing)  # written into an existing folder: files moved in one by one
@@ -203,9 +206,9 @@ def test_written_files_keep_the_umask_mode(nanochat_base, hf_dir, tmp_path, umas
         os.umask(old)
     files, dirs = 0o666 & ~umask, 0o777 & ~umask
     checked = [hf / "model.safetensors", hf / "config.json", hf / "tokenizer.json", hf / "nanochat_meta.json",
-               nc / "model_000005.pt", nc / "meta_000005.json", nc / "tokenizer" / "tokenizer.pkl",
-               nc / "tokenizer" / "token_bytes.pt", native / "model.safetensors", native / "tokenizer.json"]
+               nc / "model_000005.pt", nc / "meta_000005.json", tmp_path / "tokenizer" / "tokenizer.pkl",
+               tmp_path / "tokenizer" / "token_bytes.pt", native / "model.safetensors", native / "tokenizer.json"]
     for path in checked:
         assert stat.S_IMODE(path.stat().st_mode) == files, (path, oct(path.stat().st_mode))
-    for path in (hf, nc, nc / "tokenizer"):
+    for path in (hf, nc, tmp_path / "tokenizer"):
         assert stat.S_IMODE(path.stat().st_mode) == dirs, (path, oct(path.stat().st_mode))

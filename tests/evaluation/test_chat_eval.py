@@ -42,12 +42,12 @@ def test_categorical_ignores_tokens_other_than_letters(tokenizer, wired, data_fi
 
 def test_generative_with_tool_use_and_checker(tokenizer, wired, data_files):
     # the model calls the calculator on 2+3, then writes "#### 5"; only the GSM8K problem whose answer is 5
-    # is right, and 5 comes from the forced tool output being text-free (the "#### 5" is the model's own)
+    # is right. The checker reads the whole decoded completion, tool block included, as nanochat's chat_eval
     model = wired(["<|assistant_start|>", "<|python_start|>", "2", "+", "3", "<|python_end|>"],
                   ["<|output_end|>", "####", " ", "5", "<|assistant_end|>"])
     problems = load_problems(EVAL_TASKS["GSM8K"], data_files["GSM8K"])
     replies = generative_replies(model, tokenizer, problems, batch_size=2, max_new_tokens=16)
-    assert replies == ["#### 5"] * 3
+    assert replies == ["<|python_start|>2+3<|python_end|><|output_start|>5<|output_end|>#### 5"] * 3
     (gsm, bee) = run_chat_eval(model, tokenizer, ["GSM8K", "SpellingBee"], max_problems=20, data_files=data_files,
                                batch_size=4, max_new_tokens=16)
     assert (gsm.accuracy, gsm.n) == (1 / 3, 3)

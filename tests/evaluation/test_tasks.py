@@ -50,12 +50,14 @@ def test_bad_row_is_one_line_naming_task_row_and_file(tmp_path, data_files):
 
 
 def test_final_number_and_checker(data_files):
-    assert final_number("so\n#### 1,234.") == "1234"
-    assert final_number("#### 3 then #### -4") == "-4"
+    # nanochat's extract_answer: the first ####, commas removed, nothing else (data/nanochat_gsm8k_* has its verdicts)
+    assert final_number("so\n#### 1,234.") == "1234."
+    assert final_number("#### 3 then #### -4") == "3"
     assert final_number("no answer") is None
     (five,) = [p for p in load_problems(EVAL_TASKS["GSM8K"], data_files["GSM8K"]) if p.answer == "5"]
     assert check_final_number(five, "2+3 is 5.\n#### 5")
     assert not check_final_number(five, "#### 6") and not check_final_number(five, "5")
+    assert not check_final_number(five, "#### 5.") and not check_final_number(five, "#### 6\n#### 5")
 
 
 def test_task_names():

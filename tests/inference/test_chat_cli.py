@@ -91,3 +91,24 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == ("error: --max-new-tokens 63 leaves no room for a prompt within "
                                             "the model's sequence_len 64")
+
+
+def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch,
+                                                                            capsys):
+    import nanochat_hf.inference
+
+    chat = load_script()
+    seen = []
+
+    def capture(model, tok, prompts, *args, **kwargs):
+        seen.extend(prompts)
+        return [[tok.convert_tokens_to_ids("<|assistant_end|>")]]
+
+    monkeypatch.setattr(nanochat_hf.inference, "generate_tokens", capture)
+    lines = iter(["hello there " * 1200, "what about the zebra?", "quit"])  # the first one alone is over 2048
+    monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
+    assert chat.main(["--model", str(model_dir), "--temperature", "0", "--device", "cpu"]) == 0
+    latest = tokenizer.encode("what about the zebra?", add_special_tokens=False)
+    end = [tokenizer.convert_tokens_to_ids(t) for t in ("<|user_end|>", "<|assistant_start|>")]
+    assert seen[1][-len(latest) - 2:] == latest + end  # the model sees the end of the conversation
+    assert seen[1][0] == tokenizer.bos_token_id and "the model sees <|bos|> and the last" in capsys.readouterr().err

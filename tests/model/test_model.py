@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.model.modeling_nanochat_gpt import CACHE
 
 F32_EPS = torch.finfo(torch.float32).eps
 
@@ -139,10 +140,10 @@ def test_incremental_decoding_matches_full_forward(make_model):
         full = model(idx).logits
         out = model(idx[:, :6], use_cache=True)
         steps = [out.logits]
-        cache = out.past_key_values
+        cache = getattr(out, CACHE)  # past_key_values before transformers 5.24, cache since
         for t in range(6, 10):
-            out = model(idx[:, t:t + 1], past_key_values=cache, use_cache=True)
-            cache = out.past_key_values
+            out = model(idx[:, t:t + 1], past_key_values=cache, use_cache=True)  # the old name is still accepted
+            cache = getattr(out, CACHE)
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
 

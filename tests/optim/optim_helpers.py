@@ -189,3 +189,85 @@ def dist_worker(rank, world, port, steps):
         assert resumed_diff <= 0.05 * muon_update_size, f"single-process resume differs by {resumed_diff}"
     finally:
         dist.destroy_process_group()
+
+
+# ---- recipe 2026-07 (nanochat HEAD's optimizer) ------------------------------------------------------------------
+HEAD_REFERENCE = os.path.join(os.path.dirname(__file__), "data", "head_reference.safetensors")
+HEAD_SCHEDULE = [(1.0 - 0.1 * step, 0.85 + 0.02 * step) for step in range(5)]  # (lr multiplier, Muon momentum)
+HEAD_RATES = {"unembedding_lr": 0.004, "embedding_lr": 0.3, "matrix_lr": 0.02, "weight_decay": 0.2}
+
+
+def named_module(params, n_embd):
+    """An nn.Module whose named_parameters() are ``params`` (name -> tensor, in that order), with config.n_embd."""
+    from types import SimpleNamespace
+
+    root = torch.nn.Module()
+    root.config = SimpleNamespace(n_embd=n_embd)
+    for name, value in params.items():
+        *path, leaf = name.split(".")
+        module = root
+        for part in path:
+            if part not in module._modules:
+                module.add_module(part, torch.nn.Module())
+            module = module._modules[part]
+        module.register_parameter(leaf, torch.nn.Parameter(value.clone()))
+    return root
+
+
+def head_reference():
+    """The G5 model's parameters, per-step gradients and nanochat's result (tests/optim/data/README.md): the
+    initial parameters and gradients are regenerated from the seed the reference script used, in its order."""
+    from safetensors import safe_open
+
+    with safe_open(HEAD_REFERENCE, framework="pt") as f:
+        names = f.metadata()["names"].split()
+        final = {n: f.get_tensor(f"final/{n}") for n in names}
+        keys = [k for k in f.keys() if k.startswith("state/")]  # noqa: SIM118 -- safe_open is not a dict
+        state = {k.removeprefix("state/"): f.get_tensor(k) for k in keys}
+    g = torch.Generator().manual_seed(1)
+    initial = {n: torch.randn(final[n].shape, generator=g) * 0.1 for n in names}
+    grads = [{n: torch.randn(final[n].shape, generator=g) for n in names} for _ in HEAD_SCHEDULE]
+    return initial, grads, final, state
+
+
+def head_steps(model, opt, grads, schedule=HEAD_SCHEDULE):
+    """Steps with the given per-name gradients and the reference's schedule of LR multiplier and momentum."""
+    for step_grads, (lrm, momentum) in zip(grads, schedule):
+        for n, p in model.named_parameters():
+            p.grad = step_grads[n].clone()
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] * lrm
+        opt.set_muon_momentum(momentum)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def head_dist_worker(rank, world, port, out_dir, max_grad_norm):
+    """Recipe 2026-07 on ``world`` gloo processes, with the reference's gradients (the same on every rank, so the
+    average is the gradient): writes rank 0's parameters and consolidated state, and every rank's state bytes."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim import build_optimizer
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        initial, grads, _, _ = head_reference()
+        model = named_module(initial, n_embd=32)
+        opt = build_optimizer(model, **HEAD_RATES, recipe="2026-07")
+        opt.max_grad_norm = max_grad_norm
+        assert opt.reduces_gradients and opt.world_size == world
+        head_steps(model, opt, grads)
+        full = opt.consolidated_state_dict()
+        own = state_bytes(opt.state_dict())
+        mine = flat_params(model)
+        everyone = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(everyone, mine)
+        if rank == 0:
+            torch.save({"params": {n: p.detach() for n, p in model.named_parameters()}, "state": full["state"],
+                        "same_on_every_rank": all(torch.equal(everyone[0], other) for other in everyone),
+                        "grad_norm": opt.last_grad_norm}, os.path.join(out_dir, "result.pt"))
+        torch.save(own, os.path.join(out_dir, f"bytes{rank}.pt"))
+    finally:
+        dist.destroy_process_group()

@@ -80,10 +80,10 @@ def test_token_bytes_mismatch_is_reported(nanochat_tokenizer_dir):
     bad = torch.load(path, weights_only=True)
     bad[300] += 1
     torch.save(bad, path)
-    with pytest.raises(ValueError, match="token_bytes.pt: token 300 has"):
+    with pytest.raises(ValueError, match="token_bytes.pt: token 300 counts .* which follows neither"):
         load_nanochat_tokenizer(nanochat_tokenizer_dir, trust_pickle=True)
     torch.save(bad[:-1], path)
-    with pytest.raises(ValueError, match="token_bytes.pt: expected a tensor of shape"):
+    with pytest.raises(ValueError, match="token_bytes.pt: expected an integer tensor of shape"):
         load_nanochat_tokenizer(nanochat_tokenizer_dir, trust_pickle=True)
 
 

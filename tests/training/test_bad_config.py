@@ -83,3 +83,14 @@ def test_compile_without_a_cpp_compiler(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-c++"),))
     _fails(["--torch_compile", "true", "--num_iterations", "1"], capsys, tmp_path, "torch_compile=true",
            "C++ compiler", "--torch_compile false")
+
+
+def test_mixture_smaller_than_one_step_is_refused_instead_of_cycled(capsys, tmp_path):
+    from .conftest import TINY_ARGS
+
+    mixture = tmp_path / "tiny.yaml"
+    mixture.write_text("train:\n  tasks:\n    - {task: simple_spelling, split: train, size: 2, words: demo}\n"
+                       "val:\n  tasks:\n    - {task: simple_spelling, split: test, size: 2, words: demo}\n")
+    _fails([*TINY_ARGS, "--train_mixture", str(mixture), "--val_mixture", str(mixture), "--num_iterations", "4"],
+           capsys, tmp_path, "train mixture too small", "its rows would be repeated within a step")
+    assert not (tmp_path / "out").exists()  # made for the run, removed with the refusal

@@ -20,13 +20,17 @@ from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
 from nanochat_hf.training.checkpoint_check import (
     CheckpointMismatch,
     check_fingerprint,
+    code_version,
+    data_format,
     load_fingerprint,
+    model_config_fields,
     resolve_resume_checkpoint,
     run_fingerprint,
     save_fingerprint,
     verify_checkpoint,
 )
-from nanochat_hf.training.checkpoint_io import save_optimizer_state, save_rng_state, write_json
+from nanochat_hf.training.checkpoint_io import (DiskFullError, disk_full_as_one_line, save_optimizer_state,
+                                               save_rng_state, write_json)
 
 
 def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
@@ -161,7 +165,8 @@ def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
         mixture.write_text("train:\n  - smoltalk\n")
     values = dict(seed=42, max_seq_len=64, device_batch_size=2, total_batch_size=256, num_iterations=-1,
                   matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, init_lr_frac=1.0, weight_decay=0.0,
-                  max_grad_norm=0.0, train_mixture=str(mixture), val_mixture=None)
+                  max_grad_norm=0.0, train_mixture=str(mixture), val_mixture=None, packing="stream",
+                  completion_only_loss=False, warmdown_ratio=0.2)
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -175,7 +180,8 @@ def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
 
 @pytest.mark.parametrize("field,new", [("seed", 43), ("max_seq_len", 128), ("device_batch_size", 4),
                                        ("total_batch_size", 512), ("num_iterations", 100), ("weight_decay", 0.1),
-                                       ("max_grad_norm", 1.0)])
+                                       ("max_grad_norm", 1.0), ("packing", "bestfit"),
+                                       ("completion_only_loss", True), ("warmdown_ratio", 0.5)])
 def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, new):
     saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     current = run_fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
@@ -209,12 +215,60 @@ def test_changed_lr_is_a_notice_to_apply(tmp_path):
 def test_old_checkpoint_without_fingerprint_and_bad_fingerprint_json(tmp_path):
     current = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     assert load_fingerprint(tmp_path) is None
-    assert "no run fingerprint" in check_fingerprint(None, current, 5)[0]
+    with pytest.raises(ValueError, match=r"^cannot resume: the checkpoint has no run fingerprint \(written by an "):
+        check_fingerprint(None, current, 5)
     older = {k: v for k, v in current.items() if k != "val_dataset"}
     assert check_fingerprint(older, current, 5) == ["val_dataset is not recorded in the checkpoint: not checked"]
     (tmp_path / "run_fingerprint.json").write_text("{")
     with pytest.raises(ValueError, match=r"run_fingerprint.json: not valid JSON"):
         load_fingerprint(tmp_path)
+
+
+def _full(tmp_path, config: NanoChatGPTConfig, fmt: str = "sha256:aaa", **args) -> dict:
+    return run_fingerprint(make_args(tmp_path, **args), "abc", "def", 1, model_config_fields(config), fmt)
+
+
+def test_model_config_data_format_and_code_version_on_resume(tmp_path):
+    config = NanoChatGPTConfig(n_layer=2, n_head=4, n_kv_head=4, n_embd=64)
+    saved = _full(tmp_path, config)
+    assert saved["model_config"]["n_head"] == 4 and saved["code_version"] == code_version()
+    assert check_fingerprint(saved, _full(tmp_path, NanoChatGPTConfig(n_layer=2, n_head=4, n_kv_head=4, n_embd=64)),
+                             5) == []
+    for changed, named in (({"n_head": 2, "n_kv_head": 2}, "n_head was 4 in the checkpoint and is 2 now"),
+                           ({"n_layer": 3}, "n_layer was 2 in the checkpoint and is 3 now")):
+        other = NanoChatGPTConfig(**{"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 64, **changed})
+        with pytest.raises(ValueError) as err:
+            check_fingerprint(saved, _full(tmp_path, other), 5)
+        assert str(err.value).startswith(f"cannot resume: the model config differs: {named}")
+    with pytest.raises(ValueError, match=r"^cannot resume: data_format was 'sha256:aaa' in the checkpoint and is "
+                                         r"'sha256:bbb' now; the chat rendering or tokenizer changed the token ids"):
+        check_fingerprint(saved, _full(tmp_path, config, "sha256:bbb"), 5)
+    # the previous release recorded neither: refused, naming what is missing and who wrote it
+    previous = {k: v for k, v in saved.items() if k not in ("model_config", "data_format", "code_version")}
+    with pytest.raises(ValueError, match=r"^cannot resume: the checkpoint does not record its model config \(written "
+                                         r"by an earlier release; this is nanochat-hf"):
+        check_fingerprint(previous, saved, 5)
+    # another code version with everything else equal: continued, and said
+    assert check_fingerprint({**saved, "code_version": "nanochat-hf 0.0.9"}, saved, 5) == [
+        f"the checkpoint was written by nanochat-hf 0.0.9, this is {code_version()}: model config, data format and "
+        "run setup match, continuing"]
+
+
+def test_data_format_follows_the_rendering(monkeypatch):
+    from nanochat_hf.tokenizer import chat, train_tokenizer
+
+    tokenizer = train_tokenizer(["Hello there, how many r in strawberry? 2+2=4"] * 20, vocab_size=300)
+    fmt = data_format(tokenizer)
+    assert fmt.startswith("sha256:") and data_format(tokenizer) == fmt
+    original = chat._plan
+
+    def plan_with_a_trailing_space(messages, ids, texts):
+        plan = original(messages, ids, texts)
+        texts[-1] += " "
+        return plan
+
+    monkeypatch.setattr(chat, "_plan", plan_with_a_trailing_space)
+    assert data_format(tokenizer) != fmt  # a renderer that changes one text is another data format
 
 
 def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint(tmp_path):
@@ -227,3 +281,28 @@ def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint
     changed = Dataset.from_list(rows[:2])._fingerprint
     with pytest.raises(ValueError, match=r"cannot resume: train_dataset was"):
         check_fingerprint(saved, run_fingerprint(make_args(tmp_path), changed, same, 1), 20)
+
+
+def test_a_full_disk_is_one_line_and_undone(tmp_path):
+    import resource
+
+    from safetensors.torch import save_file
+
+    undone = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
+    try:  # safetensors' own error type (SafetensorError "... (os error 27)"), and a plain OSError
+        with pytest.raises(DiskFullError) as err, disk_full_as_one_line("checkpoint x", tmp_path, 3 << 20,
+                                                                         lambda: undone.append(1)):
+            save_file({"w": torch.zeros(1 << 16)}, str(tmp_path / "w.safetensors"))
+        with pytest.raises(DiskFullError), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(2)):
+            (tmp_path / "big").write_bytes(b"x" * (1 << 17))
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+    message = str(err.value)
+    assert message.startswith(f"checkpoint x could not be saved in {tmp_path}: a file would exceed the file-size "
+                              "limit (ulimit -f); it needs about 3.0 MB free there (") and "\n" not in message
+    assert undone == [1, 2]
+    with pytest.raises(ValueError, match="other"), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(3)):
+        raise ValueError("other")  # any other error passes through, nothing undone
+    assert undone == [1, 2]

@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 from nanochat_hf.training.output_dir import (
+    LOCK_FILE,
     OutputDirError,
     final_save_staging_dir,
     prepare_output_dir,
     publish_staged,
+    release_output_dir,
 )
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -45,10 +47,44 @@ def earlier_run(path: Path, *names: str) -> Path:
 
 def test_fresh_and_empty_dirs_are_created_and_accepted(tmp_path):
     assert prepare_output_dir(tmp_path / "a" / "b", overwrite_output_dir=False, resuming=False) == []
-    assert (tmp_path / "a" / "b").is_dir() and list((tmp_path / "a" / "b").iterdir()) == []  # probe file removed
+    assert [p.name for p in (tmp_path / "a" / "b").iterdir()] == [LOCK_FILE]  # held by this run
+    release_output_dir(tmp_path / "a" / "b")
+    assert list(tmp_path.iterdir()) == []  # a run that wrote nothing leaves none of the folders it made
     (tmp_path / "logs").mkdir()
     (tmp_path / "logs" / "notes.txt").write_text("mine")  # unrelated files are not a run
     assert prepare_output_dir(tmp_path / "logs", False, False) == []
+
+
+HOLDER = """
+import sys
+from nanochat_hf.training.output_dir import prepare_output_dir
+prepare_output_dir(sys.argv[1], False, False)
+print("held", flush=True)
+sys.stdin.read()
+"""
+
+
+def test_second_run_on_the_same_folder_is_refused_until_the_first_one_dies(tmp_path):
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True, env=env)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        for _ in range(2):  # refused, and the refusal takes nothing from the holder
+            with pytest.raises(OutputDirError) as err:
+                prepare_output_dir(out, overwrite_output_dir=True, resuming=True)
+            message = str(err.value)
+            assert "\n" not in message and message.startswith(f"output_dir {out} is in use by another run (pid "
+                                                               f"{holder.pid} on ")
+            assert (out / LOCK_FILE).is_file()
+    finally:
+        holder.kill()  # SIGKILL: no cleanup runs, the kernel drops the lock
+        holder.wait()
+    assert prepare_output_dir(out, False, False) == []  # the stale lock file is no obstacle
+    (out / "model.safetensors").write_text("trained")
+    release_output_dir(out)
+    assert [p.name for p in out.iterdir()] == ["model.safetensors"]
 
 
 def test_output_dir_that_is_a_file(tmp_path):
@@ -80,6 +116,7 @@ def test_another_run_is_refused_unless_overwrite_or_resume(tmp_path, names, desc
     assert described in notice and "nothing is deleted now" in notice
     (notice,) = prepare_output_dir(out, overwrite_output_dir=False, resuming=True)
     assert "resuming" in notice
+    release_output_dir(out)
     assert snapshot(out) == before  # refusing, overwriting-to-be and resuming all leave the earlier run intact
 
 
@@ -168,7 +205,7 @@ def run_as_nobody(cases: dict[str, Path], home: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "HOME": str(home), "HF_HOME": str(home / "hf")}
     cmd, preexec = as_nobody([sys.executable, "-c", CHILD, json.dumps({k: str(v) for k, v in cases.items()})])
     try:
-        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
+        proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
     except (OSError, subprocess.SubprocessError) as e:  # the exec failed after dropping privileges
         pytest.skip(f"cannot run python as uid {NOBODY} here: {e}")
     if proc.returncode != 0 and "Permission denied" in proc.stderr and "nanochat_hf" not in proc.stderr:

@@ -7,8 +7,6 @@ from pathlib import Path
 
 import torch
 
-from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
-
 
 def read_json(path: Path) -> dict:
     if not path.is_file():
@@ -34,23 +32,18 @@ def check_positive_ints(fields: dict, required: tuple[str, ...], optional: tuple
             raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
 
 
-def expected_shapes(config: NanoChatGPTConfig) -> dict[str, tuple[int, ...]]:
-    """State-dict keys and shapes of our model for this config (built on the meta device: no memory, no init)."""
-    with torch.device("meta"):
-        model = NanoChatGPTForCausalLM(config)
-    return {k: tuple(v.shape) for k, v in model.state_dict().items()}
-
-
-def check_state_dict(state_dict: dict[str, torch.Tensor], config: NanoChatGPTConfig, weights: Path,
+def check_state_dict(state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], weights: Path,
                      config_source: Path) -> None:
-    """Raise a one-line ValueError naming `weights` if keys or shapes do not fit the config from `config_source`."""
-    expected = expected_shapes(config)
-    missing = sorted(expected.keys() - state_dict.keys())
+    """Raise a one-line ValueError naming `weights` if its keys or shapes are not `expected` (the tensors of the
+    config read from `config_source`)."""
+    missing = [k for k in expected if k not in state_dict]
     unexpected = sorted(state_dict.keys() - expected.keys())
     if missing:
-        raise ValueError(f"{weights}: missing {len(missing)} tensor(s) the config needs, e.g. {missing[0]!r}")
+        raise ValueError(f"{weights}: missing {len(missing)} tensor(s) {config_source.name} implies, e.g. "
+                         f"{missing[0]!r}")
     if unexpected:
-        raise ValueError(f"{weights}: {len(unexpected)} unexpected tensor(s), e.g. {unexpected[0]!r}")
+        raise ValueError(f"{weights}: {len(unexpected)} tensor(s) {config_source.name} does not imply, e.g. "
+                         f"{unexpected[0]!r}")
     for key, shape in expected.items():
         got = tuple(state_dict[key].shape)
         if got != shape:

@@ -26,9 +26,20 @@ from .files import (
     parse_dtype,
     read_json,
 )
+from .generations import (
+    BY_NAME,
+    detect,
+    generation_of,
+    hf_names,
+    meta_model_config,
+    model_config_of,
+    nanochat_dtype,
+    nanochat_shapes,
+    window_pattern_of,
+)
 from .native import config_from_native, native_to_nanochat_names
+from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
 
-NANOCHAT_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 SOURCE_FOLDERS = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
                   "rl": "chatrl_checkpoints"}
 NANOCHAT_META_FILE = "nanochat_meta.json"  # the source meta, kept beside a converted model (step, user_config...)
@@ -71,20 +82,16 @@ def find_nanochat_checkpoint(base_dir: str | os.PathLike | None = None, source: 
     return checkpoint_dir, steps[-1] if step is None else step
 
 
-def config_from_meta(meta: dict, meta_path: Path, **kwargs) -> NanoChatGPTConfig:
-    model_config = meta.get("model_config")
-    if not isinstance(model_config, dict):
-        raise ValueError(f"{meta_path}: no 'model_config' object (nanochat's meta JSON has one)")
-    check_positive_ints(model_config, NANOCHAT_CONFIG_KEYS, (), f"{meta_path}: model_config")
-    try:
-        return NanoChatGPTConfig(**{k: model_config[k] for k in NANOCHAT_CONFIG_KEYS}, **kwargs)
-    except ValueError as e:
-        raise ValueError(f"{meta_path}: {e}") from None
+def nanochat_tokenizer_dir(checkpoint_dir: str | os.PathLike) -> Path:
+    """Where nanochat keeps the tokenizer of a checkpoint folder ``<base>/<source>_checkpoints/<tag>``:
+    ``<base>/tokenizer`` (``$NANOCHAT_BASE_DIR/tokenizer``)."""
+    return Path(checkpoint_dir).resolve().parent.parent / "tokenizer"
 
 
 def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None = None
                              ) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig, dict, int]:
-    """(state_dict without ``_orig_mod.``, config, meta, step), validated: keys and shapes fit meta's config."""
+    """(state_dict without ``_orig_mod.``, config, meta, step), validated: the keys are those of one nanochat
+    generation (G0-G5), and fit meta's config; tensors keep their stored dtypes."""
     checkpoint_dir = Path(checkpoint_dir)
     steps = available_steps(checkpoint_dir)
     if not steps:
@@ -97,7 +104,7 @@ def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None
     if not meta_path.is_file():
         raise FileNotFoundError(f"{meta_path}: no such file (nanochat writes it beside {model_path.name})")
     meta = read_json(meta_path)
-    config = config_from_meta(meta, meta_path)
+    model_config = model_config_of(meta, meta_path)
     try:
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 -- any failure here means a corrupt or foreign file
@@ -106,7 +113,8 @@ def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise ValueError(f"{model_path}: expected a state dict of tensors, got {type(state_dict).__name__}")
     state_dict = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
-    check_state_dict(state_dict, config, model_path, meta_path)
+    config = detect(state_dict, model_config, model_path, meta_path).config
+    check_state_dict(state_dict, nanochat_shapes(config), model_path, meta_path)
     return state_dict, config, meta, step
 
 
@@ -141,7 +149,8 @@ def load_from_nanochat(checkpoint_dir: str | os.PathLike, tokenizer_dir: str | o
     dtype = parse_dtype(dtype) or common_dtype(state_dict)
     with torch.device("meta"):
         model = NanoChatGPTForCausalLM(config)
-    model.load_state_dict({k: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
+    names = hf_names(config)
+    model.load_state_dict({names[k]: v.to(dtype) for k, v in state_dict.items()}, strict=True, assign=True)
     model.generation_config = generation_config
     return model.eval(), tokenizer  # eval mode, as from_pretrained returns it
 
@@ -161,7 +170,8 @@ def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
     generation_config = _set_special_ids(config, tokenizer)
     if (dtype := parse_dtype(dtype)) is not None:
         state_dict = {k: v.to(dtype) for k, v in state_dict.items()}
-    state_dict = {k: v.contiguous() for k, v in state_dict.items()}
+    names = hf_names(config)
+    state_dict = {names[k]: v.contiguous() for k, v in state_dict.items()}
     with torch.device("meta"):  # only for save_pretrained's config + code files; weights come from state_dict
         model = NanoChatGPTForCausalLM(config).to(common_dtype(state_dict))
     model.generation_config = generation_config
@@ -198,7 +208,8 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
 
 
 def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig]:
-    """(nanochat-named state dict, config) of a directory holding our model or transformers' native NanoChat."""
+    """(state dict under nanochat's names, config) of a directory holding our model or transformers' native
+    NanoChat."""
     model_dir = Path(model_dir)
     if not model_dir.is_dir():
         raise FileNotFoundError(f"{model_dir}: model directory not found")
@@ -224,7 +235,10 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     state_dict = read_hf_weights(model_dir)
     if model_type == "nanochat":
         state_dict = native_to_nanochat_names(state_dict)
-    check_state_dict(state_dict, config, model_dir / "model.safetensors", config_path)
+    else:
+        names = {ours: theirs for theirs, ours in hf_names(config).items()}
+        state_dict = {names.get(k, k): v for k, v in state_dict.items()}
+    check_state_dict(state_dict, nanochat_shapes(config), model_dir / "model.safetensors", config_path)
     return state_dict, config
 
 
@@ -240,19 +254,35 @@ def _default_step(model_dir: Path) -> int:
 def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, step: int | None = None,
                 tokenizer_output_dir: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
     """Write ``model_<step:06d>.pt`` + ``meta_<step:06d>.json`` into `output_dir` (other files there are kept), and
-    the tokenizer as nanochat's ``tokenizer.pkl`` + ``token_bytes.pt`` into `tokenizer_output_dir` (default
-    ``output_dir/tokenizer``; nanochat reads it from ``$NANOCHAT_BASE_DIR/tokenizer``). Tensors are written as
-    stored (names and dtypes unchanged), so from_nanochat -> to_nanochat is bit-identical.
+    the tokenizer as nanochat's ``tokenizer.pkl`` + ``token_bytes.pt`` into `tokenizer_output_dir` (default: where
+    nanochat reads it, ``<base>/tokenizer`` for an `output_dir` ``<base>/<source>_checkpoints/<tag>``).
+
+    The checkpoint is the one nanochat writes for the model's generation (G0-G5): the same tensor names and order,
+    wte/value embeddings bf16 when stored so (else fp32), everything else fp32, and the meta's ``model_config``
+    with ``window_pattern`` from G2 on; the other meta fields (val_bpb, user_config...) come from the source meta
+    kept beside a converted model. from_nanochat -> to_nanochat is bit-identical.
 
     Existing files of those names are replaced only with `overwrite`, and the source's files never."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
-    tokenizer_dir = output_dir / "tokenizer" if tokenizer_output_dir is None else Path(tokenizer_output_dir)
+    has_tokenizer = (model_dir / "tokenizer.json").is_file()
+    if has_tokenizer and tokenizer_output_dir is None and not output_dir.resolve().parent.name.endswith("_checkpoints"):
+        raise ValueError(f"{output_dir}: --output is not a nanochat checkpoint folder <base>/<source>_checkpoints/<tag>"
+                         " (nanochat reads the tokenizer from <base>/tokenizer): write there, or pass "
+                         "--tokenizer-output DIR")
+    tokenizer_dir = nanochat_tokenizer_dir(output_dir) if tokenizer_output_dir is None else Path(tokenizer_output_dir)
     check_output(output_dir, [model_dir], overwrite, may_hold_other_files=True)
     check_output(tokenizer_dir, [model_dir], overwrite, may_hold_other_files=True)
     state_dict, config = read_hf_model(model_dir)
+    config_path = model_dir / "config.json"
+    source_meta = read_json(model_dir / NANOCHAT_META_FILE) if (model_dir / NANOCHAT_META_FILE).is_file() else {}
+    source_pattern = (source_meta.get("model_config") or {}).get("window_pattern")
+    generation = generation_of(config, config_path)
+    if generation.name == "G1" and isinstance(source_pattern, str):
+        generation = BY_NAME["G2"]  # the source meta had a window pattern ("L": the same model as G1)
+    pattern = window_pattern_of(config, generation, source_pattern, config_path) if generation.windows else None
     step = _default_step(model_dir) if step is None else int(step)
     tokenizer = None
-    if (model_dir / "tokenizer.json").is_file():
+    if has_tokenizer:
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
@@ -262,20 +292,25 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
                              f"model's vocab_size is {config.vocab_size}")
     # The checkpoint names are checked now, before any work; the tokenizer files when they are written (the same
     # tokenizer written again for another step is byte-identical, and left as it is).
-    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json") if p.exists()]
+    shards = checkpoint_shards(model_dir)  # a trainer checkpoint: its optimizer as nanochat's optim_*.pt files too
+    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json",
+                            *output_dir.glob(f"optim_{step:06d}_rank*.pt")) if p.exists()]
     if existing and not overwrite:
         raise FileExistsError(f"{existing[0]}: already exists (pass --overwrite to replace it, or choose another "
                               "--output / --step)")
+    nanochat_state = {k: state_dict[k].to(nanochat_dtype(k, state_dict[k].dtype)) for k in nanochat_shapes(config)}
+    meta = {**source_meta, "step": step, "model_config": meta_model_config(config, pattern)}
     protect = files_in(model_dir)
     with staged_dir(output_dir, overwrite, protect) as tmp:
-        torch.save(state_dict, tmp / f"model_{step:06d}.pt")
-        meta = {"step": step, "model_config": config.to_nanochat_dict()}
-        write_text(tmp / f"meta_{step:06d}.json", json.dumps(meta, indent=2))
-        if tokenizer is not None and tokenizer_output_dir is None:
-            _write_nanochat_tokenizer(tokenizer, tmp / "tokenizer")
-        elif tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too
+        if shards is not None:
+            with torch.device("meta"):
+                model = NanoChatGPTForCausalLM(config)
+            write_nanochat_optimizer(model, *shards, tmp, step, {n: t.dtype for n, t in nanochat_state.items()})
+        if tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too
             with staged_dir(tokenizer_dir, overwrite, protect) as tok_tmp:
                 _write_nanochat_tokenizer(tokenizer, tok_tmp)
+        torch.save(nanochat_state, tmp / f"model_{step:06d}.pt")
+        write_text(tmp / f"meta_{step:06d}.json", json.dumps(meta, indent=2))
     return output_dir
 
 

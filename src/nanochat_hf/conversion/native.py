@@ -27,6 +27,7 @@ from transformers import NanoChatConfig
 from ..atomic import staged_dir
 from ..model import NanoChatGPTConfig
 from .files import check_output, files_in
+from .generations import generation_of
 
 NATIVE_RMS_NORM_EPS = torch.finfo(torch.float32).eps
 # (nanochat name, native name); {i} is the layer index
@@ -40,6 +41,7 @@ _NAME_MAP = [
     ("transformer.h.{i}.mlp.c_proj.weight", "model.layers.{i}.mlp.fc2.weight"),
     ("lm_head.weight", "lm_head.weight"),
 ]
+_PADDED = ("transformer.wte.weight", "lm_head.weight")
 # files of a model directory that carry over unchanged (tokenizer, chat template, generation settings)
 _CARRIED_FILES = re.compile(r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|"
                             r"generation_config\.json")
@@ -91,6 +93,22 @@ def config_from_native(raw: dict) -> NanoChatGPTConfig:
     )
 
 
+def check_native_exportable(config: NanoChatGPTConfig, config_path: Path) -> None:
+    """One-line ValueError unless `config` is nanochat's December 2025 model (G0), the one transformers' NanoChat
+    implements; it names what the native class lacks."""
+    generation = generation_of(config, config_path)
+    if generation.name == "G0":
+        return
+    lacks = [what for present, what in (
+        (config.residual_lambdas, "per-layer resid/x0 lambdas"),
+        ("sliding_attention" in config.layer_types, "sliding-window layers"),
+        (config.value_embeddings, "value embeddings with their gates"), (config.qk_scale != 1.0, "a q/k scale"),
+        (config.smear, "smear"), (config.backout, "backout")) if present]
+    raise ValueError(f"{config_path}: a nanochat {generation.name} model: transformers' NanoChatForCausalLM has no "
+                     f"{', '.join(lacks)}, so only December 2025 (G0) models export to it; this one loads with "
+                     "trust_remote_code=True")
+
+
 def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overwrite: bool = False) -> Path:
     """Export our model directory to transformers' NanoChatForCausalLM (no custom code needed to load it).
 
@@ -101,7 +119,10 @@ def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overw
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     check_output(output_dir, [model_dir], overwrite)
     state_dict, config = read_hf_model(model_dir)
+    check_native_exportable(config, model_dir / "config.json")
     native = native_config(config)
+    # rows nanochat pads the vocabulary with (bc51da8) are never looked up and their logits are cropped: drop them
+    state_dict = {k: v[: config.vocab_size] if k in _PADDED else v for k, v in state_dict.items()}
     with staged_dir(output_dir, overwrite, protect=files_in(model_dir)) as tmp:
         save_file({k: v.contiguous() for k, v in nanochat_to_native_names(state_dict).items()},
                   tmp / "model.safetensors", metadata={"format": "pt"})

@@ -4,6 +4,7 @@ Mixture rows: ``{"conversation": str (JSON of nanochat's {"messages": [...]}), "
 tokenized rows: ``{"input_ids", "labels", "num_tokens", "task"}``.
 """
 
+from .bestfit import BestFitStream
 from .conversation import check_messages, conversation_texts, dumps, loads
 from .demo import demo_tokenizer
 from .mixture import DEMO_MIXTURE, load_mixture, parse_mixture, read_mixture
@@ -14,11 +15,12 @@ from .words import WORD_LISTS, demo_words, english_words, word_list
 
 __all__ = [
     "DEMO_MIXTURE",
+    "TASK_NAMES",
+    "WORD_LISTS",
+    "BestFitStream",
     "MicroBatchStream",
     "PackedStream",
-    "TASK_NAMES",
     "TaskSpec",
-    "WORD_LISTS",
     "check_messages",
     "conversation_texts",
     "demo_tokenizer",

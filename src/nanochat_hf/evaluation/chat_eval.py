@@ -3,14 +3,15 @@
 Categorical (multiple choice): one batched forward over the left-padded prompts; the prediction is the answer
 letter with the highest logit at the last position, among the problem's letters only. Generative: batched,
 left-padded `generate()` with the calculator tool (`CalculatorToolProcessor`), then the task's checker on the
-reply's text. Under ``accelerate launch`` each process takes every world_size-th problem and the outcomes are
-gathered, so every process returns the same results.
+whole decoded completion, tool blocks included, as nanochat's. Under ``accelerate launch`` each process takes
+every world_size-th problem and the outcomes are gathered, so every process returns the same results.
 """
 
 from __future__ import annotations
 
 import os
 import re
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -22,7 +23,9 @@ from accelerate.utils import gather_object
 from huggingface_hub import EvalResult
 
 from ..atomic import write_text
-from ..inference import generate_tokens, parts_from_tokens
+from ..data.tasks import DataLoadError
+from ..inference import decode_completion, generate_tokens
+from ..progress import Progress
 from ..tokenizer import render_for_completion
 from .tasks import EVAL_TASKS, EvalTask, Problem, load_problems, task_by_name
 
@@ -84,14 +87,14 @@ def categorical_outcomes(model, tokenizer, problems: list[Problem], batch_size: 
 
 def generative_replies(model, tokenizer, problems: list[Problem], batch_size: int = 8, max_new_tokens: int = 512,
                        temperature: float = 0.0, top_k: int | None = 50, seed: int | None = None) -> list[str]:
-    """Per problem: the text of the reply (text parts joined; calculator calls and outputs left out)."""
+    """Per problem: the whole decoded completion, tool blocks included, as nanochat's chat_eval scores it."""
     replies = []
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         prompts = [render_for_completion(tokenizer, {"messages": p.messages}) for p in batch]
         for tokens in generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k,
                                       None if seed is None else seed + start):
-            replies.append("".join(p["text"] for p in parts_from_tokens(tokenizer, tokens) if p["type"] == "text"))
+            replies.append(decode_completion(tokenizer, tokens))
     return replies
 
 
@@ -101,16 +104,22 @@ def generative_replies(model, tokenizer, problems: list[Problem], batch_size: in
 def evaluate_task(model, tokenizer, task: EvalTask, problems: list[Problem], batch_size: int = 8,
                   max_new_tokens: int = 512, temperature: float = 0.0, top_k: int | None = 50,
                   seed: int | None = None) -> TaskScore:
-    """Score `problems` of `task`; under several processes each takes a strided share, outcomes are gathered."""
+    """Score `problems` of `task`; under several processes each takes a strided share, outcomes are gathered.
+    The main process shows its share's progress (`nanochat_hf.progress`)."""
     state = PartialState()
     mine = list(range(state.process_index, len(problems), state.num_processes))
     share = [problems[i] for i in mine]
-    if task.mode == "categorical":
-        outcomes = categorical_outcomes(model, tokenizer, share, batch_size) if share else []
-    else:
-        replies = generative_replies(model, tokenizer, share, batch_size, max_new_tokens, temperature, top_k,
-                                     seed) if share else []
-        outcomes = [task.check(p, r) for p, r in zip(share, replies)]
+    outcomes = []
+    with Progress(f"chat eval {task.name}", len(share), "problems", enabled=state.is_main_process) as progress:
+        for start in range(0, len(share), batch_size):  # the batches the two modes would make themselves
+            batch = share[start:start + batch_size]
+            if task.mode == "categorical":
+                outcomes += categorical_outcomes(model, tokenizer, batch, batch_size)
+            else:
+                replies = generative_replies(model, tokenizer, batch, batch_size, max_new_tokens, temperature, top_k,
+                                             None if seed is None else seed + start)
+                outcomes += [task.check(p, r) for p, r in zip(batch, replies)]
+            progress.update(len(batch))
     pairs = list(zip(mine, outcomes))
     if state.num_processes > 1:
         pairs = gather_object(pairs)
@@ -122,11 +131,14 @@ def evaluate_task(model, tokenizer, task: EvalTask, problems: list[Problem], bat
 def run_chat_eval(model, tokenizer, tasks: list[str] | None = None, max_problems: int | None = None,
                   batch_size: int = 8, max_new_tokens: int = 512, temperature: float = 0.0,
                   top_k: int | None = 50, seed: int | None = None,
-                  data_files: dict[str, list[str]] | None = None, cache_dir: str | None = None) -> list[TaskScore]:
+                  data_files: dict[str, list[str]] | None = None, cache_dir: str | None = None,
+                  skip_unavailable: Callable[[str, str], None] | None = None) -> list[TaskScore]:
     """nanochat's chat evaluation of `model` (the bare causal LM, on its device) on `tasks` (default: all six).
 
     `data_files` maps a task name to local files in its hub layout (for offline runs). Returns one TaskScore
-    per task, the same on every process; `chatcore(scores)` gives ChatCORE.
+    per task, the same on every process; `chatcore(scores)` gives ChatCORE. A task whose data cannot be loaded
+    (`DataLoadError`: offline, a damaged file) stops the evaluation, or, given `skip_unavailable`, is left out
+    after calling `skip_unavailable(task name, one-line reason)`.
     """
     names = list(EVAL_TASKS) if tasks is None else [task_by_name(t).name for t in tasks]
     files = {task_by_name(k).name: v for k, v in (data_files or {}).items()}
@@ -136,7 +148,13 @@ def run_chat_eval(model, tokenizer, tasks: list[str] | None = None, max_problems
         scores = []
         for name in names:
             task = EVAL_TASKS[name]
-            problems = load_problems(task, files.get(name), max_problems, cache_dir)
+            try:
+                problems = load_problems(task, files.get(name), max_problems, cache_dir)
+            except DataLoadError as e:
+                if skip_unavailable is None:
+                    raise
+                skip_unavailable(name, " ".join(str(e).split()))
+                continue
             scores.append(evaluate_task(model, tokenizer, task, problems, batch_size, max_new_tokens, temperature,
                                         top_k, seed))
         return scores

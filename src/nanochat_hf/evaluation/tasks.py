@@ -3,19 +3,21 @@
 Hub tasks load with `datasets` under nanochat's hub names and are shuffled with ``.shuffle(seed=42)`` right after
 loading (so "the first 100 problems" are nanochat's first 100); ``data_files`` (json / jsonl / parquet in the
 hub dataset's column layout) loads local copies instead. SpellingBee is synthetic (our `data.synthetic`, test
-seeds). Categorical tasks are scored from the answer letters' logits; generative ones by a checker on the reply.
+seeds). Categorical tasks are scored from the answer letters' logits; generative ones by a checker on the whole decoded
+completion (tool blocks included), as nanochat's chat_eval.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Callable
+from collections.abc import Callable
 
 from datasets import load_dataset
+from datasets.exceptions import DatasetsError
 
 from ..data import synthetic
-from ..data.tasks import LETTERS, gsm8k_conversation, mmlu_conversation, render_mc
+from ..data.tasks import LETTERS, DataLoadError, check_data_file, gsm8k_conversation, mmlu_conversation, render_mc
 from .sandbox import run_program
 
 SPELLING_BEE_SIZE = 256  # test problems, as nanochat's chat_eval
@@ -59,15 +61,21 @@ def mmlu_problem(row: dict) -> Problem:
     return Problem([user], assistant["content"], LETTERS[:len(row["choices"])])
 
 
+_FINAL_NUMBER = re.compile(r"#### (-?[0-9.,]+)")
+
+
 def final_number(text: str) -> str | None:
-    """The number after the last ``#### `` (commas dropped), as GSM8K writes its answers; None if there is none."""
-    found = re.findall(r"#### (-?[0-9.,]+)", text)
-    return found[-1].replace(",", "").rstrip(".") if found else None
+    """nanochat's extract_answer (tasks/gsm8k.py): the digits, dots and commas after the first ``#### `` of
+    `text`, commas removed; None if there is none. Nothing else is normalized: "5." and "5.0" are not "5"."""
+    found = _FINAL_NUMBER.search(text)
+    return found.group(1).replace(",", "") if found else None
 
 
 def gsm8k_problem(row: dict) -> Problem:
-    user = gsm8k_conversation(row)["messages"][0]
-    return Problem([user], final_number(row["answer"]))
+    """openai/gsm8k row: question, answer. The right answer is read, as nanochat does, from the answer's last text
+    part (after its last ``<<...>>`` calculator call)."""
+    user, assistant = gsm8k_conversation(row)["messages"]
+    return Problem([user], final_number(assistant["content"][-1]["text"]))
 
 
 def humaneval_problem(row: dict) -> Problem:
@@ -89,8 +97,10 @@ def spelling_bee_problem(index: int) -> Problem:
 
 
 def check_final_number(problem: Problem, reply: str) -> bool:
-    predicted = final_number(reply)
-    return predicted is not None and predicted == problem.answer
+    """nanochat's GSM8K (and SpellingBee) verdict: `reply` is the whole decoded completion, tool blocks included
+    (`inference.decode_completion`), so a ``####`` inside a calculator call counts; no number on either side is
+    a match too, as there (pred None == ref None)."""
+    return final_number(reply) == problem.answer
 
 
 def humaneval_program(problem: Problem, reply: str) -> str:
@@ -135,17 +145,26 @@ def load_problems(task: EvalTask, data_files: list[str] | None = None, max_probl
     if task.dataset is None:  # SpellingBee: synthetic test seeds
         n = SPELLING_BEE_SIZE if max_problems is None else min(max_problems, SPELLING_BEE_SIZE)
         return [spelling_bee_problem(i) for i in range(n)]
+    # DataLoadError (a ValueError): the task's data cannot be read; callers skip the task or stop, in one line
     if data_files:
         builder = "parquet" if all(f.endswith(".parquet") for f in data_files) else "json"
         source = ", ".join(data_files)
-        ds = load_dataset(builder, data_files={task.split: list(data_files)}, split=task.split, cache_dir=cache_dir)
+        for path in data_files:
+            check_data_file(path, task.name)
+        try:
+            ds = load_dataset(builder, data_files={task.split: list(data_files)}, split=task.split,
+                              cache_dir=cache_dir)
+        except (DatasetsError, ValueError, OSError) as e:
+            first = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
+            raise DataLoadError(f"{task.name}: data file(s) {source} cannot be read as {builder} ({first[0]})") \
+                from None
     else:
         source = f"{task.dataset}/{task.config}" if task.config else task.dataset
         try:
             ds = load_dataset(task.dataset, task.config, split=task.split, cache_dir=cache_dir)
-        except (ConnectionError, OSError) as e:
-            raise RuntimeError(f"{task.name}: could not load {source} split {task.split!r} ({e}); offline? "
-                               f"give local files of the same layout with data_files") from e
+        except (DatasetsError, ConnectionError, OSError) as e:
+            raise DataLoadError(f"{task.name}: could not load {source} split {task.split!r} ({e}); offline? "
+                                f"give local files of the same layout with data_files") from None
     ds = ds.shuffle(seed=42)
     if max_problems is not None:
         ds = ds.select(range(min(max_problems, len(ds))))

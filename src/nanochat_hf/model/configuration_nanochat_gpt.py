@@ -28,19 +28,28 @@ class NanoChatGPTConfig(PretrainedConfig):
     - ``residual_lambdas`` (G1): per-layer scalars ``resid_lambdas`` and ``x0_lambdas``; before block i,
       ``x = resid_lambdas[i] * x + x0_lambdas[i] * x0`` with ``x0`` the normed embedding.
     - ``layer_types`` / ``sliding_window`` (G2, transformers' names): ``"full_attention"`` or
-      ``"sliding_attention"`` per layer (``None``: all full, the G0 model); a sliding layer's query sees ``sliding_window`` keys, itself included
-      (nanochat's window ``w``, FlashAttention's ``window_size=(w, 0)``, is ``sliding_window - 1``).
+      ``"sliding_attention"`` per layer (default all full, the G0 model); a sliding layer's query sees
+      ``sliding_window`` keys, itself included (nanochat's window ``w``, FlashAttention's ``window_size=(w, 0)``,
+      is ``sliding_window - 1``). nanochat's long layers ("L") have the window ``sequence_len``: the same as full
+      attention up to ``sequence_len + 1`` tokens (all nanochat trains on); beyond that, nanochat's long layers
+      drop the oldest keys and ours (full attention) keep them.
     - ``value_embeddings`` (G3): ``value_embeds.{i}`` and ``attn.ve_gate`` on the layers with
-      ``i % 2 == (n_layer - 1) % 2``; ``v += ve_gate_scale * sigmoid(ve_gate(x[..., :ve_gate_channels])) * ve``
+      ``i % 2 == (n_layer - 1) % 2`` (the last layer and every other one before it);
+      ``v += ve_gate_scale * sigmoid(ve_gate(x[..., :ve_gate_channels])) * ve``
       per key/value head (G3: 32 channels, scale 2; G4 on: 12 channels, scale 3).
     - ``qk_scale`` (G4: 1.15, G5: 1.2): q and k are multiplied by it after the QK-norm.
     - ``smear`` (G5): ``smear_gate`` and ``smear_lambda`` mix the previous token's normed embedding into each
       position; ``backout`` (G5): ``backout_lambda`` times the residual after block ``n_layer // 2`` is
       subtracted before the final norm.
+
+    Parameter names are nanochat's; the ones nanochat's ``GPT`` keeps outside ``transformer`` (``resid_lambdas``,
+    ``x0_lambdas``, ``value_embeds.*``, ``smear_*``, ``backout_lambda``) sit in the backbone, so they read
+    ``transformer.<nanochat name>`` here. A model with ``residual_lambdas`` created from scratch gets nanochat's
+    ``init_weights`` of G5/HEAD (the G0 model keeps the December init).
     """
 
     model_type = "nanochat_gpt"
-    keys_to_ignore_at_inference = ["past_key_values"]
+    keys_to_ignore_at_inference = ["past_key_values", "cache"]  # the KV cache field (renamed in transformers 5.24)
     attribute_map = {
         "hidden_size": "n_embd",
         "num_hidden_layers": "n_layer",
@@ -95,6 +104,12 @@ class NanoChatGPTConfig(PretrainedConfig):
         if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= set(LAYER_TYPES):
             raise ValueError(f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layer} layers, "
                              f"got {self.layer_types!r}")
+        if self.value_embeddings and not 0 < self.ve_gate_channels <= self.n_embd:
+            raise ValueError(f"ve_gate_channels must be between 1 and n_embd ({self.n_embd}), "
+                             f"got {self.ve_gate_channels}")
+        if self.smear and self.n_embd < 24:
+            raise ValueError(f"smear reads the first 24 channels of the embedding: n_embd must be at least 24, "
+                             f"got {self.n_embd}")
         if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
             raise ValueError(f"sliding_window must be a positive number of keys when a layer is "
                              f"'sliding_attention', got {self.sliding_window!r}")

@@ -3,7 +3,8 @@ classification heads on top of it.
 
 Standalone (only torch, transformers and the sibling configuration file), so it ships as remote code.
 The backbone is mounted as ``transformer`` (holding ``wte`` and ``h``), so parameter names are exactly nanochat's
-and a nanochat state dict loads with ``strict=True``.
+and a nanochat state dict of the December model loads with ``strict=True``; the later generations' top-level
+parameters (scalars, smear gate, value embeddings) live in the backbone too, as ``transformer.<nanochat name>``.
 """
 
 import inspect
@@ -14,7 +15,10 @@ import torch.nn.functional as F
 from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
-from transformers.masking_utils import create_causal_mask
+from transformers.masking_utils import (
+    create_causal_mask,
+    create_sliding_window_causal_mask,
+)
 from transformers.modeling_layers import GradientCheckpointingLayer
 from transformers.modeling_outputs import (
     BaseModelOutputWithPast,
@@ -26,6 +30,10 @@ from transformers.utils import can_return_tuple
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_nanochat_gpt import NanoChatGPTConfig
+
+# the outputs' cache field: `cache` from transformers 5.24 on (the old name still works there, with a warning)
+CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+SMEAR_CHANNELS = 24  # smear_gate reads the first 24 channels of the normed embedding (nanochat G5)
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -91,21 +99,36 @@ class NanoChatGPTAttention(nn.Module):
         self.c_v = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
         self.c_proj = nn.Linear(config.n_embd, config.n_embd, bias=False)
         self.c_proj.zero_init = True
+        # G2: a sliding layer's query sees the last `sliding_window` keys (transformers' attention functions read it)
+        self.sliding_window = config.sliding_window if config.layer_types[layer_idx] == "sliding_attention" else None
+        # G3: value embedding mixed into v through a per-kv-head gate read from the first channels of the input
+        self.ve_gate = None
+        if layer_idx in config.value_embedding_layers:
+            self.ve_gate = nn.Linear(config.ve_gate_channels, self.n_kv_head, bias=False)
+            self.ve_gate.small_uniform_init = True
 
     def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None, past_key_values: Cache | None,
+                attention_mask: torch.Tensor | None, past_key_values: Cache | None, ve: torch.Tensor | None = None,
                 **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Returns the output and the attention weights (None unless the eager implementation computed them)."""
+        """Returns the output and the attention weights (None unless the eager implementation computed them).
+        ``ve``: this layer's value embedding of the input tokens, (B, T, n_kv_head * head_dim), or None."""
         B, T, _ = x.shape
         q = self.c_q(x).view(B, T, self.n_head, self.head_dim).transpose(1, 2)
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
-        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
+        v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
+        if ve is not None:  # nanochat's order: the gated value embedding is added before RoPE and QK-norm
+            gate = self.config.ve_gate_scale * torch.sigmoid(self.ve_gate(x[..., :self.config.ve_gate_channels]))
+            v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)
+        v = v.transpose(1, 2)
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
         q, k = rms_norm(q), rms_norm(k)  # QK-norm after RoPE
+        if self.config.qk_scale != 1.0:  # G4 on: sharper attention
+            q, k = q * self.config.qk_scale, k * self.config.qk_scale
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        y, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling, **kwargs)
+        y, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
+                               sliding_window=self.sliding_window, **kwargs)
         return self.c_proj(y.reshape(B, T, -1)), weights
 
 
@@ -113,6 +136,7 @@ class NanoChatGPTMLP(nn.Module):
     def __init__(self, config: NanoChatGPTConfig):
         super().__init__()
         self.c_fc = nn.Linear(config.n_embd, 4 * config.n_embd, bias=False)
+        self.c_fc.uniform_init_scale = 0.4  # nanochat's init from G1 on (see _init_weights)
         self.c_proj = nn.Linear(4 * config.n_embd, config.n_embd, bias=False)
         self.c_proj.zero_init = True
 
@@ -126,8 +150,9 @@ class NanoChatGPTBlock(GradientCheckpointingLayer):
         self.attn = NanoChatGPTAttention(config, layer_idx)
         self.mlp = NanoChatGPTMLP(config)
 
-    def forward(self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, **kwargs) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, **kwargs)[0]
+    def forward(self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, ve=None,
+                **kwargs) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, ve, **kwargs)[0]
         return x + self.mlp(rms_norm(x))
 
 
@@ -137,7 +162,7 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     base_model_prefix = "transformer"
     supports_gradient_checkpointing = True
     _no_split_modules = ["NanoChatGPTBlock"]
-    _skip_keys_device_placement = ["past_key_values"]
+    _skip_keys_device_placement = [CACHE]
     _supports_sdpa = True
     _supports_flash_attn = True
     _supports_flex_attn = False
@@ -171,7 +196,9 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
     @torch.no_grad()
     def _init_weights(self, module: nn.Module) -> None:
         # nanochat's init. transformers.initialization functions skip tensors already loaded by from_pretrained.
-        if isinstance(module, nn.Linear):
+        if self.config.residual_lambdas:  # the generations from G1 on: nanochat's init_weights at HEAD
+            self._init_weights_since_g1(module)
+        elif isinstance(module, nn.Linear):
             if getattr(module, "zero_init", False):  # lm_head, attn.c_proj, mlp.c_proj
                 init.zeros_(module.weight)
             else:
@@ -180,6 +207,36 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
                 init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=1.0)
+
+    def _init_weights_since_g1(self, module: nn.Module) -> None:
+        """nanochat's ``GPT.init_weights`` at a825e63/HEAD: uniform block matrices with the std of N(0, 1/n_embd)
+        (``c_fc`` 0.4x), zero output projections, wte N(0, 0.8), lm_head N(0, 0.001), value embeddings like c_v,
+        gates U(0, 0.02), scalars by depth."""
+        c = self.config
+        s = 3 ** 0.5 * c.n_embd ** -0.5
+        if isinstance(module, nn.Linear):
+            if getattr(module, "small_uniform_init", False):  # ve_gate, smear_gate
+                init.uniform_(module.weight, 0.0, 0.02)
+            elif module is getattr(self, "lm_head", None):
+                init.normal_(module.weight, mean=0.0, std=0.001)
+            elif getattr(module, "zero_init", False):  # attn.c_proj, mlp.c_proj
+                init.zeros_(module.weight)
+            else:  # c_q, c_k, c_v, c_fc; also a classification head
+                bound = s * getattr(module, "uniform_init_scale", 1.0)
+                init.uniform_(module.weight, -bound, bound)
+        elif isinstance(module, nn.Embedding):
+            if getattr(module, "value_embedding", False):
+                init.uniform_(module.weight, -s, s)
+            else:
+                init.normal_(module.weight, mean=0.0, std=0.8)
+        elif isinstance(module, NanoChatGPTModel):
+            depth = torch.arange(c.n_layer, dtype=torch.float64) / max(c.n_layer - 1, 1)
+            init.copy_(module.resid_lambdas, 1.15 - 0.10 * depth)
+            init.copy_(module.x0_lambdas, 0.20 - 0.15 * depth)
+            if c.smear:
+                init.zeros_(module.smear_lambda)
+            if c.backout:
+                init.constant_(module.backout_lambda, 0.2)
 
 
 class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
@@ -194,8 +251,24 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
 
     def __init__(self, config: NanoChatGPTConfig):
         super().__init__(config)
-        self.wte = nn.Embedding(config.vocab_size, config.n_embd)
+        self.wte = nn.Embedding(config.padded_vocab_size, config.n_embd)
         self.h = nn.ModuleList([NanoChatGPTBlock(config, i) for i in range(config.n_layer)])
+        # the generations after December (see the config); nanochat's names, under this backbone's prefix
+        if config.value_embeddings:  # G3 (registered before the float32 scalars: see ``dtype``)
+            self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.padded_vocab_size, config.n_kv_head *
+                                                                    config.head_dim)
+                                               for i in config.value_embedding_layers})
+            for embedding in self.value_embeds.values():
+                embedding.value_embedding = True
+        if config.residual_lambdas:  # G1
+            self.resid_lambdas = nn.Parameter(torch.ones(config.n_layer))
+            self.x0_lambdas = nn.Parameter(torch.zeros(config.n_layer))
+        if config.smear:  # G5
+            self.smear_gate = nn.Linear(SMEAR_CHANNELS, 1, bias=False)
+            self.smear_gate.small_uniform_init = True
+            self.smear_lambda = nn.Parameter(torch.zeros(1))
+        if config.backout:  # G5
+            self.backout_lambda = nn.Parameter(torch.full((1,), 0.2))
         self.post_init()
 
     def get_input_embeddings(self) -> nn.Embedding:
@@ -213,30 +286,81 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         past_key_values: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
+        previous_input_ids: torch.LongTensor | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
+        """``previous_input_ids`` (B,): with smear (G5) and a non-empty cache, the token before each row's
+        ``input_ids`` (generate() passes it), whose embedding smear mixes into the first new position."""
+        c = self.config
+        if kwargs.get("cache") is not None:  # transformers >= 5.24 names the cache `cache` (generate() passes it so)
+            past_key_values = kwargs.pop("cache")
+        kwargs.pop("cache", None)
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
+        if c.value_embeddings and input_ids is None:
+            raise ValueError("value embeddings (nanochat G3 on) are looked up by token: pass input_ids, "
+                             "not inputs_embeds")
         if use_cache is None:  # a cache only helps decoding, not training
-            use_cache = self.config.use_cache and not self.training
+            use_cache = c.use_cache and not self.training
         x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
         if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=self.config)
-        # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
-        mask = create_causal_mask(config=self.config, inputs_embeds=x, attention_mask=attention_mask,
-                                  past_key_values=past_key_values, position_ids=position_ids)
-        if position_ids is None and attention_mask is not None and attention_mask.dim() == 2:
+            past_key_values = DynamicCache(config=c)
+        if isinstance(attention_mask, dict):  # one mask per layer type, already built (generate() with a static cache)
+            masks = attention_mask
+        else:
+            # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
+            # (the cache goes 4th by position: transformers 5.24 renamed that argument from past_key_values to cache)
+            mask_args = (c, x, attention_mask, past_key_values)
+            masks = {"full_attention": create_causal_mask(*mask_args, position_ids=position_ids)}
+            if "sliding_attention" in c.layer_types:  # G2: transformers' sliding-window mask (sliding_window keys)
+                masks["sliding_attention"] = create_sliding_window_causal_mask(*mask_args, position_ids=position_ids)
+        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             # left padding: each row counts positions from its first real token (as generate() does)
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
         elif position_ids is None:
-            past = past_key_values.get_seq_length() if past_key_values is not None else 0
             position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
-        cos_sin = rotary_cos_sin(self.config, position_ids.expand(x.shape[0], -1))
+        position_ids = position_ids.expand(x.shape[0], -1)
+        cos_sin = rotary_cos_sin(c, position_ids)
         x = rms_norm(x)  # norm right after the embedding
-        for block in self.h:
-            x = block(x, cos_sin, attention_mask=mask, past_key_values=past_key_values, **kwargs)
+        if c.smear:
+            x = self._smear(x, past, previous_input_ids, position_ids)
+        x0 = x  # G1: the normed (smeared) embedding, mixed back in before every block
+        x_backout = None
+        value_embeds = getattr(self, "value_embeds", {})
+        for i, block in enumerate(self.h):
+            if c.residual_lambdas:
+                x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
+            ve = value_embeds[str(i)](input_ids).to(x.dtype) if str(i) in value_embeds else None
+            x = block(x, cos_sin, attention_mask=masks[c.layer_types[i]], past_key_values=past_key_values, ve=ve,
+                      **kwargs)
+            if c.backout and i == c.n_layer // 2:
+                x_backout = x
+        if x_backout is not None:  # G5: the mid-depth residual is subtracted before the final norm
+            x = x - self.backout_lambda.to(x.dtype) * x_backout
         return BaseModelOutputWithPast(last_hidden_state=rms_norm(x),
-                                       past_key_values=past_key_values if use_cache else None)
+                                       **{CACHE: past_key_values if use_cache else None})
+
+    def _smear(self, x: torch.Tensor, past: int, previous_input_ids: torch.LongTensor | None,
+               position_ids: torch.LongTensor) -> torch.Tensor:
+        """G5: ``x[t] += smear_lambda * sigmoid(smear_gate(x[t, :24])) * x[t-1]`` on the normed embeddings (x[t-1]
+        before smearing). With a cache the token before ``x`` is ``previous_input_ids``. A sequence's first token
+        (position 0: the first position, the first real token after left padding, a packed document's start)
+        takes nothing."""
+        if past and previous_input_ids is None:
+            raise ValueError("smear (nanochat G5) mixes in the previous token's embedding: decoding with a "
+                             "non-empty cache needs previous_input_ids, the token before input_ids (generate() "
+                             "passes it)")
+        if past:
+            previous = rms_norm(self.wte(previous_input_ids.reshape(-1, 1)))
+            prev, cur = torch.cat([previous, x[:, :-1]], dim=1), x
+        else:
+            prev, cur = x[:, :-1], x[:, 1:]
+        gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(cur[..., :SMEAR_CHANNELS]))
+        continues = position_ids[:, x.shape[1] - cur.shape[1]:] > 0  # has a previous token in its sequence
+        gate = gate * continues[..., None].to(gate.dtype)
+        smeared = cur + gate * prev
+        return smeared if past else torch.cat([x[:, :1], smeared], dim=1)
 
 
 class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
@@ -245,7 +369,7 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
     def __init__(self, config: NanoChatGPTConfig):
         super().__init__(config)
         self.transformer = NanoChatGPTModel(config)
-        self.lm_head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.lm_head = nn.Linear(config.n_embd, config.padded_vocab_size, bias=False)
         self.lm_head.zero_init = True
         self.post_init()
 
@@ -256,11 +380,21 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         self.lm_head = value
 
     def num_flops_per_token(self) -> int:
-        """Training FLOPs per token (nanochat's estimate): 6 * non-embedding params + attention term."""
+        """Training FLOPs per token (nanochat's estimate): 6 * matmul params (all but the embeddings and the
+        per-layer scalars) + the attention term, each sliding layer counting its window instead of sequence_len."""
         c = self.config
-        n_params = sum(p.numel() for p in self.parameters())
-        attention = 12 * c.n_layer * c.n_head * c.head_dim * c.sequence_len
-        return 6 * (n_params - self.transformer.wte.weight.numel()) + attention
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        windows = [c.sequence_len if t == "full_attention" else min(c.sliding_window - 1, c.sequence_len)
+                   for t in c.layer_types]
+        return 6 * n_matmul + sum(12 * c.n_head * c.head_dim * w for w in windows)
+
+    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs) -> dict:
+        """transformers' inputs, plus for smear (G5) the token before the uncached ones (see the backbone)."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
+        new = inputs.get("input_ids")
+        if self.config.smear and new is not None and input_ids.shape[1] > new.shape[1]:
+            inputs["previous_input_ids"] = input_ids[:, -new.shape[1] - 1]
+        return inputs
 
     def _prepare_attention_mask_for_generation(self, inputs_tensor: torch.Tensor, generation_config,
                                                model_kwargs: dict) -> torch.LongTensor:
@@ -302,14 +436,17 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
                                past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
                                return_dict=True, **kwargs)  # an output object even if config.return_dict is False
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
-        logits = self.lm_head(out.last_hidden_state[:, keep]).float()
+        logits = self.lm_head(out.last_hidden_state[:, keep])
+        if self.config.padded_vocab_size != self.config.vocab_size:  # padding rows never become logits
+            logits = logits[..., :self.config.vocab_size]
+        logits = logits.float()
         cap = self.config.final_logit_softcapping
         logits = cap * torch.tanh(logits / cap)
 
         loss = None
         if labels is not None or shift_labels is not None:
             loss = self._loss(logits, labels, shift_labels, loss_reduction, num_items_in_batch)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, past_key_values=out.past_key_values,
+        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)},
                                       hidden_states=out.hidden_states, attentions=out.attentions)
 
     def _loss(self, logits: torch.Tensor, labels: torch.Tensor | None, shift_labels: torch.Tensor | None,
@@ -386,7 +523,7 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled, config=self.config)
-        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, past_key_values=out.past_key_values,
+        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, **{CACHE: getattr(out, CACHE)},
                                                 hidden_states=out.hidden_states, attentions=out.attentions)
 
 

@@ -14,10 +14,10 @@ GRAM_MIN_ASPECT = 1.5
 CPU_PER_MATRIX_MIN_WORK = 2**28
 
 
-def _orthogonalise(x: Tensor, steps: int) -> Tensor:
-    """The standard iteration on a stack (n, m, k) of wide (m <= k), Frobenius-normalised matrices."""
-    a, b, c = NS_COEFFS
-    for _ in range(steps):
+def _orthogonalise(x: Tensor, coeffs: list[tuple[float, float, float]]) -> Tensor:
+    """The standard iteration on a stack (n, m, k) of wide (m <= k), normalised matrices, one (a, b, c) per step:
+    X <- a X + (b A + c A^2) X with A = X X^T (Newton-Schulz repeats one triple, Polar Express changes it)."""
+    for a, b, c in coeffs:
         gram = torch.bmm(x, x.mT)
         poly = torch.baddbmm(gram, gram, gram, beta=b, alpha=c)  # b*A + c*A@A
         x = torch.baddbmm(x, poly, x, beta=a)  # a*X + B@X
@@ -48,7 +48,7 @@ def _newton_schulz_chunk(x: Tensor, steps: int, gram: bool) -> Tensor:
     x = x / (torch.linalg.vector_norm(x, dim=(-2, -1), keepdim=True) + NS_EPS)
     if gram and x.size(-1) >= GRAM_MIN_ASPECT * x.size(-2):
         return _orthogonalise_gram(x, steps)
-    return _orthogonalise(x, steps)
+    return _orthogonalise(x, [NS_COEFFS] * steps)
 
 
 def ns_batch_size(device: torch.device, shape: tuple[int, ...]) -> int:
@@ -146,3 +146,74 @@ def adamw_update(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, s
     p32.addcdiv_(exp_avg, denom, value=-lr / bc1)
     if p32.data_ptr() != p.data_ptr():
         p.copy_(p32)
+
+
+# ---- nanochat HEAD's Muon step (92d63d4, nanochat/optim.py muon_step_fused), recipe "2026-07" ------------------------
+# Polar Express coefficients, one triple per iteration (computed for 5 iterations, safety factor 2e-2, cushion 2;
+# Amsel et al. 2025, arXiv 2505.16932), as nanochat's optim.py lists them.
+POLAR_EXPRESS_COEFFS = (
+    (8.156554524902461, -22.48329292557795, 15.878769915207462),
+    (4.042929935166739, -2.808917465908714, 0.5000178451051316),
+    (3.8916678022926607, -2.772484153217685, 0.5060648178503393),
+    (3.285753657755655, -2.3681294933425376, 0.46449024233003106),
+    (2.3465413258596377, -1.7097828382687081, 0.42323551169305323),
+)
+
+
+def _f32(value: float) -> float:
+    """``value`` rounded to float32: nanochat passes hyperparameters as float32 0-D tensors, so ``1 - beta`` and
+    ``lr * wd`` are float32 arithmetic there (a difference or product of two float32 numbers is exact in float64,
+    so rounding it once gives float32's result)."""
+    return torch.tensor(value, dtype=torch.float32).item()
+
+
+def polar_express(x: Tensor, steps: int = 5) -> Tensor:
+    """Orthogonalise a stack (n, r, c) in x's dtype the way nanochat HEAD does: MuonEq row equilibration (every row
+    rescaled to the mean row norm), normalisation by 1.01 * ||X||_F + 1e-6, then ``steps`` Polar Express iterations
+    (the Newton-Schulz loop of the December recipe with per-iteration coefficients; tall matrices iterate on their
+    transpose, i.e. on X^T X as nanochat does)."""
+    xf = x.float()
+    target = xf.norm(dim=(-2, -1), keepdim=True) / (x.size(-2) ** 0.5)
+    row_norm = xf.norm(dim=-1, keepdim=True).clamp_min(1e-6)
+    x = x * (target / row_norm).to(x.dtype)
+    x = x / (x.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
+    tall = x.size(-2) > x.size(-1)
+    x = _orthogonalise(x.mT if tall else x, list(POLAR_EXPRESS_COEFFS[:steps]))
+    return x.mT if tall else x
+
+
+def normuon_update(params: list[Tensor], grads: Tensor, momentum_buffer: Tensor, second_momentum_buffer: Tensor, *,
+                   lr: float, momentum: float, beta2: float, weight_decay: float, ns_steps: int,
+                   dtype: torch.dtype) -> None:
+    """One step of nanochat HEAD's Muon for a stack of same-shaped matrices ``params`` (n of them).
+
+    ``grads`` (n, r, c) is consumed; ``momentum_buffer`` (n, r, c) and ``second_momentum_buffer`` (n, r, 1) for
+    r >= c, else (n, 1, c), are float32. Nesterov momentum; orthogonalisation in ``dtype`` (nanochat: bfloat16 when
+    its compute dtype is, else float32) by :func:`polar_express`; Muon+ rescale to Frobenius norm sqrt(min(r, c));
+    NorMuon variance reduction (second moment of the update along the larger dimension, overall norm kept);
+    cautious weight decay ``p -= lr*g + lr*wd*p*[g*p >= 0]`` with lr scaled by :func:`muon_lr_scale`.
+    """
+    if not params:
+        return
+    p = torch.stack(params)
+    grads = grads.float()
+    momentum_buffer.lerp_(grads, _f32(1 - _f32(momentum)))
+    g = grads.lerp_(momentum_buffer, _f32(momentum))
+    g = polar_express(g.to(dtype), ns_steps).to(p.dtype)
+    # Muon+: the norm of an exactly semi-orthogonal matrix, correcting the polar iteration's under-convergence
+    rows, cols = g.shape[-2:]
+    g = g * (min(rows, cols) ** 0.5 / g.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(g.dtype)
+    # NorMuon: per-row (r >= c) or per-column second moment, then the overall norm restored
+    red_dim = -1 if rows >= cols else -2
+    v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
+    size = g.size(red_dim)
+    v_norm = (v_mean.sum(dim=(-2, -1), keepdim=True) * size).sqrt()
+    second_momentum_buffer.lerp_(v_mean, _f32(1 - _f32(beta2)))
+    step_size = second_momentum_buffer.clamp_min(1e-10).rsqrt()
+    v_norm_new = ((v_mean * size) * step_size.square()).sum(dim=(-2, -1), keepdim=True).sqrt()
+    g = g * (step_size * (v_norm / v_norm_new.clamp_min(1e-10))).to(g.dtype)
+    # cautious weight decay: decay only where the update and the weight agree in sign
+    step = _f32(lr * muon_lr_scale(p.shape))
+    decay = _f32(step * _f32(weight_decay))  # exact in float64, so this is float32's product
+    p.sub_(step * g + decay * p * ((g * p) >= 0))
+    torch._foreach_copy_(params, list(p.unbind(0)))

@@ -260,6 +260,35 @@ class MuonAdamW(torch.optim.Optimizer):
             raise RuntimeError(f"sharded optimizer step: a parameter of shape {tuple(p.shape)} has no gradient")
         return p.grad.contiguous()
 
+    def _reduce_scatter_rows(self, p: Tensor) -> tuple[Tensor, Any]:
+        """Launch the reduce-scatter of p's gradient along dim 0 (zero-padded to k*W rows): (this rank's k rows, work)."""
+        grad = self._grad(p)
+        k, _, _ = self._rows(p)
+        if k * self.world_size != p.shape[0]:
+            padded = grad.new_zeros((k * self.world_size, *grad.shape[1:]))
+            padded[: p.shape[0]] = grad
+            grad = padded
+        out = grad.new_empty((k, *grad.shape[1:]))
+        return out, self._reduce_scatter(out, grad)
+
+    def _adamw_rows_step(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> tuple[Any, Callable[[], Any] | None]:
+        """AdamW on this rank's rows of p (``grad``: its averaged k rows), then launch the all-gather of p: returns
+        (work, what to run once it is done)."""
+        world, rank, pg = self.world_size, self.rank, self.process_group
+        k, start, end = self._rows(p)
+        st = self._adamw_state(p, end - start)
+        st["step"] += 1
+        if end > start:
+            adamw_update(p[start:end], grad[: end - start], st["exp_avg"], st["exp_avg_sq"], step=st["step"],
+                         lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+        if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
+            return _all_gather_single(p, p[start:end], group=pg, async_op=True), None
+        full = p.new_empty((k * world, *p.shape[1:]))
+        mine = full[rank * k:(rank + 1) * k]
+        mine[: end - start] = p[start:end]
+        work = _all_gather_single(full, mine, group=pg, async_op=True)
+        return work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])
+
     def _gather_adamw_state(self, p: Tensor) -> dict[str, Any]:
         k, start, end = self._rows(p)
         st = self.state[p]
@@ -320,14 +349,7 @@ class MuonAdamW(torch.optim.Optimizer):
         for group in self.param_groups:
             if group["kind"] == "adamw":
                 for p in group["params"]:
-                    grad = self._grad(p)
-                    k, _, _ = self._rows(p)
-                    if k * world != p.shape[0]:
-                        padded = grad.new_zeros((k * world, *grad.shape[1:]))
-                        padded[: p.shape[0]] = grad
-                        grad = padded
-                    out = grad.new_empty((k, *grad.shape[1:]))
-                    adamw_jobs.append((group, p, out, self._reduce_scatter(out, grad)))
+                    adamw_jobs.append((group, p, *self._reduce_scatter_rows(p)))
                 continue
             for bucket in _shape_buckets(group["params"]):
                 chunks = []
@@ -348,22 +370,7 @@ class MuonAdamW(torch.optim.Optimizer):
         # 2. AdamW on this rank's rows, then all-gather the parameter
         for group, p, out, work in adamw_jobs:
             work.wait()
-            grad = self._averaged(out)
-            k, start, end = self._rows(p)
-            st = self._adamw_state(p, end - start)
-            st["step"] += 1
-            if end > start:
-                adamw_update(p[start:end], grad[: end - start], st["exp_avg"], st["exp_avg_sq"], step=st["step"],
-                             lr=group["lr"], betas=group["betas"], eps=group["eps"],
-                             weight_decay=group["weight_decay"])
-            if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
-                gathers.append((_all_gather_single(p, p[start:end], group=pg, async_op=True), None))
-            else:
-                full = p.new_empty((k * world, *p.shape[1:]))
-                mine = full[rank * k:(rank + 1) * k]
-                mine[: end - start] = p[start:end]
-                work = _all_gather_single(full, mine, group=pg, async_op=True)
-                gathers.append((work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])))
+            gathers.append(self._adamw_rows_step(group, p, self._averaged(out)))
         # 3. Muon on the matrices this rank owns (one batched Newton-Schulz per bucket), then all-gather them
         for group, chunks in muon_jobs:
             owned, grads = [], []
@@ -406,13 +413,32 @@ def state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[
     return per_rank
 
 
+SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
+
+
+def _generation_group(key: str) -> str | None:
+    """The AdamW group of a parameter of nanochat's later model generations (G1-G5) that sits beside the blocks
+    (nanochat's name, or ours under ``transformer.``); None for the December model's parameters."""
+    key = key.removeprefix("transformer.")
+    if key.startswith("value_embeds."):
+        return "value_embeds"
+    if key in ("resid_lambdas", "x0_lambdas"):
+        return key
+    return "smear" if key in ("smear_gate.weight", "smear_lambda", "backout_lambda") else None
+
+
 def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
                     unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
                     muon_momentum: float = 0.95, ns_steps: int = 5, betas: tuple[float, float] = (0.8, 0.95),
                     eps: float = 1e-10, process_group: Any = None, sharded: bool | None = None,
-                    matrix_optimizer: str = "muon") -> MuonAdamW:
+                    matrix_optimizer: str = "muon", recipe: str = "2025-12") -> MuonAdamW:
     """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
     matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
+
+    A G1-G5 model's other parameters get AdamW groups with the December betas and weight decay, at the rates
+    nanochat's setup_optimizers gave them while it had this optimizer (a91743c): value embeddings as wte,
+    resid_lambdas 0.01 * SCALAR_LR, x0_lambdas SCALAR_LR; smear_gate, smear_lambda and backout_lambda (G5) 0.2 as
+    at a825e63. The value-embedding gates (``ve_gate``, in the blocks) are matrices: Muon.
 
     ``matrix_optimizer="adamw"`` (an ablation, not nanochat's recipe) puts the block matrices in an AdamW group
     instead ("adamw/matrix": same betas, eps and weight decay, rate ``matrix_lr`` as given, not width-scaled).
@@ -420,13 +446,22 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
     Every group's lr and initial_lr are its base rate times ``init_lr_frac``. Sharded automatically when
     torch.distributed is initialised with world size > 1 (then ``optimizer.reduces_gradients`` is True);
     ``sharded=False`` forces the single-process step (gradients must then be averaged by the caller, e.g. DDP).
+
+    ``recipe="2026-07"`` builds nanochat HEAD's optimizer instead (`head.build_head_optimizer` with these rates;
+    muon_momentum, ns_steps, betas, eps and matrix_optimizer are options of the December recipe only).
     """
+    if recipe != "2025-12":
+        from .head import build_recipe_optimizer  # head.py builds on this module
+
+        return build_recipe_optimizer(recipe, model, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
+                                      init_lr_frac, process_group=process_group, sharded=sharded)
     if matrix_optimizer not in ("muon", "adamw"):
         raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' or 'adamw'")
     config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
     n_embd = getattr(config, "n_embd", None) or config.hidden_size
     adamw_scale = (n_embd / 768) ** -0.5
     matrices, wte, head = [], [], []
+    later = {"value_embeds": [], "resid_lambdas": [], "x0_lambdas": [], "smear": []}  # G1-G5, in nanochat's order
     for name, p in model.named_parameters():  # each parameter once, into exactly one group (or an error)
         if not p.requires_grad:
             continue
@@ -439,18 +474,24 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
             wte.append(p)
         elif key == "lm_head.weight":
             head.append(p)
+        elif (group := _generation_group(key)) is not None:
+            later[group].append(p)
         else:
             raise ValueError(f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
-                             f"transformer.wte.weight or lm_head.weight")
+                             "transformer.wte.weight, lm_head.weight or a G1-G5 resid/x0 lambda, value embedding, "
+                             "smear or backout parameter")
     adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
     if matrix_optimizer == "muon":
         matrix_group = {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
                         "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps}
     else:
         matrix_group = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
+    later_lr = {"value_embeds": embedding_lr * adamw_scale, "resid_lambdas": 0.01 * SCALAR_LR,
+                "x0_lambdas": SCALAR_LR, "smear": 0.2}
     groups = [
         {**adamw, "params": head, "name": "adamw/lm_head", "lr": unembedding_lr * adamw_scale * init_lr_frac},
         {**adamw, "params": wte, "name": "adamw/wte", "lr": embedding_lr * adamw_scale * init_lr_frac},
+        *({**adamw, "params": ps, "name": f"adamw/{g}", "lr": later_lr[g] * init_lr_frac} for g, ps in later.items()),
         matrix_group,
     ]
     groups = [g for g in groups if g["params"]]

@@ -55,6 +55,11 @@ ERRORS: dict[str, str] = {
 }
 
 
+# apply_chat_template(..., tools=[...]): nanochat's format has no tool definitions, so they are refused, not dropped
+TOOLS_ERROR = ("nanochat's chat format has no tool definitions, so tools=[...] cannot be rendered: its one tool, the "
+               "calculator, is called with python parts of the assistant's content; leave tools out")
+
+
 def _error(key: str, **fields: Any) -> ValueError:
     return ValueError(ERRORS[key].format(**fields))
 

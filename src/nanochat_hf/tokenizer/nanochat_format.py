@@ -20,7 +20,14 @@ from transformers import PreTrainedTokenizerFast
 
 from ..atomic import write_bytes
 from .chat_format import SPECIAL_TOKENS
-from .tokenizer import build_tokenizer, bytes_to_token, to_mergeable_ranks, token_bytes
+from .tokenizer import (
+    TOKEN_BYTES_CONVENTIONS,
+    TOKEN_BYTES_KEY,
+    build_tokenizer,
+    bytes_to_token,
+    to_mergeable_ranks,
+    token_bytes,
+)
 
 
 class _EncodingState:
@@ -103,6 +110,9 @@ def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool
     """Convert nanochat's tokenizer directory (tokenizer.pkl + token_bytes.pt) to our fast tokenizer.
 
     Ids are identical to nanochat's tiktoken encoding. `trust_pickle=True` is required: tokenizer.pkl is a pickle.
+    token_bytes.pt may follow either of nanochat's byte-count conventions (raw bytes since its commit 2ce972a,
+    decoded strings before): the one it follows is kept on the tokenizer, so bits per byte uses the file's counts
+    and `save_nanochat_tokenizer` writes the same file back.
     """
     tokenizer_dir = Path(tokenizer_dir)
     pkl = tokenizer_dir / "tokenizer.pkl"
@@ -117,27 +127,41 @@ def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool
     tokenizer = tokenizer_from_tiktoken(state["mergeable_ranks"], state["special_tokens"], state["pat_str"])
     tb_path = tokenizer_dir / "token_bytes.pt"
     if not tb_path.is_file():
-        warnings.warn(f"{tb_path} not found: token byte lengths are computed from the vocab", stacklevel=2)
+        warnings.warn(f"{tb_path} not found: token byte lengths are computed from the vocab, as nanochat did "
+                      "before 2ce972a (decoded strings)", stacklevel=2)
         return tokenizer
     try:
-        expected = torch.load(tb_path, map_location="cpu", weights_only=True)
+        counts = torch.load(tb_path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure here means a corrupt or foreign file
         raise ValueError(f"{tb_path}: cannot be read as a tensor ({e})") from None
-    ours = token_bytes(tokenizer)
-    if not isinstance(expected, torch.Tensor) or expected.shape != ours.shape:
-        shape = tuple(expected.shape) if isinstance(expected, torch.Tensor) else type(expected).__name__
-        raise ValueError(f"{tb_path}: expected a tensor of shape ({len(ours)},) for the vocab, got {shape}")
-    if not torch.equal(expected.long(), ours):
-        bad = int((expected.long() != ours).nonzero()[0, 0])
-        raise ValueError(
-            f"{tb_path}: token {bad} has {int(expected[bad])} bytes, but its decoded string in tokenizer.pkl has "
-            f"{int(ours[bad])} UTF-8 bytes"
-        )
+    tokenizer.init_kwargs[TOKEN_BYTES_KEY] = token_bytes_file_convention(tokenizer, counts, tb_path)
     return tokenizer
 
 
+def token_bytes_file_convention(tokenizer: PreTrainedTokenizerFast, counts: object, path: str | os.PathLike) -> str:
+    """Which of nanochat's conventions a token_bytes.pt tensor follows: "raw" (its tok_train.py since 2ce972a) or
+    "decoded" (before). One-line ValueError naming the first token that follows neither."""
+    candidates = {c: token_bytes(tokenizer, c) for c in TOKEN_BYTES_CONVENTIONS}
+    n = len(tokenizer)
+    if not isinstance(counts, torch.Tensor) or counts.shape != (n,) or counts.is_floating_point():
+        shape = f"{counts.dtype} tensor of shape {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) \
+            else type(counts).__name__
+        raise ValueError(f"{path}: expected an integer tensor of shape ({n},) for the vocab, got {shape}")
+    counts = counts.long()
+    for convention, expected in candidates.items():
+        if torch.equal(counts, expected):
+            return convention
+    closest = min(candidates, key=lambda c: int((counts != candidates[c]).sum()))
+    bad = int((counts != candidates[closest]).nonzero()[0, 0])
+    raise ValueError(
+        f"{path}: token {bad} counts {int(counts[bad])} bytes, which follows neither of nanochat's conventions: "
+        f"its raw bytes are {int(candidates['raw'][bad])} (nanochat since 2ce972a), its decoded string has "
+        f"{int(candidates['decoded'][bad])} UTF-8 bytes (before)")
+
+
 def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: str | os.PathLike) -> Path:
-    """Write nanochat's tokenizer directory (tokenizer.pkl as a tiktoken.Encoding + token_bytes.pt).
+    """Write nanochat's tokenizer directory (tokenizer.pkl as a tiktoken.Encoding + token_bytes.pt, in the
+    tokenizer's byte-count convention: the one its own token_bytes.pt followed).
 
     Needs tiktoken. Files are written to temporaries then renamed into place.
     """

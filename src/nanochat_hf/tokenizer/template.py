@@ -5,7 +5,12 @@ The template first validates the whole conversation with the rules and in the or
 `chat_format.check_conversation`, raising the same error texts, then renders it.
 `{% generation %}` blocks cover exactly the tokens nanochat trains on (mask 1): the assistant's string content,
 its text parts, its python parts with their tool tokens, and `<|assistant_end|>`. Tool output is not trained on.
-A block is never empty (an empty block would make transformers mark the token before it).
+One block covers a whole trained run (everything from the assistant's start or a tool output to the next tool
+output or `<|assistant_end|>`), so it ends at a special token (the pre-tokenizer cannot cut a character there)
+and a character split over several byte-level tokens is marked whole, whichever way transformers maps a block to
+tokens (character overlap since 5.24, `char_to_token` of its first and last character before). A block is never
+empty (an empty block would make transformers mark the token before it). `tools=[...]` is refused in one line:
+nanochat's format has no tool definitions.
 User and system content is a string or a list of text parts (``[{"type": "text", "text": ...}]``, what pipelines
 and TRL send), joined as one string, as `normalize_messages` does.
 """
@@ -29,6 +34,7 @@ from .chat_format import (
     PYTHON_START,
     SYSTEM,
     TEXT,
+    TOOLS_ERROR,
     USER,
     USER_END,
     USER_START,
@@ -106,6 +112,10 @@ _VALIDATION = (
     "{%- endfor -%}"
 )
 
+# nanochat's chat format has no tool definitions (its one tool, the calculator, is called by python parts of the
+# assistant's content): a `tools` argument is refused rather than dropped
+_NO_TOOLS = ("{%- if tools -%}{{ raise_exception(" + _lit(TOOLS_ERROR) + ") }}{%- endif -%}")
+
 _RENDERING = (
     "{%- set system = text_of(messages[0]['content']) ~ '\\n\\n' if start == 1 else '' -%}"
     + BOS
@@ -117,20 +127,23 @@ _RENDERING = (
     + "{%- if message['content'] is string -%}"
     "{%- generation -%}{{ message['content'] }}" + ASSISTANT_END + "{%- endgeneration -%}"
     "{%- else -%}"
+    # one generation block per trained run (the parts between two tool outputs), written when the run ends
+    "{%- set run = namespace(text='') -%}"
     "{%- for part in message['content'] -%}"
-    f"{{%- if part['type'] == {_lit(TEXT)} -%}}"
-    "{%- if part['text'] -%}{%- generation -%}{{ part['text'] }}{%- endgeneration -%}{%- endif -%}"
-    f"{{%- elif part['type'] == {_lit(PYTHON)} -%}}"
-    "{%- generation -%}" + PYTHON_START + "{{ part['text'] }}" + PYTHON_END + "{%- endgeneration -%}"
-    f"{{%- elif part['type'] == {_lit(PYTHON_OUTPUT)} -%}}"
+    f"{{%- if part['type'] == {_lit(PYTHON_OUTPUT)} -%}}"
+    "{%- if run.text -%}{%- generation -%}{{ run.text }}{%- endgeneration -%}{%- endif -%}"
+    "{%- set run.text = '' -%}"
     + OUTPUT_START + "{{ part['text'] }}" + OUTPUT_END
-    + "{%- endif -%}"
+    + f"{{%- elif part['type'] == {_lit(PYTHON)} -%}}"
+    f"{{%- set run.text = run.text ~ {_lit(PYTHON_START)} ~ part['text'] ~ {_lit(PYTHON_END)} -%}}"
+    "{%- else -%}{%- set run.text = run.text ~ part['text'] -%}"
+    "{%- endif -%}"
     "{%- endfor -%}"
-    "{%- generation -%}" + ASSISTANT_END + "{%- endgeneration -%}"
+    "{%- generation -%}{{ run.text }}" + ASSISTANT_END + "{%- endgeneration -%}"
     "{%- endif -%}"
     "{%- endif -%}"
     "{%- endfor -%}"
     "{%- if add_generation_prompt -%}" + ASSISTANT_START + "{%- endif -%}"
 )
 
-CHAT_TEMPLATE = _KIND_MACRO + _TEXT_OF_MACRO + _VALIDATION + _RENDERING
+CHAT_TEMPLATE = _KIND_MACRO + _TEXT_OF_MACRO + _NO_TOOLS + _VALIDATION + _RENDERING

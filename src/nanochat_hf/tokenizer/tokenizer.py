@@ -139,13 +139,34 @@ def _special_ids(tokenizer: PreTrainedTokenizerFast) -> set[int]:
     return {i for i, tok in tokenizer.added_tokens_decoder.items() if tok.special}
 
 
-def token_bytes(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
-    """int64 tensor, one entry per token id: the UTF-8 length of the token decoded on its own, 0 for specials.
+# How a token's bytes are counted for bits per byte (docs/nanochat.md, section 2). nanochat's tok_train.py wrote
+# token_bytes.pt from each token decoded on its own until commit 2ce972a ("decoded": invalid UTF-8 such as a lone
+# byte 0x80-0xFF decodes to U+FFFD, 3 bytes), and from its raw bytes since ("raw": 1 byte). A tokenizer keeps the
+# convention of the token_bytes.pt it came with in its init kwargs (so tokenizer_config.json); without one it
+# counts "decoded", as nanochat's December system (G0) does.
+TOKEN_BYTES_KEY = "token_bytes_convention"
+TOKEN_BYTES_CONVENTIONS: tuple[str, ...] = ("decoded", "raw")
 
-    As nanochat counts them: a token whose bytes are not valid UTF-8 alone (e.g. the single bytes 0x80-0xFF, or
-    half of a multi-byte character) decodes with U+FFFD replacements, 3 bytes each. So the counts of a text's
-    tokens need not add up to the text's UTF-8 length; bits per byte uses these counts to equal nanochat's.
+
+def token_bytes_convention(tokenizer: PreTrainedTokenizerFast) -> str:
+    """The tokenizer's byte-count convention: "decoded" (nanochat before 2ce972a, our default) or "raw"."""
+    convention = tokenizer.init_kwargs.get(TOKEN_BYTES_KEY, "decoded")
+    if convention not in TOKEN_BYTES_CONVENTIONS:
+        raise ValueError(f"tokenizer's {TOKEN_BYTES_KEY} is {convention!r}, expected one of {TOKEN_BYTES_CONVENTIONS}")
+    return convention
+
+
+def token_bytes(tokenizer: PreTrainedTokenizerFast, convention: str | None = None) -> torch.Tensor:
+    """int64 tensor, one entry per token id: the token's byte count for bits per byte, 0 for specials.
+
+    `convention` (default: the tokenizer's own, `token_bytes_convention`): "raw" counts the token's bytes;
+    "decoded" the UTF-8 length of the token decoded on its own, as nanochat before 2ce972a: a token whose bytes
+    are not valid UTF-8 alone (a single byte 0x80-0xFF, half of a character) decodes with U+FFFD replacements,
+    3 bytes each, so the counts of a text's tokens need not add up to its UTF-8 length.
     """
+    convention = token_bytes_convention(tokenizer) if convention is None else convention
+    if convention not in TOKEN_BYTES_CONVENTIONS:
+        raise ValueError(f"token_bytes convention {convention!r}, expected one of {TOKEN_BYTES_CONVENTIONS}")
     special = _special_ids(tokenizer)
     added = tokenizer.added_tokens_decoder
     vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)
@@ -154,8 +175,8 @@ def token_bytes(tokenizer: PreTrainedTokenizerFast) -> torch.Tensor:
         if idx in special:
             continue
         # a non-special added token is plain text; the rest of the vocab is byte-level encoded
-        text = token if idx in added else token_to_bytes(token).decode("utf-8", errors="replace")
-        sizes[idx] = len(text.encode("utf-8"))
+        raw = token.encode("utf-8") if idx in added else token_to_bytes(token)
+        sizes[idx] = len(raw) if convention == "raw" else len(raw.decode("utf-8", errors="replace").encode("utf-8"))
     return sizes
 
 

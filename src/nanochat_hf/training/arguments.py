@@ -23,10 +23,13 @@ from pathlib import Path
 import torch
 import yaml
 from transformers import HfArgumentParser, TrainingArguments
+from transformers.hf_argparser import string_to_bool
 
 from nanochat_hf.evaluation.tasks import task_by_name
+from nanochat_hf.optim import RECIPES
 
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
+from .inherit import find_meta, inherit, inheritance_lines
 
 # The demo run's settings (also `configs/demo.yaml`, a link to this file): used when neither a config file nor a
 # --model_source other than "demo" is given. Flags still override them.
@@ -42,8 +45,10 @@ ALIASES = {
 # TrainingArguments fields this recipe does not read: setting one (to anything but its default) is an error.
 REFUSED = {
     "learning_rate": "use matrix_lr / embedding_lr / unembedding_lr (nanochat's per-group rates) and init_lr_frac",
-    "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last 20% of progress)",
-    "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last 20% of progress)",
+    "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
+                         "progress)",
+    "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
+                           "progress)",
     "warmup_steps": "nanochat's schedule has no LR warm-up (Muon's momentum warms up over 300 steps)",
     "optim": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
     "optim_args": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
@@ -64,6 +69,47 @@ REFUSED = {
 REMOVED = {
     "demo_n_embd": "the demo model's width is 64*demo_depth (nanochat's depth rule); set demo_depth instead",
 }
+
+
+# Our --help text for the TrainingArguments fields this recipe reads with a meaning of its own (the rest keep
+# transformers' text and meaning).
+HELP = {
+    "resume_from_checkpoint": "true: continue from the newest intact checkpoint-<step> in output_dir (a damaged newer "
+                              "one is skipped, saying why); or a checkpoint folder. Every file is checked first, the "
+                              "same number of processes is needed",
+    "torch_compile": "compile the training step with torch.compile (on CPU this needs a C++ compiler; the first steps "
+                     "take a minute or more longer); false: eager",
+    "save_total_limit": "keep at most this many checkpoint-<step> folders (the best one is kept)",
+    "load_best_model_at_end": "load the best checkpoint at the end (with --metric_for_best_model val_bpb)",
+    "metric_for_best_model": "val_bpb (lower is better) picks the best checkpoint",
+    "disable_tqdm": "no progress bar (the bar is drawn only when stdout and stderr are a terminal)",
+    "push_to_hub": "push the final model (and checkpoints, see hub_strategy) to hub_model_id",
+    "ddp_timeout": "seconds a process waits for the others at a collective before failing (every backend)",
+}
+
+
+class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
+    """One default per knob: the value a run gets (a config file's included). None is not shown (the help says what
+    it means), nor on an alias (its knob shows it) or where the help states the default itself."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        if action.default is None or "default" in text or text.startswith("alias of"):
+            return text
+        return super()._get_help_string(action)
+
+
+def _own_help(parser: HfArgumentParser) -> None:
+    """Refused fields hidden from --help (still parsed, to refuse them in one line), our texts, one default each."""
+    for action in parser._actions:  # a bool field defaulting to True has a second, --no_<name> action
+        if action.dest in REFUSED:
+            action.help = argparse.SUPPRESS
+    actions = {a.dest: a for a in parser._actions if a.help != argparse.SUPPRESS}
+    for name, text in HELP.items():
+        actions[name].help = text
+    for knob, hf in ALIASES.items():  # a knob left at None takes its alias' value
+        shown = actions[knob].default if actions[knob].default is not None else actions[hf].default
+        actions[knob].help = f"{actions[knob].help} (default: {shown})"
 
 
 def _refuse_removed(names, where: str) -> None:
@@ -91,6 +137,15 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     # --- data -----------------------------------------------------------------------------------------------
     train_mixture: str | None = field(default=None, metadata={"help": "mixture YAML (None: offline demo mixture)"})
     val_mixture: str | None = field(default=None, metadata={"help": "validation mixture YAML (None: train_mixture)"})
+    packing: str = field(default="stream", metadata={
+        "help": "stream: conversations concatenated into one token stream cut into rows (nanochat's December "
+                "mid-training); bestfit: BOS-aligned best-fit rows padded, never cropped (nanochat's SFT at HEAD)"})
+    completion_only_loss: bool = field(default=False, metadata={
+        "help": "train on the assistant's completions only (nanochat's SFT); false: on every token (December "
+                "mid-training)"})
+    inherit_from_base: bool = field(default=False, metadata={
+        "help": "take max_seq_len, device_batch_size, total_batch_size and the three LRs that are not given from "
+                "the base checkpoint's meta JSON, as nanochat's chat_sft.py does (the run prints which)"})
     # --- nanochat's knobs (names and defaults of nanochat's mid_train) ----------------------------------------
     dtype: str = field(default="auto", metadata={"help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, "
                                                  "float32; --bf16 true is the same as bfloat16"})
@@ -98,20 +153,41 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         "help": "dtype of the token embedding while training: auto (bfloat16 when training on CUDA with bf16 "
                 "autocast, as nanochat does; otherwise as loaded), bfloat16 (needs bf16 autocast), float32"})
     num_iterations: int | None = field(default=None, metadata={
-        "help": "optimizer steps; -1 = one epoch of the mixture (alias of max_steps; default -1)"})
-    max_seq_len: int = 2048
+        "help": "optimizer steps; -1 = one epoch of the mixture (alias: max_steps)"})
+    max_seq_len: int = field(default=2048, metadata={"help": "tokens per row of a micro-batch (packed conversations)"})
     device_batch_size: int | None = field(default=None, metadata={
-        "help": "rows per micro-batch per process (alias of per_device_train_batch_size; default 32)"})
+        "help": "rows per micro-batch per process (alias: per_device_train_batch_size)"})
     total_batch_size: int = field(default=524288, metadata={
         "help": "tokens per optimizer step, all ranks; gradient_accumulation_steps is derived from it"})
-    unembedding_lr: float = 0.004
-    embedding_lr: float = 0.2
-    matrix_lr: float = 0.02
-    init_lr_frac: float = 1.0
-    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay (embedding, lm_head)"})
+    unembedding_lr: float = field(default=0.004, metadata={"help": "AdamW learning rate of lm_head (scaled by "
+                                                             "(width/768)^-0.5, as nanochat)"})
+    embedding_lr: float = field(default=0.2, metadata={"help": "AdamW learning rate of the token embedding (scaled "
+                                                       "by (width/768)^-0.5, as nanochat)"})
+    matrix_lr: float = field(default=0.02, metadata={"help": "Muon learning rate of every transformer.h matrix"})
+    init_lr_frac: float = field(default=1.0, metadata={"help": "the learning rates start at this fraction of the "
+                                                       "above (nanochat's schedule then holds, then decays to 0)"})
+    warmdown_ratio: float = field(default=0.2, metadata={
+        "help": "the LR decays linearly to 0 over this last fraction of the run (December mid-training 0.2, "
+                "SFT at HEAD 0.5)"})
+    weight_decay: float = field(default=0.0, metadata={
+        "help": "AdamW weight decay (embedding, lm_head); with optimizer_recipe 2026-07 the Muon groups' (the AdamW "
+                "groups then have nanochat's fixed ones)"})
+    optimizer_recipe: str = field(default="2025-12", metadata={
+        "help": "2025-12: nanochat's December Muon + AdamW; 2026-07: nanochat HEAD's MuonAdamW (Polar Express, "
+                "NorMuon, cautious weight decay, per-group betas and weight decay)"})
+    nanochat_optimizer: str | None = field(default=None, metadata={
+        "help": "warm-start the optimizer from nanochat's optim_<step>_rank0.pt (G0-era or HEAD format; each process "
+                "reads the file of its rank): momentum buffers and moments; the LRs stay this run's"})
     eval_every: int | None = field(default=None, metadata={
-        "help": "evaluate val bpb every N steps, <=0: only at the end (alias of eval_steps; default 150)"})
-    eval_tokens: int = 20 * 524288
+        "help": "evaluate val bpb every N steps, <=0: only at the end (alias: eval_steps)"})
+    eval_tokens: int = field(default=20 * 524288, metadata={"help": "validation tokens read at each evaluation"})
+    chatcore_every: int = field(default=-1, metadata={
+        "help": "ChatCORE (nanochat's five chat-eval tasks) at the evaluation of every N-th step and at the last "
+                "step; -1: never (tasks whose data cannot be loaded are skipped, saying so)"})
+    chatcore_max_cat: int = field(default=-1, metadata={
+        "help": "ChatCORE: at most this many problems per categorical task (-1: all)"})
+    chatcore_max_sample: int = field(default=24, metadata={
+        "help": "ChatCORE: at most this many problems per generative task (-1: all)"})
     dry_run: bool = field(default=False, metadata={"help": "train and log but write no checkpoint or model"})
     # --- extras -------------------------------------------------------------------------------------------
     num_threads: int | None = field(
@@ -129,7 +205,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         "help": "at most this many problems per chat-eval task (default: all)"})
     sample_prompt: str = field(default="Spell the word: apple", metadata={"help": "prompt of the final sample chat"})
     # --- TrainingArguments fields whose defaults are the recipe's -----------------------------------------
-    output_dir: str | None = field(default="outputs/nanochat-hf-demo")
+    output_dir: str | None = field(default="outputs/nanochat-hf-demo", metadata={
+        "help": "where the model, report.md, model card and checkpoint-<step> folders are written"})
     # (transformers 5 dropped this TrainingArguments flag; same name and meaning as its 4.x one)
     overwrite_output_dir: bool = field(default=False, metadata={
         "help": "allow an output_dir that holds another run (its files are replaced as this run writes its own)"})
@@ -196,6 +273,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
                              f"device_batch_size ({self.device_batch_size}), as nanochat does")
 
     def _check_nanochat_knobs(self) -> None:
+        if self.optimizer_recipe not in RECIPES:
+            raise ValueError(f"optimizer_recipe={self.optimizer_recipe}: expected one of {', '.join(RECIPES)}")
         for name in ("device_batch_size", "max_seq_len", "total_batch_size", "eval_tokens"):
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
@@ -205,6 +284,13 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             raise ValueError(f"embedding_dtype={self.embedding_dtype!r}: expected one of auto, bfloat16, float32")
         if self.num_iterations == 0 or self.num_iterations < -1:
             raise ValueError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
+        if self.packing not in ("stream", "bestfit"):
+            raise ValueError(f"packing={self.packing!r}: expected stream or bestfit")
+        if self.chatcore_every > 0 and self.eval_every > 0 and self.chatcore_every % self.eval_every:
+            raise ValueError(f"chatcore_every={self.chatcore_every} must be a multiple of eval_every="
+                             f"{self.eval_every} (ChatCORE runs with the evaluations)")
+        if not 0 < self.warmdown_ratio <= 1:
+            raise ValueError(f"warmdown_ratio={self.warmdown_ratio}: expected a fraction in (0, 1]")
         if self.max_grad_norm < 0:
             raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
         for name in self.chat_eval_task_list:
@@ -281,6 +367,18 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
     return values
 
 
+def config_values(path: str | os.PathLike | None = None) -> dict:
+    """Each argument's value before any flag: a config file's (the demo config's when None) over the dataclass
+    defaults, an alias pair resolved. `scripts/preview_data.py` shows the batch arithmetic of a run from these."""
+    defaults = {f.name: f.default for f in dataclasses.fields(MidTrainingArguments)
+                if f.default is not dataclasses.MISSING}
+    values = {**defaults, **_config_defaults(Path(path) if path else DEMO_CONFIG, set(defaults))}
+    for knob, hf in ALIASES.items():
+        if values[knob] is None:
+            values[knob] = values[hf]
+    return values
+
+
 def _flags(argv: list[str]) -> set[str]:
     return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
 
@@ -301,16 +399,43 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     _refuse_removed(_flags(argv), "command line")
-    parser = HfArgumentParser(MidTrainingArguments)
+    parser = HfArgumentParser(MidTrainingArguments, formatter_class=_HelpFormatter, description=(
+        "Mid-train a nanochat model: mid_train.py [config.yaml] [--flag value ...]. The defaults shown are the ones "
+        "this command line gets: a config file's values, else the demo config's unless --model_source names a model."))
     known = {action.dest for action in parser._actions}
+    config: dict = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
-        path = Path(argv.pop(0))
-        parser.set_defaults(**_drop_overridden(_config_defaults(path, known), argv))
+        config = _drop_overridden(_config_defaults(Path(argv.pop(0)), known), argv)
     else:
         peek = argparse.ArgumentParser(add_help=False)
         peek.add_argument("--model_source", default=None)
         source = peek.parse_known_args(argv)[0].model_source
         if source in (None, "", "demo"):
-            parser.set_defaults(**_drop_overridden(_config_defaults(DEMO_CONFIG, known), argv))
+            config = _drop_overridden(_config_defaults(DEMO_CONFIG, known), argv)
+    parser.set_defaults(**config)
+    inherited, meta_path = _inherit_from_base(parser, set(config) | _flags(argv), argv)
+    _own_help(parser)
     (args,) = parser.parse_args_into_dataclasses(args=argv)
+    if inherited is not None and int(os.environ.get("RANK", "0")) == 0:
+        for line in inheritance_lines(args, inherited, meta_path):
+            print(f"mid_train: {line}", flush=True)
     return args
+
+
+def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str]
+                       ) -> tuple[dict | None, Path | None]:
+    """With inherit_from_base: the meta values of the inherited arguments that neither the config nor a flag
+    gives (`given`) become defaults. (None, None) without inherit_from_base."""
+    peek = argparse.ArgumentParser(add_help=False)
+    for name, kind in (("inherit_from_base", string_to_bool), ("model_source", str), ("model_tag", str),
+                       ("step", int), ("checkpoint_source", str)):
+        nargs = {"nargs": "?", "const": True} if kind is string_to_bool else {}  # a bare --inherit_from_base
+        peek.add_argument(f"--{name}", type=kind, default=parser.get_default(name), **nargs)
+    seen = peek.parse_known_args(argv)[0]
+    if not seen.inherit_from_base:
+        return None, None
+    given = given | {knob for knob, hf in ALIASES.items() if hf in given}
+    meta_path = find_meta(seen.model_source, seen.model_tag, seen.step, seen.checkpoint_source)
+    inherited = inherit(meta_path, given, seen.model_source)
+    parser.set_defaults(**inherited)
+    return inherited, meta_path

@@ -1,4 +1,4 @@
-"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics and its console lines."""
+"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics, console lines, step-end JIT checkpoints."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
+from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 
 from .schedule import muon_momentum
 
@@ -40,6 +41,32 @@ class MuonMomentumCallback(TrainerCallback):
             opt.set_muon_momentum(muon_momentum(state.global_step))
 
 
+class StepEndJITCheckpoint(JITCheckpointCallback):
+    """transformers' just-in-time checkpoint (`--enable_jit_checkpoint`: SIGTERM -> save -> stop), taken only at the
+    end of an optimizer step and through the normal save path: after `NanoChatLogger` has counted the step and the
+    step's log line is written, as every other checkpoint. (The stock callback saves from whichever hook sees the
+    request first: mid-step, or at the step's end before nanochat's logger and the log line, so a resumed run
+    logged other losses.) Takes over the stock callback's signal handler (`jit_manager`)."""
+
+    def __init__(self, jit_manager) -> None:
+        super().__init__()
+        self.jit_manager = jit_manager
+
+    def on_pre_optimizer_step(self, args, state, control, **kwargs):
+        return  # never mid-step
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        return
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested:
+            self.jit_manager.is_checkpoint_requested = False
+            control.should_save = True  # Trainer logs, then saves checkpoint-<step>, then stops
+            control.should_training_stop = True
+
+    on_epoch_end = on_step_end
+
+
 class NanoChatLogger(TrainerCallback):
     """nanochat's per-step metrics, updated every optimizer step (whatever logging_steps is).
 
@@ -48,7 +75,9 @@ class NanoChatLogger(TrainerCallback):
       nanochat's mid-training does. A non-finite value raises `NonFiniteLossError` on every rank.
     - lrm: the multiplier the optimizer's LR was set to for this step (read from the optimizer right after it
       stepped, i.e. what the scheduler applied), progress: of the run after this step.
-    - dt, tok/s, MFU, total time (the first 10 steps are not counted).
+    - dt, tok/s, MFU, total time (the first 10 steps are not counted; while they run, the time they took so far
+      is shown as `warm-up`), and an ETA of the training steps left (nanochat's later releases print one): the mean
+      step time of this process's steps after its first (compilation, warm-up) times the steps left.
     `enrich(logs)` adds them to a training log before it reaches any reporter. The EMA and the total time are
     saved in checkpoints (`state_dict`) so a resumed run logs the same numbers.
     """
@@ -65,6 +94,8 @@ class NanoChatLogger(TrainerCallback):
         self.lrm = float("nan")
         self.last_loss: torch.Tensor | None = None
         self._t0 = 0.0
+        self._step_times: list[float] = []  # this process's steps (for the warm-up time and the ETA)
+        self.max_steps = 0
 
     def state_dict(self) -> dict:
         return {"ema": self.ema, "total_time": self.total_time}
@@ -91,6 +122,8 @@ class NanoChatLogger(TrainerCallback):
     def on_step_end(self, args, state, control, **kwargs):
         self._sync()
         self.dt = time.perf_counter() - self._t0
+        self._step_times.append(self.dt)
+        self.max_steps = state.max_steps
         if state.global_step > 10:  # nanochat leaves the first 10 steps (warm-up, compilation) out
             self.total_time += self.dt
         loss = self.last_loss.detach().float().clone()
@@ -116,6 +149,11 @@ class NanoChatLogger(TrainerCallback):
         if self.peak:
             logs["mfu"] = 100.0 * self.flops_per_token * tok_per_sec / self.peak
         logs["total_time_min"] = self.total_time / 60
+        if step <= 10:
+            logs["warmup_time_min"] = sum(self._step_times) / 60
+        later = self._step_times[1:]
+        if later and self.max_steps:
+            logs["eta_min"] = sum(later) / len(later) * (self.max_steps - step) / 60
 
 
 def format_log(logs: dict, state) -> str | None:
@@ -125,7 +163,10 @@ def format_log(logs: dict, state) -> str | None:
         return (
             f"step {state.global_step:05d}/{state.max_steps:05d} ({logs['progress']:.2f}%) | "
             f"loss: {logs['loss']:.6f} | lrm: {logs['lrm']:.2f} | dt: {logs['dt_ms']:.2f}ms | "
-            f"tok/sec: {logs['tok_per_sec']:,.0f} | mfu: {mfu} | total time: {logs['total_time_min']:.2f}m"
+            f"tok/sec: {logs['tok_per_sec']:,.0f} | mfu: {mfu} | "
+            + (f"warm-up: {logs['warmup_time_min']:.2f}m" if "warmup_time_min" in logs else
+               f"total time: {logs['total_time_min']:.2f}m")
+            + (f" | eta: {logs['eta_min']:.1f}m" if "eta_min" in logs else "")
         )
     if "eval_val_bpb" in logs:
         return (f"step {state.global_step:05d} | validation bpb: {logs['eval_val_bpb']:.4f} "

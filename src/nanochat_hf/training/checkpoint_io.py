@@ -1,10 +1,15 @@
-"""Checkpoint pieces in safetensors + JSON (no pickles): optimizer shards, RNG states, small JSON files."""
+"""Checkpoint pieces in safetensors + JSON (no pickles): optimizer shards, RNG states, small JSON files; a full disk
+during a save as one line."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import random
+import shutil
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -111,3 +116,60 @@ def load_rng_state(directory: str | Path, rank: int) -> bool:
     kind, keys, *rest = other["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
     return True
+
+
+# ---- a full disk ----------------------------------------------------------------------------------------------------
+
+_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+         errno.EFBIG: "a file would exceed the file-size limit (ulimit -f)"}
+
+
+class DiskFullError(OSError):
+    """A save ran out of space (or hit the file-size limit); str() is one line naming the folder and the space needed."""
+
+    def __init__(self, code: int, message: str):
+        super().__init__(message)
+        self.errno = code  # an outer save (the checkpoint around the model) recognises it and says its own line
+
+
+def _full_errno(error: BaseException) -> int | None:
+    if isinstance(error, OSError) and error.errno in _FULL:
+        return error.errno
+    text = str(error)  # safetensors' SafetensorError: "Error while serializing: I/O error: ... (os error 28)"
+    return next((code for code in _FULL if f"os error {code})" in text or f"code: {code}," in text), None)
+
+
+def tensor_bytes(*tensor_dicts: dict) -> int:
+    """Bytes of the tensors in (nested) state dicts: what a save of them needs on disk, roughly."""
+    def walk(obj: Any) -> int:
+        if torch.is_tensor(obj):
+            return obj.numel() * obj.element_size()
+        if isinstance(obj, dict):
+            return sum(walk(v) for v in obj.values())
+        if isinstance(obj, (list, tuple)):
+            return sum(walk(v) for v in obj)
+        return 0
+    return sum(walk(d) for d in tensor_dicts)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:.1f} MB"
+
+
+@contextmanager
+def disk_full_as_one_line(what: str, folder: str | Path, needed_bytes: int, undo: Callable[[], None]) -> Iterator[None]:
+    """Run a save; if it fails for lack of space (ENOSPC, EDQUOT, or EFBIG from a file-size limit, also as
+    safetensors' own error), call `undo` (remove what was staged) and raise DiskFullError with one line."""
+    try:
+        yield
+    except Exception as e:
+        code = _full_errno(e)
+        if code is None:
+            raise
+        undo()
+        folder = Path(folder)
+        existing = next(p for p in (folder, *folder.parents) if p.exists())
+        free = shutil.disk_usage(existing).free
+        raise DiskFullError(code, f"{what} could not be saved in {folder}: {_FULL[code]}; it needs about "
+                                  f"{_mb(needed_bytes)} free there ({_mb(free)} free now); what was staged is removed, "
+                                  "earlier saves are intact") from None

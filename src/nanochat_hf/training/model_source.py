@@ -8,7 +8,7 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from ..conversion import find_nanochat_checkpoint, load_from_nanochat
+from ..conversion import find_nanochat_checkpoint, load_from_nanochat, nanochat_tokenizer_dir
 from ..conversion.files import check_positive_ints, read_json
 from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
@@ -25,13 +25,13 @@ def _is_nanochat_dir(path: Path) -> bool:
 
 def _load_nanochat(path: Path, args: MidTrainingArguments):
     if any(path.glob("model_*.pt")):  # a model tag directory
-        checkpoint_dir, base = path, path.parent.parent
+        checkpoint_dir = path
     else:
         base = path if any(path.glob("*_checkpoints")) else path.parent
         checkpoint_dir, args.step = find_nanochat_checkpoint(
             base, source=args.checkpoint_source, model_tag=args.model_tag, step=args.step
         )
-    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else base / "tokenizer"
+    tokenizer_dir = Path(args.tokenizer_dir) if args.tokenizer_dir else nanochat_tokenizer_dir(checkpoint_dir)
     if not (tokenizer_dir / "tokenizer.pkl").is_file():
         raise FileNotFoundError(
             f"no nanochat tokenizer at {tokenizer_dir / 'tokenizer.pkl'} (pass --tokenizer_dir DIR)"
@@ -39,8 +39,12 @@ def _load_nanochat(path: Path, args: MidTrainingArguments):
     return load_from_nanochat(checkpoint_dir, tokenizer_dir, step=args.step, trust_pickle=args.trust_pickle)
 
 
-def _load_hf_dir(path: Path):
-    """from_pretrained of a local directory, with one-line errors naming the damaged file or field."""
+def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
+    """(model, tokenizer) by from_pretrained of a local directory, with one-line errors naming the damaged or missing
+    file or field, found before the weights are read (mid_train's --model_source, chat_eval.py's --model)."""
+    if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise FileNotFoundError(f"{path}: no tokenizer in the model folder (tokenizer.json expected; save it with "
+                                "tokenizer.save_pretrained next to the model)")
     config_path = path / "config.json"
     raw = read_json(config_path)
     if not isinstance(raw.get("model_type"), str):
@@ -55,13 +59,13 @@ def _load_hf_dir(path: Path):
         except (SafetensorError, OSError) as e:
             raise ValueError(f"{weights}: not a readable safetensors file ({_first_line(e)})") from None
     try:
-        model = AutoModelForCausalLM.from_pretrained(path)
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError, TypeError, KeyError, SafetensorError) as e:
-        raise ValueError(f"model_source {path}: the model cannot be loaded ({_first_line(e)})") from None
+        raise ValueError(f"{path}: the model cannot be loaded ({_first_line(e)})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
-        raise ValueError(f"model_source {path}: the tokenizer cannot be loaded ({_first_line(e)})") from None
+        raise ValueError(f"{path}: the tokenizer cannot be loaded ({_first_line(e)})") from None
     return model, tokenizer
 
 
@@ -89,9 +93,7 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
     else:
         path = Path(source).expanduser()
         if path.is_dir() and (path / "config.json").is_file():
-            if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-                raise FileNotFoundError(f"model_source {path}: no tokenizer in the directory (tokenizer.json expected)")
-            model, tokenizer = _load_hf_dir(path)
+            model, tokenizer = load_hf_dir(path)
         elif path.is_dir() and _is_nanochat_dir(path):
             model, tokenizer = _load_nanochat(path, args)
         elif path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:

@@ -2,13 +2,19 @@
 
 A run must not find out after hours of training that it cannot write its model, and must not silently replace
 another run's model, report or checkpoints. Nothing here deletes anything the user had.
+
+A run holds its output_dir for as long as it runs: an flock on `LOCK_FILE` in it, which the kernel drops when the
+process ends, however it ends; a second run on the same folder is refused. When the run ends (or is refused),
+`release_output_dir` removes the lock file, and the folder itself if this run created it and wrote nothing.
 """
 
 from __future__ import annotations
 
+import atexit
+import fcntl
 import os
 import shutil
-import tempfile
+import socket
 from pathlib import Path
 
 from nanochat_hf.training.checkpoint_check import CHECKPOINT_RE
@@ -16,6 +22,8 @@ from nanochat_hf.training.checkpoint_check import CHECKPOINT_RE
 # Files whose presence means output_dir already holds a (finished or partial) run.
 RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "report.md")
 FINAL_STAGING = ".tmp-save"
+LOCK_FILE = "_mid_train.lock"  # "_*": never pushed to the hub by Trainer.push_to_hub
+_held: dict[Path, tuple[int, list[Path]]] = {}  # output_dir -> (lock fd, folders this run created, deepest first)
 
 
 class OutputDirError(ValueError):
@@ -37,36 +45,91 @@ def prepare_output_dir(output_dir: str | Path, overwrite_output_dir: bool, resum
     then checks the run fingerprint) or with `overwrite_output_dir` (files are replaced as the new run writes them,
     nothing is deleted up front). Raises OutputDirError with one line otherwise.
     """
-    path = Path(output_dir)
+    path = Path(output_dir).absolute()
     if path.exists() and not path.is_dir():
-        raise OutputDirError(f"output_dir {path} is a file; expected a directory (or a path that does not exist yet)")
+        raise OutputDirError(f"output_dir {output_dir} is a file; expected a directory (or a path that does not exist "
+                             "yet)")
+    if path not in _held:
+        _hold(path, output_dir)
+    try:
+        found = _existing_run(path)
+        if not found:
+            return []
+        if resuming:
+            return [f"output_dir {output_dir} holds an earlier run ({', '.join(found)}): resuming it"]
+        if overwrite_output_dir:
+            return [(f"--overwrite_output_dir: {output_dir} holds an earlier run ({', '.join(found)}); this run "
+                     "replaces those files as it writes its own (nothing is deleted now; old checkpoint-* folders "
+                     "with other step numbers stay)")]
+        # resuming needs a complete checkpoint (trainer_state.json is written last): advise it only when there is one
+        resumable = any((p / "trainer_state.json").is_file() for p in path.iterdir() if CHECKPOINT_RE.match(p.name))
+        resume = "--resume_from_checkpoint true to continue it, " if resumable else ""
+        raise OutputDirError(
+            f"output_dir {output_dir} already holds a run ({', '.join(found)}): pass --overwrite_output_dir true to "
+            f"replace it, {resume}or choose another --output_dir"
+        )
+    except OutputDirError:
+        release_output_dir(output_dir)
+        raise
+
+
+def _hold(path: Path, shown: str | Path) -> None:
+    """Create `path` (remembering which folders were new) and take its lock; OutputDirError if another run has it."""
+    created = [p for p in (path, *path.parents) if not p.exists()]
     try:
         path.mkdir(parents=True, exist_ok=True)
     except OSError as e:
-        raise OutputDirError(f"output_dir {path} cannot be created: {e.strerror} ({e.filename})") from None
-    try:  # the only reliable test: os.access ignores ACLs, read-only mounts and root squash
-        fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=path)
+        raise OutputDirError(f"output_dir {shown} cannot be created: {e.strerror} ({e.filename})") from None
+    while True:
+        try:  # creating the lock file also proves the folder writable (os.access ignores ACLs, read-only mounts)
+            fd = os.open(path / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            _remove_empty(created)
+            raise OutputDirError(
+                f"output_dir {shown} is not writable ({e.strerror}); the trained model could not be saved there: "
+                "fix its permissions or choose another --output_dir"
+            ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "a running process"
+            os.close(fd)
+            raise OutputDirError(f"output_dir {shown} is in use by another run ({holder}): wait for it to end or "
+                                 "choose another --output_dir") from None
+        try:
+            if os.stat(path / LOCK_FILE).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the run that held it removed the file as we opened it: lock the one there now
+    os.ftruncate(fd, 0)
+    os.write(fd, f"pid {os.getpid()} on {socket.gethostname()}".encode())
+    if not _held:
+        atexit.register(release_output_dir)
+    _held[path] = (fd, created)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    for folder in folders:  # deepest first; stops at the first that is not empty
+        try:
+            folder.rmdir()
+        except OSError:
+            return
+
+
+def release_output_dir(output_dir: str | Path | None = None) -> None:
+    """End this run's hold on output_dir (all it holds when None): the lock file goes, and the folders the run
+    created, if it wrote nothing into them (a refused run leaves no empty output_dir behind)."""
+    for path in [Path(output_dir).absolute()] if output_dir is not None else list(_held):
+        if path not in _held:
+            continue
+        fd, created = _held.pop(path)
+        try:
+            os.unlink(path / LOCK_FILE)
+        except OSError:
+            pass
         os.close(fd)
-        os.unlink(probe)
-    except OSError as e:
-        raise OutputDirError(
-            f"output_dir {path} is not writable ({e.strerror}); the trained model could not be saved there: "
-            "fix its permissions or choose another --output_dir"
-        ) from None
-    found = _existing_run(path)
-    if not found:
-        return []
-    if resuming:
-        return [f"output_dir {path} holds an earlier run ({', '.join(found)}): resuming it"]
-    if overwrite_output_dir:
-        return [
-            f"--overwrite_output_dir: {path} holds an earlier run ({', '.join(found)}); this run replaces those files "
-            "as it writes its own (nothing is deleted now; old checkpoint-* folders with other step numbers stay)"
-        ]
-    raise OutputDirError(
-        f"output_dir {path} already holds a run ({', '.join(found)}): pass --overwrite_output_dir to replace it, "
-        "--resume_from_checkpoint true to continue it, or choose another --output_dir"
-    )
+        _remove_empty(created)
 
 
 def final_save_staging_dir(output_dir: str | Path) -> Path:

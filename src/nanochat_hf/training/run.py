@@ -8,26 +8,40 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
+import signal
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
+import datasets
 import torch
 import torch.distributed as dist
+import transformers
 
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
+from ..data.bestfit import rows_cut_message
 from ..data.synthetic import simple_spelling
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
-from .checkpoint_check import check_fingerprint, load_fingerprint, resolve_resume_checkpoint, run_fingerprint
-from .checkpoint_io import read_json
+from .checkpoint_check import (
+    CHECKPOINT_RE,
+    check_fingerprint,
+    data_format,
+    load_fingerprint,
+    model_config_fields,
+    resolve_resume_checkpoint,
+    run_fingerprint,
+)
+from .checkpoint_io import DiskFullError, read_json
 from .evaluation import exact_match_accuracy
 from .model_source import load_model_and_tokenizer
-from .output_dir import prepare_output_dir
+from .output_dir import FINAL_STAGING, prepare_output_dir, release_output_dir
 from .report import write_report
 from .trainer import MidTrainer
 
@@ -73,6 +87,7 @@ def prepare_output(args: MidTrainingArguments) -> None:
     """Before the model is built: output_dir checked (rank 0; writable, not another run's), and the checkpoint to
     resume from verified on every rank; `args.resume_from_checkpoint` becomes its path, or None."""
     if not args.dry_run:
+        RUN["created_output_dir"] = not os.path.exists(args.output_dir)
         _say(on_main_process(args, lambda: prepare_output_dir(
             args.output_dir, args.overwrite_output_dir, resuming=bool(args.resume_from_checkpoint))))
     path, messages = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint, args.world_size)
@@ -83,10 +98,14 @@ def prepare_output(args: MidTrainingArguments) -> None:
         args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
 
 
-def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_fingerprint: str | None) -> dict:
-    """This run's fingerprint (data stream + optimizer setup), compared with the checkpoint's when resuming:
-    ValueError naming a changed field; a changed LR is applied (by `MidTrainer`) and said."""
-    fingerprint = run_fingerprint(args, train_fingerprint, val_fingerprint, args.world_size)
+def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_fingerprint: str | None,
+                 model_config=None, tokenizer=None) -> dict:
+    """This run's fingerprint (data stream, optimizer setup, model config, data format, code version), compared with
+    the checkpoint's when resuming: ValueError naming a changed field; a changed LR is applied (by `MidTrainer`)
+    and said."""
+    fingerprint = run_fingerprint(args, train_fingerprint, val_fingerprint, args.world_size,
+                                  model_config_fields(model_config) if model_config is not None else None,
+                                  data_format(tokenizer) if tokenizer is not None else None)
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint
         step = read_json(os.path.join(path, "trainer_state.json"))["global_step"]
@@ -98,6 +117,7 @@ def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_
 def setup(argv: list[str] | None = None):
     """Everything that can fail on bad configuration, before any training: args, model, tokenizer, data."""
     args = parse_args(argv)
+    RUN["args"] = args
     if args.train_mixture and not args.val_mixture:
         raise ValueError(f"train_mixture={args.train_mixture} needs a val_mixture too (may be the same file when it "
                          "has a `val:` split)")
@@ -108,11 +128,16 @@ def setup(argv: list[str] | None = None):
     model, tokenizer = load_model_and_tokenizer(args)
     train = load_mixture(args.train_mixture, split="train")
     val = load_mixture(args.val_mixture, split="val")
-    fingerprint = check_resume(args, train._fingerprint, val._fingerprint)
-    # mid-training trains on every token (nanochat ignores the assistant mask here)
+    fingerprint = check_resume(args, train._fingerprint, val._fingerprint, model.config, tokenizer)
+    # December mid-training trains on every token (nanochat ignores the assistant mask there); SFT at HEAD on the
+    # assistant's completions only. Both render with nanochat's cut at 2048 tokens.
     with args.main_process_first(desc="tokenizing"):
-        train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048, assistant_only=False)
-        val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=False)
+        train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048,
+                                              assistant_only=args.completion_only_loss)
+        val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=args.completion_only_loss)
+    if args.packing == "bestfit":
+        _say([f"{name}: {line}" for name, tokens in (("train", train_tokens), ("val", val_tokens))
+              if (line := rows_cut_message(tokens, args.max_seq_len))])
     return args, model, tokenizer, train_tokens, val_tokens, fingerprint
 
 
@@ -149,6 +174,10 @@ def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, va
 
 def train(trainer) -> float:
     """Train (resuming if asked), evaluate at the last step if the schedule did not; returns seconds."""
+    RUN["trainer"] = trainer
+    if trainer.args.torch_compile:
+        _say([("compiling the training step (torch.compile): the first step takes a minute or more on CPU, then "
+               "the steps run faster (--torch_compile false: eager)")])
     t0 = time.time()
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)  # a verified path or None
     seconds = time.time() - t0
@@ -172,6 +201,7 @@ def post_training_eval(trainer, metrics: dict) -> str | None:
     model.eval()
     with torch.no_grad():  # Accelerate's autocast is part of the prepared model's forward
         if args.spelling_eval_rows > 0:
+            _say([f"SimpleSpelling exact match on {args.spelling_eval_rows} held-out rows (generation)"])
             metrics["spelling_exact_match"] = exact_match_accuracy(
                 model, tokenizer, spelling_conversations(args.spelling_eval_rows, demo=args.val_mixture is None))
         conv = {"messages": [{"role": "user", "content": args.sample_prompt}]}
@@ -190,7 +220,7 @@ def chat_eval(trainer) -> None:
                 trainer.chat_eval_scores += run_chat_eval(model, trainer.processing_class, [task],
                                                           args.chat_eval_max_problems, seed=args.seed)
         except (ValueError, OSError, ConnectionError) as e:  # e.g. a hub task while offline
-            _say([f"chat eval {task} skipped: {' '.join(str(e).split())}"])
+            _say([f"chat eval {task} skipped: {' '.join(str(e).split()).removeprefix(f'{task}: ')}"])
     if trainer.chat_eval_scores and _is_main():
         print(f"chat evaluation:\n{results_table(trainer.chat_eval_scores)}", flush=True)
 
@@ -207,8 +237,10 @@ def finish(trainer, train_time: float) -> dict:
     }
     sample = post_training_eval(trainer, metrics) if trainer.is_world_process_zero() else None
     if not args.dry_run:
+        _say([f"writing the model to {args.output_dir}"])
         trainer.save_model()  # final model + tokenizer (rank 0), atomic per file
         trainer.save_state()  # trainer_state.json: the whole log history
+        RUN["model_saved"] = True
     chat_eval(trainer)
     if not args.dry_run:
         if trainer.is_world_process_zero():
@@ -228,18 +260,77 @@ def finish(trainer, train_time: float) -> dict:
     return metrics
 
 
+# What an interruption (Ctrl-C) leaves behind depends on how far the run got: filled in as it goes.
+RUN: dict[str, Any] = {}
+
+
+def quiet_libraries(main_process: bool) -> None:
+    """Keep our lines and one bar: transformers' per-save "Writing model shards" bar (one shard, at every save) is
+    dropped, other processes show no library bars (they would duplicate rank 0's), and transformers' notice that
+    torch.compile's speed-ups need an Ampere GPU is not printed on CPU runs, which compile on purpose."""
+    def hook(factory, args, kwargs):
+        if not main_process or kwargs.get("desc") == "Writing model shards":
+            kwargs = {**kwargs, "disable": True}
+        return factory(*args, **kwargs)
+
+    transformers.utils.logging.set_tqdm_hook(hook)
+    if not main_process:
+        datasets.disable_progress_bars()
+    logging.getLogger("transformers.training_args").addFilter(
+        lambda record: "speedups for torchdynamo" not in record.getMessage())
+
+
+def interrupted() -> None:
+    """Ctrl-C: one line saying what is left, and nothing half-made: the newest intact checkpoint to resume from, the
+    saved model, or no output_dir at all when this run created it and wrote no checkpoint."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the clean-up halfway
+    args, trainer = RUN.get("args"), RUN.get("trainer")
+    step = f" at step {trainer.state.global_step}" if trainer is not None else " before training started"
+    if args is None or args.dry_run or not _is_main():
+        sys.exit(130)
+    out = Path(args.output_dir)
+    shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # a final save cut short
+    if RUN.get("model_saved"):
+        what = f"the model is saved in {out}; report.md and the model card were not written"
+    elif not out.is_dir():
+        what = "nothing was written"
+    else:
+        try:
+            path, _ = resolve_resume_checkpoint(out, True, int(os.environ.get("WORLD_SIZE", "1")))
+            what = f"{path} can be resumed with --resume_from_checkpoint true"
+        except ValueError:  # no intact checkpoint
+            if RUN.get("created_output_dir"):
+                shutil.rmtree(out, ignore_errors=True)
+                what = f"no checkpoint had been written (--save_steps N writes them): removed {out}"
+            else:
+                partial = [p for p in out.iterdir() if CHECKPOINT_RE.match(p.name) and p.is_dir()
+                           and p.stat().st_mtime >= RUN["started"]]
+                for p in partial:  # this run's incomplete checkpoint folders
+                    shutil.rmtree(p, ignore_errors=True)
+                what = f"no checkpoint of this run to resume; {out} is as it was"
+    print(f"mid_train: interrupted{step}: {what}", file=sys.stderr, flush=True)
+    sys.exit(130)
+
+
 def main(argv: list[str] | None = None) -> dict:
     """Parse, set up, train, evaluate, save, report, push."""
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
+    quiet_libraries(_is_main())
+    RUN.clear()
+    RUN["started"] = time.time()
     try:
-        trainer = build_trainer(*setup(argv))
-    except (ValueError, FileNotFoundError) as e:
-        _fail(str(e))
-    try:
-        train_time = train(trainer)
-    except NonFiniteLossError as e:
-        _fail(str(e), code=1)
-    return finish(trainer, train_time)
+        try:
+            trainer = build_trainer(*setup(argv))
+        except (ValueError, FileNotFoundError) as e:
+            _fail(str(e))
+        try:
+            return finish(trainer, train(trainer))
+        except (NonFiniteLossError, DiskFullError) as e:  # DiskFullError: a checkpoint or the final save
+            _fail(str(e), code=1)
+    except KeyboardInterrupt:
+        interrupted()
+    finally:  # output_dir is free again (a refused run leaves no empty folder it made)
+        release_output_dir()
 
 
 if __name__ == "__main__":

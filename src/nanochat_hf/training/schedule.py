@@ -8,9 +8,18 @@ import torch
 from torch.optim.lr_scheduler import LambdaLR
 
 
-def lr_multiplier(progress: float) -> float:
-    """1 until progress 0.8, then linear to 0 at progress 1.0."""
-    return 1.0 if progress < 0.8 else 1.0 - (progress - 0.8) / 0.2
+def lr_multiplier(progress: float, warmdown_ratio: float = 0.2, final_lr_frac: float = 0.0) -> float:
+    """1 until progress 1 - warmdown_ratio, then linear to final_lr_frac at progress 1.0 (and on past it).
+
+    nanochat's mid-training (December): warmdown 0.2 to 0; its SFT at HEAD (`get_lr_multiplier` of chat_sft.py,
+    no warm-up): warmdown 0.5 to 0. The formula is HEAD's; at warmdown 0.2 it gives the December numbers bit for
+    bit. Progress past 1.0 (nanochat's last SFT step can read a little past the epoch) gives a small negative
+    multiplier, as nanochat's does.
+    """
+    if progress <= 1.0 - warmdown_ratio:
+        return 1.0
+    decay = (progress - (1.0 - warmdown_ratio)) / warmdown_ratio
+    return (1 - decay) * 1.0 + decay * final_lr_frac
 
 
 def muon_momentum(step: int) -> float:
@@ -27,7 +36,8 @@ def steps_progress(num_steps: int) -> Callable[[int], float]:
     return lambda step: step / num_steps
 
 
-def nanochat_scheduler(optimizer: torch.optim.Optimizer, progress: Callable[[int], float]) -> LambdaLR:
+def nanochat_scheduler(optimizer: torch.optim.Optimizer, progress: Callable[[int], float],
+                       warmdown_ratio: float = 0.2) -> LambdaLR:
     """`LambdaLR` setting every group's lr to initial_lr * lr_multiplier(progress(s)) for optimizer step s.
 
     `progress` must be a pure function of the step (the stream's `lr_progress` or `steps_progress`), so the
@@ -35,6 +45,6 @@ def nanochat_scheduler(optimizer: torch.optim.Optimizer, progress: Callable[[int
     `initial_lr` (set by build_optimizer, already scaled by init_lr_frac).
     """
     def multiplier(step: int) -> float:
-        return lr_multiplier(progress(step))
+        return lr_multiplier(progress(step), warmdown_ratio)
 
     return LambdaLR(optimizer, multiplier)

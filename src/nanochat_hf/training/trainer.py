@@ -30,23 +30,33 @@ import torch
 import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
+from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
 from transformers.utils.hub import hf_api
 
-from ..data import MicroBatchStream, PackedStream
+from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
+from ..data import BestFitStream, MicroBatchStream, PackedStream
+from ..evaluation import chatcore, results_table, run_chat_eval
+from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
+from ..progress import Progress
 from ..tokenizer import token_bytes as compute_token_bytes
-from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, device_peak_flops
+from .callbacks import (MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint,
+                        device_peak_flops)
 from .checkpoint_check import save_fingerprint
-from .checkpoint_io import (load_optimizer_state, load_rng_state, read_json, save_optimizer_state, save_rng_state,
-                            usual_modes, write_json)
-from .device import to_device
+from .checkpoint_io import (disk_full_as_one_line, load_optimizer_state, load_rng_state, read_json,
+                            save_optimizer_state, save_rng_state, tensor_bytes, usual_modes, write_json)
+from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
+
+
+# nanochat's ChatCORE tasks (chat_sft.py), in its order
+CHATCORE_TASKS = ("ARC-Easy", "ARC-Challenge", "MMLU", "GSM8K", "HumanEval")
 
 
 class StreamLoader:
@@ -89,42 +99,52 @@ class MidTrainer(Trainer):
         )
         self.add_callback(MuonMomentumCallback())
         self.add_callback(self.nanochat_log)
+        if a.enable_jit_checkpoint:  # checkpoints at a step's end, after nanochat's logger and the log line
+            self.add_callback(StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager))
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
         if (embedding_dtype := a.embedding_torch_dtype) is not None:
             # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
             self.model.get_input_embeddings().to(embedding_dtype)
+        # nanochat's optimizer files are read and checked now (a bad file set stops the run before training, in
+        # one line), and put into the optimizer when it is built
+        self.warm_start = None
+        if a.nanochat_optimizer:
+            full, world, fmt = read_nanochat_optimizer(a.nanochat_optimizer, self.model)
+            check_world_size(a.nanochat_optimizer, world, self.accelerator.num_processes)
+            self.warm_start = (full, fmt)
 
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
         if self.args.use_cpu or not torch.cuda.is_available():
-            cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-            torch.set_num_threads(self.args.num_threads or max(1, cores // self.accelerator.num_processes))
+            torch.set_num_threads(cpu_threads(self.args.num_threads, self.accelerator.num_processes))
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
     def make_stream(self, token_ds) -> MicroBatchStream:
-        """This rank's packed stream over a tokenized dataset (a subclass may feed other data)."""
-        return PackedStream(
-            token_ds,
-            max_seq_len=self.args.max_seq_len,
-            device_batch_size=self.args.device_batch_size,
-            rank=self.accelerator.process_index,
-            world_size=self.accelerator.num_processes,
-        )
+        """This rank's packed stream over a tokenized dataset (a subclass may feed other data): the December
+        token stream, or nanochat HEAD's best-fit rows (`packing`)."""
+        where = {"rank": self.accelerator.process_index, "world_size": self.accelerator.num_processes}
+        a = self.args
+        if a.packing == "bestfit":
+            return BestFitStream(token_ds, a.max_seq_len, a.device_batch_size, self.processing_class.bos_token_id,
+                                 **where)
+        return PackedStream(token_ds, max_seq_len=a.max_seq_len, device_batch_size=a.device_batch_size, **where)
 
     def get_train_dataloader(self) -> StreamLoader:
         if self._train_loader is None:
             stream = self.make_stream(self.train_dataset)
             ga = self.args.gradient_accumulation_steps
-            steps = self.args.num_iterations if self.args.num_iterations > 0 else stream.epoch_steps(ga)
-            if steps <= 0:
+            epoch_steps = stream.epoch_steps(ga)
+            if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
                 raise ValueError(
                     f"train mixture too small: one optimizer step needs {ga} micro-batches of "
-                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the epoch has "
-                    f"{stream.num_micro_batches()}"
+                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the whole mixture fills "
+                    f"{stream.num_micro_batches()} (its rows would be repeated within a step): add rows, or lower "
+                    "--total_batch_size / --device_batch_size"
                 )
+            steps = self.args.num_iterations if self.args.num_iterations > 0 else epoch_steps
             self._train_loader = StreamLoader(stream, steps * ga)
         return self._train_loader
 
@@ -143,9 +163,15 @@ class MidTrainer(Trainer):
             a = self.args
             self.optimizer = build_optimizer(
                 self.model, matrix_lr=a.matrix_lr, embedding_lr=a.embedding_lr, unembedding_lr=a.unembedding_lr,
-                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac,
+                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac, recipe=a.optimizer_recipe,
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
+            if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
+                load_full_state(self.optimizer, self.model, self.warm_start[0])
+                if self.is_world_process_zero():
+                    print(f"optimizer warm-started from {a.nanochat_optimizer} ({self.warm_start[1]} format: "
+                          f"{len(self.warm_start[0])} parameters' state; LRs from this run)")
+                self.warm_start = None
         return self.optimizer
 
     def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
@@ -160,7 +186,8 @@ class MidTrainer(Trainer):
                 stream, ga = self.get_train_dataloader().stream, self.args.gradient_accumulation_steps
                 progress = lambda step: stream.lr_progress(step, ga)  # noqa: E731
                 self.nanochat_log.progress = progress  # nanochat shows the schedule's progress
-            self.lr_scheduler = nanochat_scheduler(self.optimizer if optimizer is None else optimizer, progress)
+            self.lr_scheduler = nanochat_scheduler(self.optimizer if optimizer is None else optimizer, progress,
+                                                   self.args.warmdown_ratio)
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -195,13 +222,38 @@ class MidTrainer(Trainer):
         stream = self.make_stream(self.eval_dataset if eval_dataset is None else eval_dataset)
         a = self.args
         steps = max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * self.accelerator.num_processes))
-        with self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
-            bpb = evaluate_bpb(self.model, stream.read(steps), self.token_bytes, a.device)
+        progress = Progress("validation", steps, "micro-batches", enabled=self.is_world_process_zero(), announce=False)
+        with progress, self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
+            bpb = evaluate_bpb(self.model, progress.wrap(stream.read(steps)), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
+        step, every = self.state.global_step, a.chatcore_every
+        if every > 0 and step > 0 and (step % every == 0 or step == self.state.max_steps):
+            metrics.update(self.chatcore_metrics(metric_key_prefix))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(a, self.state, self.control, metrics)
         return metrics
+
+    def chatcore_metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """nanochat's ChatCORE of the model now (every rank takes its share of the problems): its five tasks,
+        at most chatcore_max_cat problems per categorical and chatcore_max_sample per generative task. A task whose
+        data cannot be loaded (a hub task offline) is skipped with one line; ChatCORE is then over the others."""
+        a, model = self.args, self.accelerator.unwrap_model(self.model)
+        scores = []
+        for name in CHATCORE_TASKS:
+            limit = a.chatcore_max_cat if task_by_name(name).mode == "categorical" else a.chatcore_max_sample
+            try:
+                with torch.no_grad(), self.accelerator.autocast():
+                    scores += run_chat_eval(model, self.processing_class, [name], None if limit < 0 else limit,
+                                            batch_size=a.device_batch_size, seed=a.seed)
+            except (ValueError, OSError, ConnectionError) as e:
+                if self.is_world_process_zero():
+                    print(f"mid_train: ChatCORE: {name} skipped: {' '.join(str(e).split())}", flush=True)
+        if not scores:
+            return {}
+        if self.is_world_process_zero():
+            print(f"step {self.state.global_step:05d} | ChatCORE:\n{results_table(scores)}", flush=True)
+        return {f"{prefix}_chatcore": chatcore(scores), **{f"{prefix}_chatcore/{s.task}": s.accuracy for s in scores}}
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.state.global_step > 0:  # a training step's log: add nanochat's metrics
@@ -224,7 +276,15 @@ class MidTrainer(Trainer):
         if self.args.should_save and target.exists():
             os.replace(target, aside)
         self._barrier()
-        super()._save_checkpoint(model, trial)
+
+        def undo() -> None:  # a full disk: the partial folder goes, the one set aside comes back
+            shutil.rmtree(target, ignore_errors=True)
+            if aside.exists():
+                os.replace(aside, target)
+
+        needed = tensor_bytes(self.model.state_dict(), dict(self.optimizer.state))  # this rank's share
+        with disk_full_as_one_line(f"checkpoint {target.name}", target.parent, needed, undo):
+            super()._save_checkpoint(model, trial)
         if self.args.should_save and aside.exists():
             shutil.rmtree(aside)
 
@@ -324,10 +384,13 @@ class MidTrainer(Trainer):
         out = Path(output_dir or self.args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         tmp = final_save_staging_dir(out)
-        self.accelerator.unwrap_model(self.model, keep_torch_compile=False).save_pretrained(tmp)
-        if self.processing_class is not None:
-            self.processing_class.save_pretrained(tmp)
-        write_json(tmp / "training_args.json", self.args.to_dict())
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict()),
+                                   lambda: shutil.rmtree(tmp, ignore_errors=True)):
+            model.save_pretrained(tmp)
+            if self.processing_class is not None:
+                self.processing_class.save_pretrained(tmp)
+            write_json(tmp / "training_args.json", self.args.to_dict())
         usual_modes(tmp)
         publish_staged(tmp)
 

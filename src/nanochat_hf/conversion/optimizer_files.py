@@ -1,0 +1,369 @@
+"""nanochat's optimizer files (``optim_<step:06d>_rank<r>.pt``, one per rank) <-> our optimizer's state.
+
+Two formats exist (docs/nanochat.md): the G0 era (790f3be) saves a list ``[AdamW state_dict, Muon state_dict]``
+(one process: torch's fused AdamW and `Muon` with groups by matrix size; several: `DistAdamW`, rows of dim 0
+sharded, and `DistMuon`, groups by sorted shape, matrix i owned by rank i % W); HEAD (92d63d4) saves one
+`MuonAdamW.state_dict()` (groups of gpt.py setup_optimizer; the layout of `nanochat_hf.optim.head`).
+Both are read into a "full" state by parameter name, {name: {"step", "exp_avg", "exp_avg_sq"}} (AdamW) or
+{name: {"momentum_buffer"[, "second_momentum_buffer"]}} (Muon), float32, whole tensors; that is then sliced into
+either recipe's optimizer for this rank, or written back in either format. Only the state moves: the
+hyperparameters (LRs, betas, weight decay) stay the run's, the way chat_sft.py restores its LRs after loading.
+A file set from another world size, model or generation is refused in one line naming the file.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from ..optim import MuonAdamW, NorMuonAdamW, build_optimizer
+from ..optim.head import ADAMW_GROUPS, SMALL_NUMEL, head_group_of, nanochat_order
+
+FILE_PATTERN = re.compile(r"optim_(\d+)_rank(\d+)\.pt")
+FullState = dict[str, dict[str, Any]]
+
+
+def _key(name: str) -> str:
+    return name.removeprefix("module.").removeprefix("_orig_mod.")
+
+
+def _names(model: torch.nn.Module) -> dict[int, str]:
+    return {id(p): _key(n) for n, p in model.named_parameters()}
+
+
+def rank_files(path: str | Path) -> list[Path]:
+    """Every rank's file of the step ``path`` (any rank's file) belongs to, in rank order (ranks 0..W-1)."""
+    path = Path(path)
+    match = FILE_PATTERN.fullmatch(path.name)
+    if match is None:
+        raise ValueError(f"{path}: not a nanochat optimizer file name (expected optim_<step>_rank<r>.pt)")
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such file")
+    found = {int(FILE_PATTERN.fullmatch(p.name).group(2)): p
+             for p in path.parent.glob(f"optim_{match.group(1)}_rank*.pt") if FILE_PATTERN.fullmatch(p.name)}
+    missing = sorted(set(range(max(found) + 1)) - set(found))
+    if missing:
+        raise ValueError(f"{path.parent / f'optim_{match.group(1)}_rank{missing[0]}.pt'}: missing (found ranks "
+                         f"{sorted(found)}; nanochat writes one file per rank 0..W-1)")
+    return [found[r] for r in sorted(found)]
+
+
+def _load(path: Path) -> Any:
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 -- pickle/zip errors of every kind: one line naming the file
+        raise ValueError(f"{path}: not a readable optimizer file ({str(e).strip().splitlines()[0][:200]})") from None
+
+
+# ---- nanochat's parameter numbering ------------------------------------------------------------------------------
+def _head_layout(model: torch.nn.Module) -> list[tuple[str, list[str]]]:
+    """(kind, names) per group of nanochat HEAD's MuonAdamW for this model, in its order (all six AdamW groups,
+    empty ones too, then one Muon group per sorted shape)."""
+    named = [(_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    by_group: dict[str, list[str]] = {}
+    for n, _ in sorted(named, key=lambda item: nanochat_order(item[0])):
+        by_group.setdefault(head_group_of(n), []).append(n)
+    layout = [("adamw", by_group.get(name, [])) for name, *_ in ADAMW_GROUPS]
+    shapes = {n: tuple(p.shape) for n, p in named}
+    for shape in sorted({shapes[n] for n in by_group.get("muon", [])}):
+        layout.append(("muon", [n for n in by_group["muon"] if shapes[n] == shape]))
+    return layout
+
+
+def _g0_layout(model: torch.nn.Module, world: int) -> tuple[list[str], list[list[str]]]:
+    """G0's (AdamW names, Muon groups of names): AdamW [lm_head, wte]; Muon, one process: `Muon` groups by matrix
+    size in the iteration order of the Python set nanochat built (ints: the same in every process); several:
+    `DistMuon` groups by sorted shape."""
+    named = [(_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    unknown = [n for n, _ in named if n not in ("lm_head.weight", "transformer.wte.weight")
+               and not n.startswith("transformer.h.")]
+    if unknown:
+        raise ValueError(f"parameter {unknown[0]!r}: a G0-era optimizer file has no state for it (G0 models have "
+                         "only transformer.h.*, transformer.wte.weight and lm_head.weight)")
+    matrices = [(n, p) for n, p in named if n.startswith("transformer.h.")]
+    if world == 1:
+        groups = [[n for n, p in matrices if p.numel() == size] for size in {p.numel() for _, p in matrices}]
+    else:
+        groups = [[n for n, p in matrices if tuple(p.shape) == s] for s in sorted({tuple(p.shape) for _, p in matrices})]
+    return ["lm_head.weight", "transformer.wte.weight"], groups
+
+
+# ---- reading ----------------------------------------------------------------------------------------------------
+def _check_groups(path: Path, saved: list[dict], expected: list[tuple[str, list[str]]]) -> None:
+    got = [(g.get("kind", "muon" if "momentum" in g else "adamw"), len(g["params"])) for g in saved]
+    want = [(kind, len(names)) for kind, names in expected]
+    if got != want:
+        raise ValueError(f"{path}: its optimizer groups (kind, parameters) {got} do not match this model's {want}: "
+                         "a file of another model or generation")
+
+
+def _cat_rows(path: Path, pieces: list[Tensor], shape: tuple[int, ...], name: str) -> Tensor:
+    full = torch.cat([p.float() for p in pieces]) if len(pieces) > 1 else pieces[0].float()
+    if tuple(full.shape) != shape:
+        raise ValueError(f"{path}: state of {name} has shape {tuple(full.shape)} across {len(pieces)} rank files, "
+                         f"the model's parameter has {shape}: a file of another model or world size")
+    return full
+
+
+def _adamw_full(path: Path, states: list[dict], name: str, shape: tuple[int, ...], replicated: bool) -> dict:
+    states = states[:1] if replicated else states
+    out = {"step": int(states[0]["step"])}
+    for key in ("exp_avg", "exp_avg_sq"):
+        out[key] = _cat_rows(path, [st[key] for st in states], shape, name)
+    return out
+
+
+def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[FullState, int, str]:
+    """The full state of every rank's file of ``path``'s step: (state by name, world size W, format "g0"/"head")."""
+    files = rank_files(path)
+    world = len(files)
+    data = [_load(f) for f in files]
+    shapes = {_key(n): tuple(p.shape) for n, p in model.named_parameters()}
+    full: FullState = {}
+    if all(isinstance(d, dict) and "param_groups" in d for d in data):
+        layout = _head_layout(model)
+        for f, d in zip(files, data):
+            _check_groups(f, d["param_groups"], layout)
+        index = 0
+        for kind, group in layout:
+            for i, n in enumerate(group):
+                states = [d["state"].get(index + i) for d in data]
+                if kind == "adamw" and all(states):
+                    small = world == 1 or torch.Size(shapes[n]).numel() < SMALL_NUMEL
+                    full[n] = _adamw_full(files[0], states, n, shapes[n], small)
+            states = [d["state"].get(index) for d in data]
+            if kind == "muon" and group and all(states):
+                for key in ("momentum_buffer", "second_momentum_buffer"):
+                    stack = torch.cat([st[key].float() for st in states])[: len(group)]
+                    if stack.shape[0] != len(group) or (key == "momentum_buffer" and stack.shape[1:] != shapes[group[0]]):
+                        raise ValueError(f"{files[0]}: {key} of the {shapes[group[0]]} matrices has shape "
+                                         f"{tuple(states[0][key].shape)}: a file of another model or world size")
+                    for n, v in zip(group, stack):
+                        full.setdefault(n, {})[key] = v.clone()
+            index += len(group)
+        return full, world, "head"
+    if not all(isinstance(d, list) and len(d) == 2 for d in data):
+        raise ValueError(f"{files[0]}: neither nanochat format (a MuonAdamW state_dict, or the G0-era list "
+                         "[AdamW state_dict, Muon state_dict])")
+    sharded = ["zero_buffer" in g for g in data[0][1]["param_groups"]]
+    if any(sharded) != (world > 1):
+        raise ValueError(f"{files[0]}: written by {'several processes' if any(sharded) else 'one process'} but the "
+                         f"folder holds {world} rank file(s): a file set of another world size")
+    adamw_names, muon_groups = _g0_layout(model, world)
+    for f, d in zip(files, data):
+        _check_groups(f, d[0]["param_groups"], [("adamw", [n]) for n in adamw_names])
+        _check_groups(f, d[1]["param_groups"], [("muon", g) for g in muon_groups])
+    for i, n in enumerate(adamw_names):
+        states = [d[0]["state"].get(i) for d in data]
+        if all(states):
+            full[n] = _adamw_full(files[0], states, n, shapes[n], world == 1)
+    index = 0
+    for group in muon_groups:
+        for i, n in enumerate(group):
+            st = data[i % world][1]["state"].get(index + i)  # DistMuon: matrix i of a group is rank i % W's
+            if st is not None:
+                full[n] = {"momentum_buffer": _cat_rows(files[i % world], [st["momentum_buffer"]], shapes[n], n)}
+        index += len(group)
+    return full, world, "g0"
+
+
+def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullState) -> None:
+    """Put a full state into ``optimizer`` (either recipe, any world size): this rank's part of it, float32."""
+    names = _names(model)
+    optimizer.state.clear()
+    for group in optimizer.param_groups:
+        params = group["params"]
+        if group["kind"] == "adamw":
+            for p in params:
+                st = full.get(names[id(p)])
+                if st is None:
+                    continue
+                whole = isinstance(optimizer, NorMuonAdamW) and optimizer._replicated(p)
+                _, start, end = (0, 0, p.shape[0]) if whole else optimizer._rows(p)
+                optimizer.state[p] = {"step": st["step"], **{k: st[k][start:end].to(p.device, torch.float32).clone()
+                                                           for k in ("exp_avg", "exp_avg_sq")}}
+        elif isinstance(optimizer, NorMuonAdamW):
+            if not any(names[id(p)] in full for p in params):
+                continue
+            _, start, end = optimizer._muon_chunk(group)
+            st = optimizer._muon_state(group)
+            for key, buf in st.items():
+                for j, p in enumerate(params[start:end]):
+                    value = full.get(names[id(p)], {}).get(key)
+                    if value is not None:  # a G0 file has no second moment: NorMuon starts it at 0
+                        buf[j].copy_(value.reshape(buf[j].shape))
+        else:
+            counts: dict[tuple[int, ...], int] = {}
+            for p in params:
+                i = counts.get(tuple(p.shape), 0)
+                counts[tuple(p.shape)] = i + 1
+                value = full.get(names[id(p)], {}).get("momentum_buffer")
+                if value is not None and i % optimizer.world_size == optimizer.rank:
+                    optimizer.state[p] = {"momentum_buffer": value.to(p.device, torch.float32).clone()}
+
+
+def check_world_size(path: str | Path, world: int, ours: int) -> None:
+    if world != ours:
+        raise ValueError(f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
+                         f"{ours}: warm-start with {world} (its state is sharded per rank)")
+
+
+def load_nanochat_optimizer(optimizer: MuonAdamW, model: torch.nn.Module, path: str | Path) -> str:
+    """Warm-start ``optimizer`` from nanochat's optimizer files of ``path``'s step (every rank reads all of them and
+    keeps its part). Refused in one line, with nothing loaded, for a file set of another world size, model or
+    generation. Returns a line saying what was loaded."""
+    full, world, fmt = read_nanochat_optimizer(path, model)
+    check_world_size(path, world, optimizer.world_size)
+    load_full_state(optimizer, model, full)
+    return f"optimizer warm-started from {path} ({fmt} format, {len(full)} parameters' state; LRs from this run)"
+
+
+# ---- writing ----------------------------------------------------------------------------------------------------
+def full_state_of_shards(model: torch.nn.Module, recipe: str, shards: list[dict[str, Any]]) -> FullState:
+    """The full state from our per-rank optimizer state dicts (``shards[r]``: rank r's, as the trainer saves them)."""
+    world = len(shards)
+    template = build_optimizer(model, recipe=recipe, sharded=False)  # the parameter numbering of every shard
+    names = _names(model)
+    full: FullState = {}
+    index = 0
+    for group in template.param_groups:
+        params = group["params"]
+        for r, sd in enumerate(shards):
+            if group["kind"] == "muon" and recipe != "2025-12":  # the stack's state on its first parameter
+                st = sd["state"].get(index)
+                k = -(-len(params) // world)
+                for j, q in enumerate(params[r * k:(r + 1) * k] if st is not None else []):
+                    full[names[id(q)]] = {key: st[key][j].float() for key in st}
+                continue
+            for i, p in enumerate(params):
+                st = sd["state"].get(index + i)
+                if st is None:
+                    continue
+                if group["kind"] == "muon":  # December: the owner rank's whole momentum buffer
+                    full[names[id(p)]] = {"momentum_buffer": st["momentum_buffer"].float()}
+                    continue
+                entry = full.setdefault(names[id(p)], {"step": st["step"], "exp_avg": [], "exp_avg_sq": []})
+                replicated = recipe != "2025-12" and (world == 1 or p.numel() < SMALL_NUMEL)
+                if not replicated or r == 0:  # sharded rows, concatenated in rank order
+                    entry["exp_avg"].append(st["exp_avg"].float())
+                    entry["exp_avg_sq"].append(st["exp_avg_sq"].float())
+        index += len(params)
+    for entry in full.values():
+        for key in ("exp_avg", "exp_avg_sq"):
+            if key in entry:
+                entry[key] = torch.cat(entry[key])
+    return full
+
+
+def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str,
+                   dtypes: dict[str, torch.dtype], groups: list[dict[str, Any]]) -> list[Any]:
+    """One object per rank as nanochat saves it, in format "head" or "g0"; state tensors in the dtype of the
+    parameter in nanochat's model file (``dtypes``); ``groups``: our optimizer's param groups (hyperparameters)."""
+    shapes = {_key(n): tuple(p.shape) for n, p in model.named_parameters()}
+    hyper = {g["name"]: g for g in groups}
+
+    def part(n: str, t: Tensor, r: int, whole: bool) -> Tensor:
+        if not whole:
+            if shapes[n][0] % world:
+                raise ValueError(f"{n}: {shapes[n][0]} rows do not split over {world} processes, which nanochat's "
+                                 "sharded AdamW needs")
+            k = shapes[n][0] // world
+            t = t[r * k:(r + 1) * k]
+        return t.to(dtypes[n]).clone()
+
+    def adamw_state(n: str, r: int, whole: bool, step: Any) -> dict[str, Any]:
+        return {"step": step, **{key: part(n, full[n][key], r, whole) for key in ("exp_avg", "exp_avg_sq")}}
+
+    out = []
+    if fmt == "head":
+        layout = _head_layout(model)
+        for r in range(world):
+            state, pgroups, index = {}, [], 0
+            for gi, (kind, names) in enumerate(layout):
+                ids = list(range(index, index + len(names)))
+                index += len(names)
+                if kind == "adamw":
+                    g = hyper.get(f"adamw/{ADAMW_GROUPS[gi][0]}", {"lr": 0.0, "initial_lr": 0.0})
+                    pgroups.append({"kind": "adamw", "params": ids, "lr": g["lr"], "betas": ADAMW_GROUPS[gi][2],
+                                    "eps": 1e-10, "weight_decay": ADAMW_GROUPS[gi][3], "initial_lr": g["initial_lr"]})
+                    for i, n in zip(ids, names):
+                        if n in full:
+                            whole = world == 1 or torch.Size(shapes[n]).numel() < SMALL_NUMEL
+                            state[i] = adamw_state(n, r, whole, full[n]["step"])
+                    continue
+                rows, cols = shapes[names[0]]
+                g = hyper[f"muon/{rows}x{cols}"]
+                pgroups.append({"kind": "muon", "params": ids, "lr": g["lr"], "momentum": g["momentum"],
+                                "ns_steps": g["ns_steps"], "beta2": g.get("beta2", 0.9),
+                                "weight_decay": g["weight_decay"], "initial_lr": g["initial_lr"]})
+                if names[0] in full:
+                    k = -(-len(names) // world)
+                    st = {}
+                    for key, shape in (("momentum_buffer", (rows, cols)),
+                                       ("second_momentum_buffer", (rows, 1) if rows >= cols else (1, cols))):
+                        st[key] = torch.zeros((k, *shape), dtype=dtypes[names[0]])
+                        for j, n in enumerate(names[r * k:(r + 1) * k]):
+                            if key in full[n]:  # a December state has no second moment: zeros, as a fresh one
+                                st[key][j] = full[n][key].reshape(shape)
+                    state[ids[0]] = st
+            out.append({"state": state, "param_groups": pgroups})
+        return out
+    adamw_names, muon_groups = _g0_layout(model, world)
+    muon = next((g for g in groups if g["kind"] == "muon"), {"lr": 0.02, "momentum": 0.95, "initial_lr": 0.02})
+    for r in range(world):
+        astate, apg = {}, []
+        for i, n in enumerate(adamw_names):
+            g = hyper.get("adamw/" + ("lm_head" if i == 0 else "wte"), {"lr": 0.0, "initial_lr": 0.0})
+            apg.append({"params": [i], "lr": g["lr"], "betas": g.get("betas", (0.8, 0.95)), "eps": g.get("eps", 1e-10),
+                        "weight_decay": g.get("weight_decay", 0.0), "initial_lr": g["initial_lr"]})
+            if n in full:  # torch's fused AdamW keeps a float32 step tensor, DistAdamW an int64 one
+                step = torch.tensor(float(full[n]["step"])) if world == 1 else torch.tensor(full[n]["step"])
+                astate[i] = adamw_state(n, r, world == 1, step)
+        mstate, mpg, index = {}, [], 0
+        for group in muon_groups:
+            ids = list(range(index, index + len(group)))
+            index += len(group)
+            entry = {"params": ids, "lr": muon["lr"], "momentum": muon["momentum"], "nesterov": True, "ns_steps": 5,
+                     "initial_lr": muon["initial_lr"]}
+            if world > 1:  # DistMuon keeps it in its groups (and needs it back when loading)
+                entry["zero_buffer"] = torch.zeros(shapes[group[0]], dtype=dtypes[group[0]])
+            mpg.append(entry)
+            for j, (i, n) in enumerate(zip(ids, group)):
+                if n in full and j % world == r:
+                    mstate[i] = {"momentum_buffer": full[n]["momentum_buffer"].to(dtypes[n]).clone()}
+        out.append([{"state": astate, "param_groups": apg}, {"state": mstate, "param_groups": mpg}])
+    return out
+
+
+def write_nanochat_optimizer(model: torch.nn.Module, recipe: str, shards: list[dict[str, Any]], directory: Path,
+                             step: int, dtypes: dict[str, torch.dtype]) -> list[Path]:
+    """Our per-rank optimizer states (one recipe) as nanochat's ``optim_<step>_rank<r>.pt`` files in ``directory``:
+    HEAD format for recipe 2026-07, G0-era format for 2025-12."""
+    full = full_state_of_shards(model, recipe, shards)
+    objects = nanochat_files(model, full, len(shards), "g0" if recipe == "2025-12" else "head", dtypes,
+                             shards[0]["param_groups"])
+    paths = []
+    for r, obj in enumerate(objects):
+        paths.append(directory / f"optim_{step:06d}_rank{r}.pt")
+        torch.save(obj, paths[-1])
+    return paths
+
+
+def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
+    """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
+    from ..training.checkpoint_check import FINGERPRINT_DEFAULTS, FINGERPRINT_FILE  # training imports this module
+    from ..training.checkpoint_io import load_optimizer_state, read_json
+
+    paths = []
+    while (model_dir / f"optimizer.rank{len(paths)}.safetensors").is_file():
+        paths.append(model_dir / f"optimizer.rank{len(paths)}.safetensors")
+    if not paths:
+        return None
+    fingerprint = model_dir / FINGERPRINT_FILE
+    recipe = (read_json(fingerprint) if fingerprint.is_file() else {}).get(
+        "optimizer_recipe", FINGERPRINT_DEFAULTS["optimizer_recipe"])
+    return recipe, [load_optimizer_state(p) for p in paths]

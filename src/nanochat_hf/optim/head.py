@@ -1,0 +1,318 @@
+"""The optimizer recipe "2026-07": nanochat HEAD's MuonAdamW (92d63d4, nanochat/optim.py and gpt.py setup_optimizer).
+
+Same optimizer object as the December recipe (`MuonAdamW`, this is a subclass of it), other groups and another step:
+- AdamW groups by parameter name, each with its own betas and weight decay (`head_param_groups`); the update is
+  the December kernel `adamw_update` (float32 moments and arithmetic).
+- one Muon group per matrix shape, sorted by shape, stepped as one stack by `normuon_update` (Polar Express,
+  MuonEq, Muon+, NorMuon, cautious weight decay). Its state lives on the group's first parameter, as nanochat keeps
+  it: ``momentum_buffer`` (n, r, c) and ``second_momentum_buffer`` (n, r, 1) or (n, 1, c), float32.
+One code path for 1 and W processes, with nanochat's layout (so that its optimizer files map onto ours rank by rank):
+- Muon stack of K matrices: rank r owns the contiguous chunk [r*k, (r+1)*k), k = ceil(K/W) (stack zero-padded to
+  k*W); its gradients are reduce-scattered, the owner steps them and keeps their state, the stack is all-gathered.
+- AdamW parameter with at least 1024 elements: rows sharded as in the December recipe (reduce-scatter, moments
+  for this rank's rows, all-gather). Smaller ones (the scalars): gradient all-reduced, every rank updates the whole
+  parameter and keeps its whole state.
+With several processes the optimizer does all gradient communication (``reduces_gradients``), like the December one.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from .kernels import adamw_update, normuon_update
+from .optimizer import MuonAdamW, _all_gather_single, _Done
+
+RECIPES = ("2025-12", "2026-07")  # the optimizer recipes: nanochat of December 2025 (G0) and nanochat HEAD
+SMALL_NUMEL = 1024  # AdamW parameters below this size are replicated, not sharded (nanochat's threshold)
+
+# (group, lr from the rates, betas, weight decay): gpt.py setup_optimizer at 92d63d4, in its order and with its
+# formulas; s = (n_embd/768)^-0.5 scales the embedding and unembedding rates.
+ADAMW_GROUPS = (
+    ("lm_head", lambda r: r["unembedding_lr"] * r["s"], (0.8, 0.96), 0.01),
+    ("wte", lambda r: r["embedding_lr"] * r["s"], (0.8, 0.995), 0.001),
+    ("value_embeds", lambda r: r["embedding_lr"] * r["s"] * 0.5, (0.8, 0.995), 0.01),
+    ("resid_lambdas", lambda r: r["scalar_lr"] * 0.01, (0.8, 0.95), 0.05),
+    ("x0_lambdas", lambda r: r["scalar_lr"], (0.96, 0.95), 0.0),
+    ("smear", lambda r: 0.2, (0.8, 0.95), 0.0),
+)
+_SMEAR = ("smear_gate.weight", "smear_lambda", "backout_lambda")
+_BLOCK_ORDER = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "attn.ve_gate", "mlp.c_fc", "mlp.c_proj")
+
+
+def head_group_of(name: str) -> str:
+    """The HEAD recipe's group of a parameter, by nanochat's parameter name ("muon" for every block matrix)."""
+    key = name.removeprefix("module.").removeprefix("_orig_mod.")
+    if key.startswith("transformer.h."):
+        return "muon"
+    if key == "transformer.wte.weight":
+        return "wte"
+    if key == "lm_head.weight":
+        return "lm_head"
+    if key.startswith("value_embeds."):
+        return "value_embeds"
+    if key in ("resid_lambdas", "x0_lambdas"):
+        return key
+    if key in _SMEAR:
+        return "smear"
+    raise ValueError(f"parameter {name!r} belongs to no optimizer group of recipe 2026-07: expected transformer.h.*, "
+                     f"transformer.wte.weight, lm_head.weight, value_embeds.*, resid_lambdas, x0_lambdas or "
+                     f"{', '.join(_SMEAR)}")
+
+
+def nanochat_order(name: str) -> tuple[int, int]:
+    """Sort key putting a group's parameters in the order nanochat's module tree lists them (layer, then position
+    in the block; value embeddings by layer; smear_gate, smear_lambda, backout_lambda): which rank owns which matrix
+    of a stack, and the parameter numbering of optimizer files, follow it."""
+    parts = name.removeprefix("module.").removeprefix("_orig_mod.").split(".")
+    if parts[0] == "transformer" and parts[1] == "h":
+        suffix = ".".join(parts[3:-1])
+        return int(parts[2]), _BLOCK_ORDER.index(suffix) if suffix in _BLOCK_ORDER else len(_BLOCK_ORDER)
+    if parts[0] == "value_embeds":
+        return int(parts[1]), 0
+    key = ".".join(parts)
+    return (_SMEAR.index(key), 0) if key in _SMEAR else (0, 0)
+
+
+def head_param_groups(model: torch.nn.Module, matrix_lr: float, embedding_lr: float, unembedding_lr: float,
+                      weight_decay: float, init_lr_frac: float, scalar_lr: float,
+                      polar_dtype: torch.dtype) -> list[dict[str, Any]]:
+    """nanochat HEAD's param groups for the trainable parameters of ``model`` (empty groups left out). The Muon
+    groups' ``polar_dtype`` is stored by name ("bfloat16"), so that the state dict stays JSON-able."""
+    config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
+    s = ((getattr(config, "n_embd", None) or config.hidden_size) / 768) ** -0.5
+    rates = {"unembedding_lr": unembedding_lr, "embedding_lr": embedding_lr, "scalar_lr": scalar_lr, "s": s}
+    named: dict[str, list[tuple[str, Tensor]]] = {}
+    for name, p in model.named_parameters():  # each parameter once, into exactly one group (or an error)
+        if p.requires_grad:
+            group = head_group_of(name)
+            if group == "muon" and p.ndim != 2:
+                raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
+            named.setdefault(group, []).append((name, p))
+    members = {group: [p for _, p in sorted(items, key=lambda item: nanochat_order(item[0]))]
+               for group, items in named.items()}
+    groups = []
+    for name, formula, betas, wd in ADAMW_GROUPS:
+        if members.get(name):
+            groups.append({"kind": "adamw", "name": f"adamw/{name}", "params": members[name],
+                           "lr": formula(rates) * init_lr_frac,
+                           "betas": betas, "eps": 1e-10, "weight_decay": wd})
+    matrices = members.get("muon", [])
+    for shape in sorted({tuple(p.shape) for p in matrices}):
+        groups.append({"kind": "muon", "name": f"muon/{shape[0]}x{shape[1]}",
+                       "params": [p for p in matrices if tuple(p.shape) == shape], "lr": matrix_lr * init_lr_frac,
+                       "momentum": 0.95, "nesterov": True, "ns_steps": 5, "beta2": 0.9,
+                       "weight_decay": weight_decay, "polar_dtype": str(polar_dtype).removeprefix("torch.")})
+    for g in groups:
+        g["initial_lr"] = g["lr"]
+    return groups
+
+
+class NorMuonAdamW(MuonAdamW):
+    """`MuonAdamW` with nanochat HEAD's groups and step (module docstring); build it with `build_head_optimizer`.
+
+    Muon groups must hold same-shaped matrices and also set ``beta2``, ``weight_decay`` and ``polar_dtype`` (a
+    torch dtype's name).
+    """
+
+    def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None, sharded: bool | None = None):
+        for group in param_groups:
+            shapes = {tuple(p.shape) for p in group["params"]}
+            if group.get("kind") == "muon" and len(shapes) > 1:
+                raise ValueError(f"param group {group.get('name')!r}: a Muon group of recipe 2026-07 is one stack "
+                                 f"of same-shaped matrices, got shapes {sorted(shapes)}")
+        super().__init__(param_groups, process_group=process_group, sharded=sharded)
+
+    def _step_local(self) -> None:
+        self._step_head()
+
+    def _step_sharded(self) -> None:
+        self._step_head()
+
+    # ------------------------------------------------------------------------------------------- step
+    def _muon_chunk(self, group: dict[str, Any]) -> tuple[int, int, int]:
+        """(k, start, end): matrices per rank and this rank's matrices [start, end) of the group's stack."""
+        n = len(group["params"])
+        k = -(-n // self.world_size)
+        start = min(self.rank * k, n)
+        return k, start, min(start + k, n)
+
+    def _muon_state(self, group: dict[str, Any]) -> dict[str, Tensor]:
+        p = group["params"][0]
+        st = self.state[p]
+        if not st:
+            k, _, _ = self._muon_chunk(group)
+            rows, cols = p.shape
+            st["momentum_buffer"] = torch.zeros((k, rows, cols), dtype=torch.float32, device=p.device)
+            st["second_momentum_buffer"] = torch.zeros((k, rows, 1) if rows >= cols else (k, 1, cols),
+                                                       dtype=torch.float32, device=p.device)
+        return st
+
+    def _replicated(self, p: Tensor) -> bool:
+        return self.world_size == 1 or p.numel() < SMALL_NUMEL
+
+    def _step_head(self) -> None:
+        world, pg = self.world_size, self.process_group
+        # 1. launch every gradient reduction (nothing to reduce with one process)
+        adamw_jobs, muon_jobs = [], []
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    if world == 1:
+                        adamw_jobs.append((group, p, self._grad(p), _Done()))
+                    elif self._replicated(p):
+                        grad = self._grad(p).clone()
+                        op = dist.ReduceOp.AVG if self._native_avg else dist.ReduceOp.SUM
+                        adamw_jobs.append((group, p, grad, dist.all_reduce(grad, op=op, group=pg, async_op=True)))
+                    else:
+                        adamw_jobs.append((group, p, *self._reduce_scatter_rows(p)))
+                continue
+            params = group["params"]
+            grads = torch.stack([self._grad(p) for p in params])
+            if world == 1:
+                muon_jobs.append((group, grads, _Done()))
+                continue
+            k, _, _ = self._muon_chunk(group)
+            stacked = grads.new_zeros((k * world, *grads.shape[1:]))
+            stacked[: len(params)] = grads
+            out = grads.new_empty((k, *grads.shape[1:]))
+            muon_jobs.append((group, out, self._reduce_scatter(out.flatten(0, 1), stacked.flatten(0, 1))))
+        # 2. averaged gradients (and clipped to max_grad_norm, which needs all of them first)
+        for job in adamw_jobs + muon_jobs:
+            job[-1].wait()
+        reduced = [job[-2] for job in adamw_jobs + muon_jobs]
+        if world > 1:
+            reduced = [self._averaged(g) for g in reduced]
+        if self.max_grad_norm > 0:
+            self._clip_head(adamw_jobs, reduced)
+        # 3. AdamW, then Muon on the matrices this rank owns, launching the all-gathers
+        gathers = []
+        for (group, p, _, _), grad in zip(adamw_jobs, reduced):
+            if self._replicated(p):
+                st = self._adamw_state(p, p.shape[0])
+                st["step"] += 1
+                adamw_update(p, grad, st["exp_avg"], st["exp_avg_sq"], step=st["step"], lr=group["lr"],
+                             betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+            else:
+                gathers.append(self._adamw_rows_step(group, p, grad))
+        for (group, _, _), grad in zip(muon_jobs, reduced[len(adamw_jobs):]):
+            params = group["params"]
+            k, start, end = self._muon_chunk(group)
+            st = self._muon_state(group)
+            owned = params[start:end]
+            normuon_update(owned, grad[: end - start], st["momentum_buffer"][: end - start],
+                           st["second_momentum_buffer"][: end - start], lr=group["lr"], momentum=group["momentum"],
+                           beta2=group["beta2"], weight_decay=group["weight_decay"], ns_steps=group["ns_steps"],
+                           dtype=getattr(torch, group["polar_dtype"]))
+            if world > 1:
+                mine = grad.new_zeros((k, *grad.shape[1:]))
+                if owned:
+                    mine[: end - start] = torch.stack(owned)
+                full = grad.new_empty((k * world, *grad.shape[1:]))
+                work = _all_gather_single(full.flatten(0, 1), mine.flatten(0, 1), group=pg, async_op=True)
+                gathers.append((work, lambda params=params, full=full: torch._foreach_copy_(
+                    params, list(full[: len(params)].unbind(0)))))
+        # 4. wait for every parameter to be complete again
+        for work, finish in gathers:
+            work.wait()
+            if finish is not None:
+                finish()
+
+    def _clip_head(self, adamw_jobs: list, reduced: list[Tensor]) -> None:
+        """Scale the averaged gradients so that their global norm is at most max_grad_norm (torch's coefficient).
+
+        The ranks' sharded pieces are disjoint (padding is zero); a replicated gradient is counted on rank 0 only.
+        """
+        parts = [g.float().pow(2).sum() for g in reduced[len(adamw_jobs):]]
+        for (_, p, _, _), g in zip(adamw_jobs, reduced):
+            if not self._replicated(p) or self.world_size == 1 or self.rank == 0:
+                parts.append(g.float().pow(2).sum())
+        sumsq = torch.stack(parts).sum()
+        if self.world_size > 1:
+            dist.all_reduce(sumsq, group=self.process_group)
+        coef = self._clip_coefficient(sumsq.sqrt())
+        for g in reduced:
+            g.mul_(coef.to(g.dtype))
+
+    # ------------------------------------------------------------------------------------------ state
+    def consolidated_state_dict(self) -> dict[str, Any]:
+        """The single-process state dict, gathered from every rank's shard (collective: call on all ranks)."""
+        sd = self.state_dict()
+        if self.world_size == 1:
+            return sd
+        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
+        state: dict[int, dict[str, Any]] = {}
+        for group in self.param_groups:
+            if group["kind"] == "adamw":
+                for p in group["params"]:
+                    if p in self.state:
+                        st = self.state[p]
+                        state[index[id(p)]] = ({k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+                                               if self._replicated(p) else self._gather_adamw_state(p))
+                continue
+            p = group["params"][0]
+            if p in self.state:  # every rank steps every Muon group: all have it or none
+                k, _, _ = self._muon_chunk(group)
+                full = {}
+                for key, local in self.state[p].items():
+                    gathered = local.new_empty((k * self.world_size, *local.shape[1:]))
+                    _all_gather_single(gathered.flatten(0, 1), local.flatten(0, 1).contiguous(),
+                                       group=self.process_group)
+                    full[key] = gathered[: len(group["params"])].clone()
+                state[index[id(p)]] = full
+        return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
+
+
+def head_state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]],
+                              world_size: int) -> list[int]:
+    """Optimizer state bytes each rank holds after a step of recipe 2026-07, from the layout of the module docstring.
+
+    ``muon_shapes``: every Muon matrix (stacked by shape: k = ceil(K/W) float32 momentum matrices per rank plus the
+    factored second moment); ``adamw_shapes``: the AdamW parameters (two float32 moments: whole when smaller than
+    SMALL_NUMEL elements, else for the rank's ceil(n/W) rows of dim 0).
+    """
+    per_rank = [0] * world_size
+    counts: dict[tuple[int, ...], int] = {}
+    for shape in muon_shapes:
+        counts[tuple(shape)] = counts.get(tuple(shape), 0) + 1
+    for (rows, cols), n in counts.items():
+        k = -(-n // world_size)
+        for r in range(world_size):
+            per_rank[r] += 4 * k * (rows * cols + max(rows, cols))
+    for shape in adamw_shapes:
+        numel, row = torch.Size(shape).numel(), torch.Size(shape[1:]).numel()
+        k = shape[0] if world_size == 1 or numel < SMALL_NUMEL else -(-shape[0] // world_size)
+        for r in range(world_size):
+            rows = shape[0] if k == shape[0] else max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
+            per_rank[r] += 2 * 4 * rows * row
+    return per_rank
+
+
+def build_head_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
+                         unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
+                         scalar_lr: float = 0.5, polar_dtype: torch.dtype | None = None, process_group: Any = None,
+                         sharded: bool | None = None) -> NorMuonAdamW:
+    """nanochat HEAD's optimizer (recipe "2026-07") for a NanoChatGPT model of any generation, grouped by parameter
+    name as gpt.py setup_optimizer groups them. ``weight_decay`` is the Muon groups' (the AdamW groups have
+    nanochat's fixed ones); every group's lr and initial_lr are its base rate times ``init_lr_frac``.
+
+    ``polar_dtype``: the dtype of the orthogonalisation; None follows nanochat's compute dtype: bfloat16 when the
+    parameters are on a CUDA device that supports it, else float32. Sharded as `build_optimizer`.
+    """
+    if polar_dtype is None:
+        device = next(model.parameters()).device
+        polar_dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    groups = head_param_groups(model, matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac,
+                               scalar_lr, polar_dtype)
+    return NorMuonAdamW(groups, process_group=process_group, sharded=sharded)
+
+
+def build_recipe_optimizer(recipe: str, model: torch.nn.Module, *rates: float, process_group: Any = None,
+                           sharded: bool | None = None) -> MuonAdamW:
+    """`build_optimizer` for a ``recipe`` other than the default "2025-12" (``rates``: its five positional rates)."""
+    if recipe not in RECIPES[1:]:
+        raise ValueError(f"optimizer recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
+    return build_head_optimizer(model, *rates, process_group=process_group, sharded=sharded)

@@ -1,0 +1,83 @@
+"""scripts/chat_eval.py on bad input: one line, exit code 2, before the model is evaluated; a hub task that cannot be
+loaded offline is skipped in one line and the others run."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def script():
+    spec = importlib.util.spec_from_file_location("chat_eval_script", ROOT / "scripts" / "chat_eval.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def model_dir(tmp_path, tokenizer, random_model):
+    random_model.save_pretrained(tmp_path / "model")
+    tokenizer.save_pretrained(tmp_path / "model")
+    return tmp_path / "model"
+
+
+def _data(tmp_path: Path, name: str, content: bytes) -> list[str]:
+    (tmp_path / name).write_bytes(content)
+    return ["--tasks", "GSM8K", "--data_files", f"GSM8K={tmp_path / name}"]
+
+
+CASES = {
+    "data file not JSON": (lambda m, t: _data(t, "g.jsonl", b"question,answer\n1,2\n"),
+                           "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON"),
+    "data file empty": (lambda m, t: _data(t, "g.jsonl", b""),
+                        "error: --data_files GSM8K: data file {tmp}/g.jsonl is empty (expected rows as JSON objects)"),
+    "data file binary": (lambda m, t: _data(t, "g.jsonl", bytes(range(256)) * 4),
+                         "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON (not UTF-8)"),
+    "parquet not parquet": (lambda m, t: _data(t, "g.parquet", b'{"question": "x"}\n'),
+                            "error: --data_files GSM8K: data file {tmp}/g.parquet is not a parquet file"),
+    "truncated model.safetensors": (
+        lambda m, t: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]) and [],
+        "error: {tmp}/model/model.safetensors: not a readable safetensors file"),
+    "no tokenizer files": (lambda m, t: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")] and [],
+                           "error: {tmp}/model: no tokenizer in the model folder (tokenizer.json expected"),
+    "--json in a missing folder": (lambda m, t: ["--json", str(t / "nope" / "r.json")],
+                                   "error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file"),
+    "--report a folder": (lambda m, t: ["--report", str(t)], "error: --report {tmp} is a directory; expected a file"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_bad_input_is_one_line_before_any_work(case, script, model_dir, tmp_path, capsys, monkeypatch):
+    make, message = CASES[case]
+    extra = make(model_dir, tmp_path)
+    evaluated = []
+    monkeypatch.setattr(script, "run_chat_eval", lambda *a, **k: evaluated.append(a) or [])
+    assert script.main(["--model", str(model_dir), "--tasks", "SpellingBee", *extra]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(message.format(tmp=tmp_path)), err
+    assert not evaluated
+
+
+@pytest.mark.slow
+def test_offline_hub_task_is_skipped_and_the_others_run(model_dir, tmp_path):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
+           "HF_DATASETS_CACHE": str(tmp_path / "empty-cache")}  # nothing cached: the hub task cannot load
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "chat_eval.py"), "--model", str(model_dir),
+                           "--tasks", "ARC-Easy,SpellingBee", "--max_problems", "3", "--max_new_tokens", "4",
+                           "--num_threads", "1", "--json", str(tmp_path / "r.json")],
+                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    skipped = [line for line in proc.stderr.splitlines() if "skipped" in line]
+    assert len(skipped) == 1 and skipped[0].startswith("chat eval ARC-Easy skipped: could not load "
+                                                       "allenai/ai2_arc/ARC-Easy split 'test'"), proc.stderr
+    assert [r["task"] for r in json.loads((tmp_path / "r.json").read_text())] == ["SpellingBee"]
+    assert "chat eval SpellingBee: 3/3 problems in " in proc.stderr  # the progress line (stderr is not a terminal)
