@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import os
+import resource
 import shutil
 import sys
 from pathlib import Path
@@ -178,6 +179,98 @@ def test_resume_refuses_a_changed_seed_and_applies_a_changed_lr(run, capsys):
     assert new[:2] == old[:2]  # steps 1-2 come from the checkpoint
     for (_, _, lr_old), (_, _, lr_new) in zip(old[2:], new[2:]):  # the logged rate is lm_head's (unembedding)
         assert lr_new == pytest.approx(2 * lr_old)
+
+
+def test_resume_refuses_another_model_config_or_a_previous_release(run, capsys):
+    tmp, out, args, _ = run
+    resumed = tmp / "other-model"
+    resumed.mkdir()
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    before = _tree(resumed)
+    line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true", "--demo_depth", "3"], capsys)
+    assert "the model config differs: n_layer was 2 in the checkpoint and is 3 now" in line
+    assert _tree(resumed) == before
+    fingerprint = resumed / "checkpoint-2" / "run_fingerprint.json"
+    previous = {k: v for k, v in json.loads(fingerprint.read_text()).items()
+                if k not in ("model_config", "data_format", "code_version")}
+    fingerprint.write_text(json.dumps(previous))  # as the release before this one wrote it
+    before = _tree(resumed)
+    line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"], capsys)
+    assert "cannot resume: the checkpoint does not record its model config (written by an earlier release" in line
+    assert _tree(resumed) == before
+
+
+@contextlib.contextmanager
+def _file_size_limit(nbytes: int):
+    """A file-size limit (ulimit -f) on this process: writes past it fail with EFBIG, as on a full disk."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    resource.setrlimit(resource.RLIMIT_FSIZE, (nbytes, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+
+
+def test_full_disk_during_a_checkpoint(run, capsys):
+    tmp, out, args, _ = run
+    args = [*args, "--chat_eval_tasks", ""]
+    resumed = tmp / "full"
+    resumed.mkdir()
+    shutil.copytree(out / "checkpoint-2", resumed / "checkpoint-2")
+    before = _tree(resumed)
+    with _file_size_limit(1 << 20):  # the tiny model's model.safetensors is about 5.8 MB
+        line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"], capsys)
+    assert line.startswith(f"mid_train: error: checkpoint checkpoint-4 could not be saved in {resumed}: a file would "
+                           "exceed the file-size limit (ulimit -f); it needs about "), line
+    assert "MB free there" in line and "what was staged is removed" in line
+    assert _tree(resumed) == before and sorted(p.name for p in resumed.iterdir()) == ["checkpoint-2"]
+    _run([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"])  # room again: resume works
+    assert _losses(resumed / "checkpoint-4") == _losses(out / "checkpoint-4")
+
+
+def test_full_disk_during_the_final_save(run, capsys):
+    tmp, _, args, _ = run
+    args = [*args, "--chat_eval_tasks", ""]
+    final = tmp / "full-final"
+    final.mkdir()
+    with _file_size_limit(1 << 20):
+        line = _fail([*args, "--save_steps", "0", "--output_dir", str(final)], capsys)  # no checkpoints
+    assert line.startswith(f"mid_train: error: the model could not be saved in {final}: a file would exceed"), line
+    assert list(final.iterdir()) == []  # no .tmp-save left
+
+
+def test_jit_checkpoint_on_sigterm_resumes_with_the_same_logged_losses(run, monkeypatch):
+    from transformers import TrainerCallback
+
+    from nanochat_hf.training import run as run_module
+    from nanochat_hf.training.callbacks import StepEndJITCheckpoint
+
+    tmp, out, args, _ = run
+    args = [*args, "--chat_eval_tasks", ""]
+    jit = tmp / "jit"
+
+    class SigtermDuringStep2(TrainerCallback):
+        def __init__(self, manager):
+            self.manager = manager
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 1:  # what the SIGTERM handler sets once its grace period is over
+                self.manager.is_checkpoint_requested = True
+
+    def build_trainer(*a, **k):
+        trainer = original(*a, **k)
+        (jit_callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepEndJITCheckpoint)]
+        trainer.add_callback(SigtermDuringStep2(jit_callback.jit_manager))
+        return trainer
+
+    original = run_module.build_trainer
+    monkeypatch.setattr(run_module, "build_trainer", build_trainer)
+    _run([*args, "--enable_jit_checkpoint", "true", "--save_steps", "100", "--output_dir", str(jit)])
+    monkeypatch.undo()
+    assert sorted(p.name for p in jit.glob("checkpoint-*")) == ["checkpoint-2"]  # at the end of step 2, then stop
+    assert _losses(jit / "checkpoint-2") == _losses(out / "checkpoint-2")  # its log line and EMA are in it
+    _run([*args, "--output_dir", str(jit), "--resume_from_checkpoint", "true"])
+    assert _losses(jit / "checkpoint-4") == _losses(out / "checkpoint-4")
 
 
 def test_malformed_yaml_is_one_line(tmp_path, capsys):

@@ -33,6 +33,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
 from transformers.utils import PushInProgress
+from transformers.utils import logging as hf_logging
 from transformers.utils.hub import hf_api
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
@@ -387,7 +388,14 @@ class MidTrainer(Trainer):
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
         with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict()),
                                    lambda: shutil.rmtree(tmp, ignore_errors=True)):
-            model.save_pretrained(tmp)
+            bars = hf_logging.is_progress_bar_enabled()
+            if self.args.disable_tqdm:  # transformers' "Writing model shards" bar follows --disable_tqdm too
+                hf_logging.disable_progress_bar()
+            try:
+                model.save_pretrained(tmp)
+            finally:
+                if bars:
+                    hf_logging.enable_progress_bar()
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
             write_json(tmp / "training_args.json", self.args.to_dict())
