@@ -59,10 +59,6 @@ def test_epoch_trajectory_equals_nanochat_chat_sft(setup, tmp_path):
     """One SFT epoch through our Trainer with optimizer_recipe 2026-07: every step's logged loss and LR multiplier
     and the val bpb at steps 0 and last equal nanochat's chat_sft.py loop executing with its MuonAdamW
     (data/make_sft_trajectory_reference.py)."""
-    from nanochat_hf import optim
-
-    if "2026-07" not in getattr(optim, "RECIPES", ()):
-        pytest.skip("needs optimizer_recipe 2026-07 (nanochat HEAD's MuonAdamW, branch recipe-optim)")
     from nanochat_hf.data import demo_tokenizer
     from nanochat_hf.training.arguments import parse_args
     from nanochat_hf.training.trainer import MidTrainer
