@@ -55,6 +55,28 @@ def test_december_groups_of_a_g5_model():
         assert (g["betas"], g["eps"], g["weight_decay"]) == ((0.8, 0.95), 1e-10, 0.0), name
 
 
+
+def test_head_recipe_groups_of_a_g5_model():
+    """Recipe 2026-07 on a real G5 model: nanochat HEAD's setup_optimizer groups, although our backbone holds the
+    parameters nanochat keeps at the top level (transformer.resid_lambdas, ...)."""
+    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+
+    config = NanoChatGPTConfig(vocab_size=300, sequence_len=64, n_layer=4, n_head=2, n_embd=64, pad_vocab_size_to=64,
+                               residual_lambdas=True, value_embeddings=True, ve_gate_channels=12, ve_gate_scale=3.0,
+                               qk_scale=1.2, smear=True, backout=True, rope_theta=1e5)
+    model = NanoChatGPTForCausalLM(config)
+    names = {id(p): n for n, p in model.named_parameters()}
+    opt = build_optimizer(model, recipe="2026-07")
+    members = {g["name"]: [names[id(p)] for p in g["params"]] for g in opt.param_groups}
+    assert list(members)[:6] == ["adamw/lm_head", "adamw/wte", "adamw/value_embeds", "adamw/resid_lambdas",
+                                 "adamw/x0_lambdas", "adamw/smear"]  # setup_optimizer's order at 92d63d4
+    assert members["adamw/value_embeds"] == ["transformer.value_embeds.1.weight", "transformer.value_embeds.3.weight"]
+    assert members["adamw/smear"] == ["transformer.smear_gate.weight", "transformer.smear_lambda",
+                                      "transformer.backout_lambda"]  # nanochat's module order
+    muon = [n for k, ns in members.items() if k.startswith("muon/") for n in ns]
+    assert "transformer.h.1.attn.ve_gate.weight" in muon
+    assert sorted(n for ns in members.values() for n in ns) == sorted(names.values())  # each parameter once
+
 WORKER = """
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, {here!r})

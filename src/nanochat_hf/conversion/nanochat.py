@@ -305,7 +305,8 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
         if shards is not None:
             with torch.device("meta"):
                 model = NanoChatGPTForCausalLM(config)
-            write_nanochat_optimizer(model, *shards, tmp, step, {n: t.dtype for n, t in nanochat_state.items()})
+            ours = hf_names(config)  # the optimizer writer knows parameters by our names
+            write_nanochat_optimizer(model, *shards, tmp, step, {ours[n]: t.dtype for n, t in nanochat_state.items()})
         if tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too
             with staged_dir(tokenizer_dir, overwrite, protect) as tok_tmp:
                 _write_nanochat_tokenizer(tokenizer, tok_tmp)

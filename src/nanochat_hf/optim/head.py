@@ -43,9 +43,18 @@ _SMEAR = ("smear_gate.weight", "smear_lambda", "backout_lambda")
 _BLOCK_ORDER = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "attn.ve_gate", "mlp.c_fc", "mlp.c_proj")
 
 
+def _nanochat_name(name: str) -> str:
+    """nanochat's name of one of our parameters: our backbone ``transformer`` also holds the parameters nanochat
+    keeps at the top level (``resid_lambdas``, ``value_embeds.*``, ``smear_gate.weight``, ...)."""
+    key = name.removeprefix("module.").removeprefix("_orig_mod.")
+    if key.startswith("transformer.") and not key.startswith(("transformer.h.", "transformer.wte.")):
+        key = key.removeprefix("transformer.")
+    return key
+
+
 def head_group_of(name: str) -> str:
     """The HEAD recipe's group of a parameter, by nanochat's parameter name ("muon" for every block matrix)."""
-    key = name.removeprefix("module.").removeprefix("_orig_mod.")
+    key = _nanochat_name(name)
     if key.startswith("transformer.h."):
         return "muon"
     if key == "transformer.wte.weight":
@@ -67,7 +76,7 @@ def nanochat_order(name: str) -> tuple[int, int]:
     """Sort key putting a group's parameters in the order nanochat's module tree lists them (layer, then position
     in the block; value embeddings by layer; smear_gate, smear_lambda, backout_lambda): which rank owns which matrix
     of a stack, and the parameter numbering of optimizer files, follow it."""
-    parts = name.removeprefix("module.").removeprefix("_orig_mod.").split(".")
+    parts = _nanochat_name(name).split(".")
     if parts[0] == "transformer" and parts[1] == "h":
         suffix = ".".join(parts[3:-1])
         return int(parts[2]), _BLOCK_ORDER.index(suffix) if suffix in _BLOCK_ORDER else len(_BLOCK_ORDER)
