@@ -166,7 +166,7 @@ def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
     values = dict(seed=42, max_seq_len=64, device_batch_size=2, total_batch_size=256, num_iterations=-1,
                   matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, init_lr_frac=1.0, weight_decay=0.0,
                   max_grad_norm=0.0, train_mixture=str(mixture), val_mixture=None, packing="stream",
-                  completion_only_loss=False, warmdown_ratio=0.2)
+                  completion_only_loss=False, warmdown_ratio=0.2, optimizer_recipe="2025-12")
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -181,7 +181,8 @@ def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
 @pytest.mark.parametrize("field,new", [("seed", 43), ("max_seq_len", 128), ("device_batch_size", 4),
                                        ("total_batch_size", 512), ("num_iterations", 100), ("weight_decay", 0.1),
                                        ("max_grad_norm", 1.0), ("packing", "bestfit"),
-                                       ("completion_only_loss", True), ("warmdown_ratio", 0.5)])
+                                       ("completion_only_loss", True), ("warmdown_ratio", 0.5),
+                                       ("optimizer_recipe", "2026-07")])
 def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, new):
     saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     current = run_fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
