@@ -145,25 +145,6 @@ def test_save_load_round_trip_and_backbone_from_a_causal_lm_dir(tmp_path):
                            model.transformer(ids, attention_mask=mask).last_hidden_state)
 
 
-def test_old_config_with_logit_softcap_loads_and_its_value_is_used(tmp_path):
-    # an HF dir as the model saved it before the backbone and the rename: same tensor names, `logit_softcap`
-    model = tester.model()
-    with torch.no_grad():
-        model.lm_head.weight.mul_(20)  # logits far beyond the cap, so the cap value shows
-    model.save_pretrained(tmp_path)
-    raw = json.loads((tmp_path / "config.json").read_text())
-    del raw["final_logit_softcapping"]
-    raw["logit_softcap"] = 7.0
-    (tmp_path / "config.json").write_text(json.dumps(raw))
-    loaded = NanoChatGPTForCausalLM.from_pretrained(tmp_path).eval()
-    assert loaded.config.final_logit_softcapping == 7.0 and loaded.config.logit_softcap == 7.0
-    ids, _ = tester.inputs()
-    with torch.no_grad():
-        logits = loaded(ids).logits
-    assert 6.5 < logits.abs().max().item() <= 7.0
-    assert "logit_softcap" not in loaded.config.to_dict()  # written back under transformers' name only
-
-
 def test_generate_without_mask_equals_with_mask():
     model = tester.model()
     prompt = torch.tensor([[BOS, 5, 17, 42, 7]])

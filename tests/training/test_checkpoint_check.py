@@ -116,14 +116,12 @@ def test_damaged_newest_falls_back_and_explicit_path_fails_in_one_line(run_dir, 
     assert snapshot(run_dir) == before  # nothing repaired or deleted behind the user's back
 
 
-def test_newest_by_step_number_and_staging_folders_ignored(run_dir):
+def test_newest_by_step_number(run_dir):
     write_checkpoint(run_dir, 100)  # "checkpoint-100" sorts before "checkpoint-20" as text
-    (run_dir / ".tmp-checkpoint-110").mkdir()
     (run_dir / "checkpoint-notastep").mkdir()
     path, messages = resolve_resume_checkpoint(run_dir, "latest", 2)
     assert path == run_dir / "checkpoint-100"
-    assert messages == [f"ignoring {run_dir / '.tmp-checkpoint-110'}: an unfinished checkpoint save (left as it is)"]
-    assert (run_dir / ".tmp-checkpoint-110").is_dir()
+    assert messages == []
 
 
 def test_no_intact_checkpoint_is_one_line(run_dir, tmp_path):

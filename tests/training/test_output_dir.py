@@ -120,12 +120,11 @@ def test_another_run_is_refused_unless_overwrite_or_resume(tmp_path, names, desc
     assert snapshot(out) == before  # refusing, overwriting-to-be and resuming all leave the earlier run intact
 
 
-def test_unfinished_staging_folders_alone_are_not_a_run(tmp_path):
+def test_an_unfinished_final_save_alone_is_not_a_run(tmp_path):
     out = tmp_path / "out"
-    (out / ".tmp-checkpoint-10").mkdir(parents=True)
-    (out / ".tmp-save").mkdir()
+    (out / ".tmp-save").mkdir(parents=True)
     assert prepare_output_dir(out, False, False) == []
-    assert (out / ".tmp-checkpoint-10").is_dir()
+    assert (out / ".tmp-save").is_dir()
 
 
 def test_final_save_stages_inside_and_publishes_whole_files(tmp_path):

@@ -14,8 +14,7 @@ class NanoChatGPTConfig(PretrainedConfig):
     The usual Hugging Face names (``hidden_size``, ``num_hidden_layers``, ``num_attention_heads``,
     ``num_key_value_heads``, ``max_position_embeddings``) are aliases of the nanochat fields.
 
-    ``final_logit_softcapping`` (transformers' name, read by TRL's fused loss) is nanochat's logit soft cap;
-    ``logit_softcap``, the name older config.json files carry, is an alias of it.
+    ``final_logit_softcapping`` (transformers' name, read by TRL's fused loss) is nanochat's logit soft cap.
 
     ``rotary_dtype`` is the precision of the rotary cos/sin tables: ``"bfloat16"`` rounds them as nanochat
     does (what trained checkpoints expect), ``"float32"`` keeps them exact (as transformers' NanoChat does).
@@ -56,7 +55,6 @@ class NanoChatGPTConfig(PretrainedConfig):
         "num_attention_heads": "n_head",
         "num_key_value_heads": "n_kv_head",
         "max_position_embeddings": "sequence_len",
-        "logit_softcap": "final_logit_softcapping",  # the name this config used before: old config.json files load
     }
 
     sequence_len: int = 1024

@@ -31,9 +31,8 @@ PER_RANK_FILES = (
 )
 MODEL_FILE, MODEL_INDEX = "model.safetensors", "model.safetensors.index.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-# A staging folder left by an interrupted save is reported, never used. (MidTrainer writes checkpoint-<step> in place,
-# trainer_state.json last, into a fresh folder; an incomplete one fails `verify_checkpoint`.)
-STAGING_PREFIX = ".tmp-checkpoint-"
+# MidTrainer writes checkpoint-<step> in place, trainer_state.json last, into a fresh folder: an incomplete one fails
+# `verify_checkpoint` and is skipped when resuming.
 AUTO_RESUME = ("true", "last", "latest")
 
 FINGERPRINT_FILE = "run_fingerprint.json"
@@ -152,7 +151,7 @@ def resolve_resume_checkpoint(
     """Map `--resume_from_checkpoint` to a verified checkpoint folder and messages for the user.
 
     None/False/"" -> (None, []). True/"true"/"last"/"latest" -> the newest intact `checkpoint-<step>` in output_dir
-    (by step), with one message per newer checkpoint skipped and why, and per leftover staging folder ignored;
+    (by step), with one message per newer checkpoint skipped and why;
     ValueError if there is none. Any other string is a path: verified, ValueError in one line if it is not usable.
     """
     if resume_from_checkpoint in (None, False, ""):
@@ -166,10 +165,7 @@ def resolve_resume_checkpoint(
 
 def _newest_intact(output_dir: Path, world_size: int) -> tuple[Path, list[str]]:
     entries = list(output_dir.iterdir()) if output_dir.is_dir() else []
-    messages = [
-        f"ignoring {p}: an unfinished checkpoint save (left as it is)"
-        for p in sorted(entries) if p.name.startswith(STAGING_PREFIX)
-    ]
+    messages = []
     steps = sorted(
         ((int(m.group(1)), p) for p in entries if (m := CHECKPOINT_RE.match(p.name)) and p.is_dir()), reverse=True
     )
