@@ -32,8 +32,13 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--batch_size", type=int, default=16)
     parser.add_argument("--repeats", type=int, default=2)
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice); 1 "
-                        "avoids thread-synchronisation stalls when other jobs share the cores")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (default: torch's choice); 1 "
+        "avoids thread-synchronisation stalls when other jobs share the cores",
+    )
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -55,27 +60,36 @@ def main() -> None:
             path.write_text("".join(json.dumps(row(i, "test")) + "\n" for i in range(args.problems)))
             files[task] = load_problems(EVAL_TASKS[task], [str(path)])
 
-    runs = [("categorical", "MMLU", 1), ("categorical", "MMLU", args.batch_size),
-            ("generative", "GSM8K", 1), ("generative", "GSM8K", args.batch_size)]
+    runs = [
+        ("categorical", "MMLU", 1),
+        ("categorical", "MMLU", args.batch_size),
+        ("generative", "GSM8K", 1),
+        ("generative", "GSM8K", args.batch_size),
+    ]
     best: dict[tuple, float] = {}
     for _ in range(args.repeats):
         for mode, task, batch in runs:
             start = time.perf_counter()
-            evaluate_task(model, tokenizer, EVAL_TASKS[task], files[task], batch_size=batch,
-                          max_new_tokens=args.max_new_tokens)
+            evaluate_task(
+                model, tokenizer, EVAL_TASKS[task], files[task], batch_size=batch, max_new_tokens=args.max_new_tokens
+            )
             elapsed = time.perf_counter() - start
             best[(mode, task, batch)] = min(best.get((mode, task, batch), elapsed), elapsed)
 
-    print(f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
-          f"{torch.__version__}, {device}; {args.problems} problems per run, generation {args.max_new_tokens} "
-          f"new tokens per problem, best of {args.repeats}")
+    print(
+        f"{platform.processor() or platform.machine()}, {torch.get_num_threads()} threads, torch "
+        f"{torch.__version__}, {device}; {args.problems} problems per run, generation {args.max_new_tokens} "
+        f"new tokens per problem, best of {args.repeats}"
+    )
     print("| mode | task layout | batch size | problems | seconds | problems/s | speed-up |")
     print("|---|---|---|---|---|---|---|")
     for mode, task, batch in runs:
         seconds = best[(mode, task, batch)]
         speedup = best[(mode, task, 1)] / seconds
-        print(f"| {mode} | {task} | {batch} | {args.problems} | {seconds:.2f} | {args.problems / seconds:.1f} | "
-              f"{speedup:.1f}x |")
+        print(
+            f"| {mode} | {task} | {batch} | {args.problems} | {seconds:.2f} | {args.problems / seconds:.1f} | "
+            f"{speedup:.1f}x |"
+        )
 
 
 if __name__ == "__main__":

@@ -104,14 +104,18 @@ def summarize(arms: list[dict]) -> dict:
     recipes = {a.get("recipe"): a for a in arms if a["optimizer"] == "muon"}
     if {"2025-12", "2026-07"} <= set(recipes):  # both recipes to the December arm's final val bpb
         december = recipes["2025-12"]["final_val_bpb"]
-        summary["recipes"] = {"target_val_bpb": december, **{r: first_step_at_or_below(recipes[r]["curve"], december)
-                                                             for r in ("2025-12", "2026-07")}}
+        summary["recipes"] = {
+            "target_val_bpb": december,
+            **{r: first_step_at_or_below(recipes[r]["curve"], december) for r in ("2025-12", "2026-07")},
+        }
     return summary
 
 
 def table(arms: list[dict], summary: dict) -> str:
-    lines = [f"target: {summary['target_val_bpb']:.4f} val bpb = final of the best AdamW arm ({summary['best_adamw']})",
-             f"{'arm':<16} {'final val bpb':>13} {'steps to target':>15} {'/ best AdamW':>12}"]
+    lines = [
+        f"target: {summary['target_val_bpb']:.4f} val bpb = final of the best AdamW arm ({summary['best_adamw']})",
+        f"{'arm':<16} {'final val bpb':>13} {'steps to target':>15} {'/ best AdamW':>12}",
+    ]
     for a in arms:
         steps = "not reached" if a["steps_to_target"] is None else str(a["steps_to_target"])
         ratio = "-" if a["ratio"] is None else f"{a['ratio']:.2f}"
@@ -119,13 +123,16 @@ def table(arms: list[dict], summary: dict) -> str:
     if "recipes" in summary:
         r = summary["recipes"]
         head = "not reached" if r["2026-07"] is None else r["2026-07"]
-        lines.append(f"recipes, steps to {r['target_val_bpb']:.4f} val bpb (the December arm's final): 2025-12 "
-                     f"{r['2025-12']}, 2026-07 {head}")
+        lines.append(
+            f"recipes, steps to {r['target_val_bpb']:.4f} val bpb (the December arm's final): 2025-12 "
+            f"{r['2025-12']}, 2026-07 {head}"
+        )
     return "\n".join(lines)
 
 
-def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_tokens, val_tokens,
-            recipe: str = "2025-12") -> dict:
+def run_arm(
+    name: str, matrix_lr: float | None, args, model, tokenizer, train_tokens, val_tokens, recipe: str = "2025-12"
+) -> dict:
     """Train a copy of `model`: the optimizer of ``recipe`` (matrix_lr None) or AdamW everywhere at matrix_lr."""
     t0 = time.time()
     trainer = build_trainer(args, copy.deepcopy(model), tokenizer, train_tokens, val_tokens)
@@ -133,20 +140,37 @@ def run_arm(name: str, matrix_lr: float | None, args, model, tokenizer, train_to
     trainer.add_callback(EvalPrinter(name))
     if matrix_lr is not None:  # the Trainer takes a given optimizer as is (its create_optimizer then does nothing)
         trainer.optimizer = build_optimizer(
-            trainer.model, matrix_lr=matrix_lr, embedding_lr=args.embedding_lr, unembedding_lr=args.unembedding_lr,
-            weight_decay=args.weight_decay, init_lr_frac=args.init_lr_frac, matrix_optimizer="adamw")
+            trainer.model,
+            matrix_lr=matrix_lr,
+            embedding_lr=args.embedding_lr,
+            unembedding_lr=args.unembedding_lr,
+            weight_decay=args.weight_decay,
+            init_lr_frac=args.init_lr_frac,
+            matrix_optimizer="adamw",
+        )
         clip_in_optimizer(trainer.optimizer, args.max_grad_norm)
     elif recipe != "2025-12":
         trainer.optimizer = build_optimizer(
-            trainer.model, matrix_lr=args.matrix_lr, embedding_lr=args.embedding_lr,
-            unembedding_lr=args.unembedding_lr, weight_decay=args.weight_decay, init_lr_frac=args.init_lr_frac,
-            recipe=recipe)
+            trainer.model,
+            matrix_lr=args.matrix_lr,
+            embedding_lr=args.embedding_lr,
+            unembedding_lr=args.unembedding_lr,
+            weight_decay=args.weight_decay,
+            init_lr_frac=args.init_lr_frac,
+            recipe=recipe,
+        )
         clip_in_optimizer(trainer.optimizer, args.max_grad_norm)
     train(trainer)
     curve = [(h["step"], h["eval_val_bpb"]) for h in trainer.state.log_history if "eval_val_bpb" in h]
-    result = {"name": name, "optimizer": "muon" if matrix_lr is None else "adamw", "recipe": recipe,
-              "matrix_lr": args.matrix_lr if matrix_lr is None else matrix_lr,
-              "final_val_bpb": curve[-1][1], "curve": curve, "wall_s": round(time.time() - t0, 1)}
+    result = {
+        "name": name,
+        "optimizer": "muon" if matrix_lr is None else "adamw",
+        "recipe": recipe,
+        "matrix_lr": args.matrix_lr if matrix_lr is None else matrix_lr,
+        "final_val_bpb": curve[-1][1],
+        "curve": curve,
+        "wall_s": round(time.time() - t0, 1),
+    }
     del trainer
     gc.collect()
     return result
@@ -158,35 +182,71 @@ def main(argv: list[str] | None = None) -> dict:
         # 1 thread and eager unless asked otherwise: every arm would pay the compile again, and the curves do not
         # depend on it
         given = {x.split("=")[0] for x in rest}
-        defaults = [x for flag, value in (("--num_threads", "1"), ("--torch_compile", "false")) if flag not in given
-                    for x in (flag, value)]
-        args = parse_args([*rest, "--num_iterations", str(a.steps), "--eval_every", str(a.eval_every),
-                           "--dry_run", "true", "--output_dir", tmp, "--disable_tqdm", "true", *defaults])
+        defaults = [
+            x
+            for flag, value in (("--num_threads", "1"), ("--torch_compile", "false"))
+            if flag not in given
+            for x in (flag, value)
+        ]
+        args = parse_args(
+            [
+                *rest,
+                "--num_iterations",
+                str(a.steps),
+                "--eval_every",
+                str(a.eval_every),
+                "--dry_run",
+                "true",
+                "--output_dir",
+                tmp,
+                "--disable_tqdm",
+                "true",
+                *defaults,
+            ]
+        )
         torch.set_num_threads(args.num_threads)
         tokenizer = demo_tokenizer()
         config = NanoChatGPTConfig.from_depth(
-            a.depth, vocab_size=len(tokenizer), sequence_len=max(1024, args.max_seq_len),
-            bos_token_id=tokenizer.bos_token_id, pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN))
+            a.depth,
+            vocab_size=len(tokenizer),
+            sequence_len=max(1024, args.max_seq_len),
+            bos_token_id=tokenizer.bos_token_id,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        )
         torch.manual_seed(args.seed)
         model = NanoChatGPTForCausalLM(config)  # every arm trains a copy: the same initial weights
         tokenizer.model_max_length = config.sequence_len
         # as run.setup does; the mixtures default to the offline demo's (train_mixture / val_mixture None)
         train_tokens, val_tokens = (
             tokenize_conversations(load_mixture(path, split=s), tokenizer, max_tokens=2048, assistant_only=False)
-            for path, s in ((args.train_mixture, "train"), (args.val_mixture or args.train_mixture, "val")))
-        print(f"convergence: depth {a.depth} (width {config.n_embd}, {config.n_head} heads), {a.steps} steps of "
-              f"{args.total_batch_size} tokens ({args.device_batch_size}x{args.max_seq_len}), eval every "
-              f"{a.eval_every}, {args.num_threads} thread(s)", flush=True)
+            for path, s in ((args.train_mixture, "train"), (args.val_mixture or args.train_mixture, "val"))
+        )
+        print(
+            f"convergence: depth {a.depth} (width {config.n_embd}, {config.n_head} heads), {a.steps} steps of "
+            f"{args.total_batch_size} tokens ({args.device_batch_size}x{args.max_seq_len}), eval every "
+            f"{a.eval_every}, {args.num_threads} thread(s)",
+            flush=True,
+        )
         report = {
             "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "command": " ".join(["python", "benchmarks/convergence.py", *(argv if argv is not None else sys.argv[1:])]),
             "machine": f"{platform.machine()}, {torch.get_num_threads()} torch thread(s), torch {torch.__version__}",
-            "settings": {"depth": a.depth, "n_embd": config.n_embd, "n_head": config.n_head, "steps": a.steps,
-                         "eval_every": a.eval_every, "total_batch_size": args.total_batch_size,
-                         "device_batch_size": args.device_batch_size, "max_seq_len": args.max_seq_len,
-                         "eval_tokens": args.eval_tokens, "seed": args.seed, "matrix_lr": args.matrix_lr,
-                         "embedding_lr": args.embedding_lr, "unembedding_lr": args.unembedding_lr},
+            "settings": {
+                "depth": a.depth,
+                "n_embd": config.n_embd,
+                "n_head": config.n_head,
+                "steps": a.steps,
+                "eval_every": a.eval_every,
+                "total_batch_size": args.total_batch_size,
+                "device_batch_size": args.device_batch_size,
+                "max_seq_len": args.max_seq_len,
+                "eval_tokens": args.eval_tokens,
+                "seed": args.seed,
+                "matrix_lr": args.matrix_lr,
+                "embedding_lr": args.embedding_lr,
+                "unembedding_lr": args.unembedding_lr,
+            },
             "arms": [],
         }
         plan = [("muon" if r == "2025-12" else f"muon {r}", None, r) for r in a.recipes]

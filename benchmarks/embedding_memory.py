@@ -63,8 +63,10 @@ def main(argv: list[str] | None = None) -> list[float]:
             weights, saved[dtype] = measure(layers, a.tokens, a.depth, a.vocab, a.device, dtype)
             print(f"| {layers} | {a.tokens} | {str(dtype)[6:]} | {weights / MIB:.1f} | {saved[dtype] / MIB:.1f} |")
         per_layer_token.append((saved[torch.float32] - saved[torch.bfloat16]) / (layers * a.tokens))
-    print(f"saved activations, float32 - bfloat16 embedding: {', '.join(f'{b:.0f}' for b in per_layer_token)} "
-          "bytes per token per layer")
+    print(
+        f"saved activations, float32 - bfloat16 embedding: {', '.join(f'{b:.0f}' for b in per_layer_token)} "
+        "bytes per token per layer"
+    )
     d20 = per_layer_token[-1] * 20 * 32 * 2048
     print(f"d20, 32 x 2048 tokens per device: {d20 / 2**30:.2f} GiB less saved for backward")
     return per_layer_token

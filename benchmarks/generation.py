@@ -31,8 +31,15 @@ BOS, PAD = 0, 1  # token ids given to the configs; prompts are random ids from 2
 def random_model(depth: int, vocab: int, seq: int, dtype: torch.dtype) -> NanoChatGPTForCausalLM:
     """A depth-`depth` model with random weights everywhere (a fresh model's lm_head and output projections are
     zero, which would make every logit equal and every greedy token the same)."""
-    config = NanoChatGPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq, rotary_dtype="float32",
-                                          bos_token_id=BOS, eos_token_id=BOS, pad_token_id=PAD)
+    config = NanoChatGPTConfig.from_depth(
+        depth,
+        vocab_size=vocab,
+        sequence_len=seq,
+        rotary_dtype="float32",
+        bos_token_id=BOS,
+        eos_token_id=BOS,
+        pad_token_id=PAD,
+    )
     model = NanoChatGPTForCausalLM(config)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -54,8 +61,9 @@ def prompts(batch: int, length: int, vocab: int) -> dict[str, torch.Tensor]:
     return {"input_ids": ids, "attention_mask": mask}
 
 
-def timed_generate(model, inputs: dict[str, torch.Tensor], config: GenerationConfig,
-                   device: torch.device) -> tuple[float, torch.Tensor]:
+def timed_generate(
+    model, inputs: dict[str, torch.Tensor], config: GenerationConfig, device: torch.device
+) -> tuple[float, torch.Tensor]:
     if device.type == "cuda":
         torch.cuda.synchronize()
     t0 = time.perf_counter()
@@ -81,11 +89,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument("--new_tokens", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--threads", type=int, default=1,
-                        help="CPU threads (default 1: a decode step of the demo model is too small to split, and on "
-                             "shared cores a second thread mostly spin-waits, making runs 10x slower and erratic)")
-    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default=None,
-                        help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="CPU threads (default 1: a decode step of the demo model is too small to split, and on "
+        "shared cores a second thread mostly spin-waits, making runs 10x slower and erratic)",
+    )
+    parser.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16"],
+        default=None,
+        help="weights and activations (default: bfloat16 on CUDA, float32 on CPU)",
+    )
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     torch.set_num_threads(args.threads)
@@ -97,12 +113,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
         to_native(os.path.join(tmp, "ours"), os.path.join(tmp, "native"))
         native = NanoChatForCausalLM.from_pretrained(os.path.join(tmp, "native"), dtype=dtype)
     models = {"ours": ours.to(device), "native": native.to(device).eval()}
-    gen = GenerationConfig(do_sample=False, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
-                           bos_token_id=BOS, eos_token_id=BOS, pad_token_id=PAD)
+    gen = GenerationConfig(
+        do_sample=False,
+        max_new_tokens=args.new_tokens,
+        min_new_tokens=args.new_tokens,
+        bos_token_id=BOS,
+        eos_token_id=BOS,
+        pad_token_id=PAD,
+    )
 
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
-    print(f"device: {name}; torch {torch.__version__}; d{args.depth} (width {ours.config.n_embd}, vocab "
-          f"{args.vocab}), {args.dtype or dtype}; greedy, KV cache; best of {args.repeats} interleaved repeats")
+    print(
+        f"device: {name}; torch {torch.__version__}; d{args.depth} (width {ours.config.n_embd}, vocab "
+        f"{args.vocab}), {args.dtype or dtype}; greedy, KV cache; best of {args.repeats} interleaved repeats"
+    )
     if hasattr(os, "getloadavg"):
         print(f"load average before: {os.getloadavg()[0]:.2f} (other processes share these cores if > ~0)")
     header = f"{'batch':>5} {'new tokens':>10} {'ours tok/s':>11} {'native tok/s':>12} {'ours/native':>11}  same tokens"
@@ -115,16 +139,19 @@ def main(argv: list[str] | None = None) -> list[dict]:
         times: dict[str, list[float]] = {k: [] for k in models}
         for r in range(args.repeats):
             # alternate who goes first, so neither always runs right after the other's allocations
-            for k in (list(models) if r % 2 == 0 else list(models)[::-1]):
+            for k in list(models) if r % 2 == 0 else list(models)[::-1]:
                 times[k].append(timed_generate(models[k], inputs, gen, device)[0])
         new = outputs["ours"].shape[1] - args.prompt_len
         rate = {k: batch * new / min(t) for k, t in times.items()}
         same = torch.equal(outputs["ours"], outputs["native"])
         note = "yes" if same else "NO, " + first_difference(outputs["ours"], outputs["native"], args.prompt_len)
-        print(f"{batch:>5} {new:>10} {rate['ours']:>11,.0f} {rate['native']:>12,.0f} "
-              f"{rate['ours'] / rate['native']:>11.2f}  {note}")
-        rows.append({"batch": batch, "new_tokens": new, "ours": rate["ours"], "native": rate["native"],
-                     "same_tokens": same})
+        print(
+            f"{batch:>5} {new:>10} {rate['ours']:>11,.0f} {rate['native']:>12,.0f} "
+            f"{rate['ours'] / rate['native']:>11.2f}  {note}"
+        )
+        rows.append(
+            {"batch": batch, "new_tokens": new, "ours": rate["ours"], "native": rate["native"], "same_tokens": same}
+        )
     if hasattr(os, "getloadavg"):
         print(f"load average after: {os.getloadavg()[0]:.2f}")
     return rows

@@ -9,7 +9,8 @@ q/k scaled by 1.2, RoPE base 1e5, smear, backout, window pattern "SSSL" (short w
 layer full), vocab padded to 64. Both models get random weights (seed 0: matrices N(0, 1/fan_in), embeddings
 N(0, 1), the scalars at their init), as a model looks after a few steps. From their from-scratch inits instead
 (G0's lm_head and output projections all zero, G5's nearly so) one loaded CPU run gave G5 1.28x (sdpa) and 2.4x
-(eager) G0's tok/s, far from the random-weight ratios: the fresh models are not the workload training runs. Both train on the same random tokens (loss = our causal LM loss on labels = inputs); a step
+(eager) G0's tok/s, far from the random-weight ratios: the fresh models are not the workload training runs. Both
+train on the same random tokens (loss = our causal LM loss on labels = inputs); a step
 is one forward + backward (no optimizer).
 The two models alternate within each repeat (a change in load on shared cores hits both alike), after one untimed
 warm-up each; the table shows the best repeat and the ratio G5 / G0.
@@ -32,13 +33,24 @@ def g5_fields(n_layer: int, seq: int) -> dict:
     short = -(-seq // 4 // 128) * 128
     layer_types = ["sliding_attention" if "SSSL"[i % 4] == "S" else "full_attention" for i in range(n_layer)]
     layer_types[-1] = "full_attention"
-    return {"residual_lambdas": True, "value_embeddings": True, "ve_gate_channels": 12, "ve_gate_scale": 3.0,
-            "qk_scale": 1.2, "rope_theta": 100000.0, "smear": True, "backout": True, "pad_vocab_size_to": 64,
-            "layer_types": layer_types, "sliding_window": short + 1}
+    return {
+        "residual_lambdas": True,
+        "value_embeddings": True,
+        "ve_gate_channels": 12,
+        "ve_gate_scale": 3.0,
+        "qk_scale": 1.2,
+        "rope_theta": 100000.0,
+        "smear": True,
+        "backout": True,
+        "pad_vocab_size_to": 64,
+        "layer_types": layer_types,
+        "sliding_window": short + 1,
+    }
 
 
-def build(generation: str, depth: int, vocab: int, seq: int, device: torch.device,
-          attn: str = "sdpa") -> NanoChatGPTForCausalLM:
+def build(
+    generation: str, depth: int, vocab: int, seq: int, device: torch.device, attn: str = "sdpa"
+) -> NanoChatGPTForCausalLM:
     torch.manual_seed(0)
     fields = g5_fields(depth, seq) if generation == "G5" else {}
     config = NanoChatGPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=seq, **fields)
@@ -48,8 +60,10 @@ def build(generation: str, depth: int, vocab: int, seq: int, device: torch.devic
         for module in model.modules():
             if isinstance(module, (nn.Linear, nn.Embedding)):
                 w = module.weight
-                w.copy_(torch.randn(w.shape, generator=g) * (1.0 if isinstance(module, nn.Embedding) else
-                                                             w.shape[1] ** -0.5))
+                w.copy_(
+                    torch.randn(w.shape, generator=g)
+                    * (1.0 if isinstance(module, nn.Embedding) else w.shape[1] ** -0.5)
+                )
     model.set_attn_implementation(attn)
     return model.to(device).train()
 
@@ -90,18 +104,22 @@ def main(argv: list[str] | None = None) -> list[dict]:
     ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=torch.Generator().manual_seed(1)).to(device)
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU, {torch.get_num_threads()} thread(s)"
     c = models["G5"].config
-    print(f"device: {name}; torch {torch.__version__}; d{args.depth} (width {c.n_embd}, {c.n_layer} layers), vocab "
-          f"{args.vocab}, batch {args.batch} x seq {args.seq}, attention {c._attn_implementation}; forward + backward; "
-          f"best of {args.repeats} interleaved repeats")
-    print(f"G5 layers: {''.join('S' if t == 'sliding_attention' else 'L' for t in c.layer_types)}, short window "
-          f"{c.sliding_window - 1} (+ the token itself)")
+    print(
+        f"device: {name}; torch {torch.__version__}; d{args.depth} (width {c.n_embd}, {c.n_layer} layers), vocab "
+        f"{args.vocab}, batch {args.batch} x seq {args.seq}, attention {c._attn_implementation}; forward + backward; "
+        f"best of {args.repeats} interleaved repeats"
+    )
+    print(
+        f"G5 layers: {''.join('S' if t == 'sliding_attention' else 'L' for t in c.layer_types)}, short window "
+        f"{c.sliding_window - 1} (+ the token itself)"
+    )
     if hasattr(os, "getloadavg"):
         print(f"load average before: {os.getloadavg()[0]:.2f} (other processes share these cores if > ~0)")
     for model in models.values():  # warm-up
         timed_step(model, ids, device)
     times: dict[str, list[float]] = {g: [] for g in models}
     for r in range(args.repeats):
-        for g in (list(models) if r % 2 == 0 else list(models)[::-1]):
+        for g in list(models) if r % 2 == 0 else list(models)[::-1]:
             times[g].append(timed_step(models[g], ids, device))
     rate = {g: ids.numel() / min(t) for g, t in times.items()}
     params = {g: sum(p.numel() for p in m.parameters()) for g, m in models.items()}

@@ -109,29 +109,46 @@ def bench_step(depth: int, repeats: int, device: torch.device) -> None:
         p.grad = torch.randn(p.shape, device=device)
 
     def ours(**ns):
-        group = {"params": params, "kind": "muon", "name": "muon/matrix", "lr": 0.02, "initial_lr": 0.02,
-                 "momentum": 0.95, "nesterov": True, "ns_steps": 5, **ns}
+        group = {
+            "params": params,
+            "kind": "muon",
+            "name": "muon/matrix",
+            "lr": 0.02,
+            "initial_lr": 0.02,
+            "momentum": 0.95,
+            "nesterov": True,
+            "ns_steps": 5,
+            **ns,
+        }
         return MuonAdamW([group], sharded=False).step
 
     default = "batched" if ns_batch_size(device, shapes[0]) == 0 else "per matrix"
-    fns = {"ours, batched": ours(ns_batch_size=0), "ours, per matrix": ours(ns_batch_size=1),
-           "ours, Gram (default batching)": ours(ns_gram=True),
-           "torch.optim.Muon": torch.optim.Muon(params, lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True,
-                                                ns_steps=5, adjust_lr_fn="original").step,
-           "bf16 matmuls": matmuls(shapes, device)}
+    fns = {
+        "ours, batched": ours(ns_batch_size=0),
+        "ours, per matrix": ours(ns_batch_size=1),
+        "ours, Gram (default batching)": ours(ns_gram=True),
+        "torch.optim.Muon": torch.optim.Muon(
+            params, lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True, ns_steps=5, adjust_lr_fn="original"
+        ).step,
+        "bf16 matmuls": matmuls(shapes, device),
+    }
     t = interleaved(fns, repeats, device)
     rate = ns_flops(shapes, steps=1) / t["bf16 matmuls"]
     flops = ns_flops(shapes)
-    print(f"\nd{depth}: {len(shapes)} matrices, {flops / 1e12:.3f} TFLOP of standard Newton-Schulz per step; "
-          f"bf16 matmul rate {rate / 1e12:.3f} TFLOP/s; default path here: {default}")
+    print(
+        f"\nd{depth}: {len(shapes)} matrices, {flops / 1e12:.3f} TFLOP of standard Newton-Schulz per step; "
+        f"bf16 matmul rate {rate / 1e12:.3f} TFLOP/s; default path here: {default}"
+    )
     header = f"{'optimizer step':<32} {'s':>9} {'/ torch':>8} {'TFLOP/s':>8} {'of mm rate':>10}"
     print(header + "\n" + "-" * len(header))
     for name, sec in t.items():
         if name == "bf16 matmuls":
             continue
         mark = "*" if name == f"ours, {default}" else ""
-        print(f"{name + mark:<32} {sec:>9.4f} {sec / t['torch.optim.Muon']:>8.2f} {flops / sec / 1e12:>8.3f} "
-              f"{flops / sec / rate:>10.0%}")
+        print(
+            f"{name + mark:<32} {sec:>9.4f} {sec / t['torch.optim.Muon']:>8.2f} {flops / sec / 1e12:>8.3f} "
+            f"{flops / sec / rate:>10.0%}"
+        )
 
 
 def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
@@ -144,8 +161,10 @@ def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
         return lambda: [newton_schulz(g, gram=gram) for g in rect.values()]
 
     t = interleaved({"standard": run(False), "gram": run(True)}, repeats, device)
-    print(f"\nGram Newton-Schulz on the {len(shapes)} rectangular matrices of d{depth}: "
-          f"standard {t['standard']:.4f} s, Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x")
+    print(
+        f"\nGram Newton-Schulz on the {len(shapes)} rectangular matrices of d{depth}: "
+        f"standard {t['standard']:.4f} s, Gram {t['gram']:.4f} s, speedup {t['standard'] / t['gram']:.2f}x"
+    )
     header = f"{'shape':>12} {'dtype':>9} {'max |gram-std|':>15} {'rel Frobenius':>14} {'std vs float64':>15}"
     print(header + "\n" + "-" * len(header))
     for shape, g in rect.items():
@@ -153,12 +172,25 @@ def bench_gram(depth: int, repeats: int, device: torch.device) -> None:
         for dtype in (torch.bfloat16, torch.float32):
             std = newton_schulz(g[:2], dtype=dtype).double()
             diff = newton_schulz(g[:2], gram=True, dtype=dtype).double() - std
-            print(f"{str(shape):>12} {str(dtype).removeprefix('torch.'):>9} {diff.abs().max().item():>15.3g} "
-                  f"{(diff.norm() / std.norm()).item():>14.3g} {((std - exact).norm() / exact.norm()).item():>15.3g}")
+            print(
+                f"{str(shape):>12} {str(dtype).removeprefix('torch.'):>9} {diff.abs().max().item():>15.3g} "
+                f"{(diff.norm() / std.norm()).item():>14.3g} {((std - exact).norm() / exact.norm()).item():>15.3g}"
+            )
 
 
-def nanochat_muon_step(stacked_grads, stacked_params, momentum_buffer, second_momentum_buffer, momentum_t, lr_t,
-                       wd_t, beta2_t, ns_steps, red_dim, compute_dtype) -> None:
+def nanochat_muon_step(
+    stacked_grads,
+    stacked_params,
+    momentum_buffer,
+    second_momentum_buffer,
+    momentum_t,
+    lr_t,
+    wd_t,
+    beta2_t,
+    ns_steps,
+    red_dim,
+    compute_dtype,
+) -> None:
     """nanochat's muon_step_fused at 92d63d4 (nanochat/optim.py), transcribed op for op, without torch.compile."""
     momentum = momentum_t.to(stacked_grads.dtype)
     momentum_buffer.lerp_(stacked_grads, 1 - momentum)
@@ -177,7 +209,8 @@ def nanochat_muon_step(stacked_grads, stacked_params, momentum_buffer, second_mo
             X = a * X + (b * A + c * (A @ A)) @ X
     g = X.to(stacked_params.dtype)
     g = g * (min(g.size(-2), g.size(-1)) ** 0.5 / g.float().norm(dim=(-2, -1), keepdim=True).clamp_min(1e-6)).to(
-        g.dtype)
+        g.dtype
+    )
     beta2 = beta2_t.to(g.dtype)
     v_mean = g.float().square().mean(dim=red_dim, keepdim=True)
     red_dim_size = g.size(red_dim)
@@ -198,13 +231,30 @@ def bench_head_step(depth: int, repeats: int, device: torch.device) -> None:
     params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
     grads = [torch.randn(s, device=device) for s in shapes]
     stacks = {s: [i for i, t in enumerate(shapes) if t == s] for s in sorted(set(shapes))}
-    groups = [{"params": [params[i] for i in idx], "kind": "muon", "name": f"muon/{s[0]}x{s[1]}", "lr": 0.02,
-               "initial_lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5, "beta2": 0.9,
-               "weight_decay": 0.0, "polar_dtype": str(dtype).removeprefix("torch.")} for s, idx in stacks.items()]
+    groups = [
+        {
+            "params": [params[i] for i in idx],
+            "kind": "muon",
+            "name": f"muon/{s[0]}x{s[1]}",
+            "lr": 0.02,
+            "initial_lr": 0.02,
+            "momentum": 0.95,
+            "nesterov": True,
+            "ns_steps": 5,
+            "beta2": 0.9,
+            "weight_decay": 0.0,
+            "polar_dtype": str(dtype).removeprefix("torch."),
+        }
+        for s, idx in stacks.items()
+    ]
     ours = NorMuonAdamW(groups, sharded=False)
-    nc_state = {s: (torch.zeros(len(idx), *s, device=device),
-                    torch.zeros((len(idx), s[0], 1) if s[0] >= s[1] else (len(idx), 1, s[1]), device=device))
-                for s, idx in stacks.items()}
+    nc_state = {
+        s: (
+            torch.zeros(len(idx), *s, device=device),
+            torch.zeros((len(idx), s[0], 1) if s[0] >= s[1] else (len(idx), 1, s[1]), device=device),
+        )
+        for s, idx in stacks.items()
+    }
     # weight decay 0, as chat_sft.py runs: with decay, cautious weight decay's mask [g*p >= 0] makes the two updates
     # differ by lr*wd*|p| wherever rounding flips the sign of an update element near 0 (same cost either way)
     momentum_t, wd_t, beta2_t = (torch.tensor(v, dtype=torch.float32) for v in (0.95, 0.0, 0.9))
@@ -219,8 +269,18 @@ def bench_head_step(depth: int, repeats: int, device: torch.device) -> None:
         for s, idx in stacks.items():
             stacked = torch.stack([params[i] for i in idx])
             lr_t = torch.tensor(0.02 * max(1.0, s[0] / s[1]) ** 0.5, dtype=torch.float32)
-            nanochat_muon_step(torch.stack([grads[i] for i in idx]), stacked, *nc_state[s], momentum_t, lr_t,
-                               wd_t, beta2_t, 5, -1 if s[0] >= s[1] else -2, dtype)
+            nanochat_muon_step(
+                torch.stack([grads[i] for i in idx]),
+                stacked,
+                *nc_state[s],
+                momentum_t,
+                lr_t,
+                wd_t,
+                beta2_t,
+                5,
+                -1 if s[0] >= s[1] else -2,
+                dtype,
+            )
             torch._foreach_copy_([params[i] for i in idx], list(stacked.unbind(0)))
 
     # the same first step from the same state, for the difference of the updates
@@ -234,13 +294,18 @@ def bench_head_step(depth: int, repeats: int, device: torch.device) -> None:
     nc_update = [p.detach() - s0 for p, s0 in zip(params, start)]
     diff = max((a - b).abs().max().item() for a, b in zip(ours_update, nc_update))
     size = max(b.abs().max().item() for b in nc_update)
-    rel = (sum((a - b).pow(2).sum() for a, b in zip(ours_update, nc_update)) /
-           sum(b.pow(2).sum() for b in nc_update)).sqrt().item()
+    rel = (
+        (sum((a - b).pow(2).sum() for a, b in zip(ours_update, nc_update)) / sum(b.pow(2).sum() for b in nc_update))
+        .sqrt()
+        .item()
+    )
     t = interleaved({"ours (NorMuonAdamW)": step_ours, "nanochat's formula, eager": step_nanochat}, repeats, device)
     base = t["nanochat's formula, eager"]
-    print(f"\nrecipe 2026-07, d{depth}: {len(shapes)} matrices in {len(stacks)} stacks, orthogonalisation in "
-          f"{str(dtype).removeprefix('torch.')}; first-step updates differ by at most {diff:.3g} "
-          f"({diff / size:.2g} of the largest update element; relative Frobenius {rel:.2g})")
+    print(
+        f"\nrecipe 2026-07, d{depth}: {len(shapes)} matrices in {len(stacks)} stacks, orthogonalisation in "
+        f"{str(dtype).removeprefix('torch.')}; first-step updates differ by at most {diff:.3g} "
+        f"({diff / size:.2g} of the largest update element; relative Frobenius {rel:.2g})"
+    )
     header = f"{'Muon step, recipe 2026-07':<32} {'s':>9} {'/ nanochat':>10}"
     print(header + "\n" + "-" * len(header))
     for name, sec in t.items():
@@ -249,13 +314,17 @@ def bench_head_step(depth: int, repeats: int, device: torch.device) -> None:
 
 def print_state_bytes(depth: int, vocab: int) -> None:
     block, adamw = model_shapes(depth, vocab)
-    print(f"\noptimizer state per rank, d{depth} (vocab {vocab}), from the sharding rule of the sharded step "
-          f"(tests/optim/test_distributed.py and test_head_recipe.py check the rules against 2-process runs):")
+    print(
+        f"\noptimizer state per rank, d{depth} (vocab {vocab}), from the sharding rule of the sharded step "
+        f"(tests/optim/test_distributed.py and test_head_recipe.py check the rules against 2-process runs):"
+    )
     for recipe, rule in (("2025-12", state_bytes_per_rank), ("2026-07", head_state_bytes_per_rank)):
         for world in (1, 2):
             per_rank = rule(block, adamw, world)
-            print(f"  recipe {recipe}, {world} process{'es' if world > 1 else ''}: " +
-                  ", ".join(f"rank {r} {b / 2**20:,.2f} MiB" for r, b in enumerate(per_rank)))
+            print(
+                f"  recipe {recipe}, {world} process{'es' if world > 1 else ''}: "
+                + ", ".join(f"rank {r} {b / 2**20:,.2f} MiB" for r, b in enumerate(per_rank))
+            )
 
 
 def main() -> None:

@@ -29,8 +29,9 @@ from nanochat_hf.optim import build_optimizer
 def demo_model(depth: int, vocab: int, seed: int = 0) -> NanoChatGPTForCausalLM:
     """The demo's model shape with random weights everywhere (a fresh model's zero projections would make every
     greedy token the same)."""
-    config = NanoChatGPTConfig.from_depth(depth, vocab_size=vocab, sequence_len=512, bos_token_id=0, eos_token_id=0,
-                                          pad_token_id=1)
+    config = NanoChatGPTConfig.from_depth(
+        depth, vocab_size=vocab, sequence_len=512, bos_token_id=0, eos_token_id=0, pad_token_id=1
+    )
     model = NanoChatGPTForCausalLM(config)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -41,8 +42,9 @@ def demo_model(depth: int, vocab: int, seed: int = 0) -> NanoChatGPTForCausalLM:
 
 def generation_tok_s(model, batch: int, new_tokens: int, vocab: int) -> float:
     ids = torch.randint(2, vocab, (batch, 24), generator=torch.Generator().manual_seed(batch))
-    config = GenerationConfig(max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=1,
-                              eos_token_id=0)
+    config = GenerationConfig(
+        max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=1, eos_token_id=0
+    )
     t0 = time.perf_counter()
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
@@ -74,12 +76,16 @@ def main(argv: list[str] | None = None) -> list[dict]:
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     infer = demo_model(args.depth, args.vocab).eval()
     train = demo_model(args.depth, args.vocab).train()
-    optimizer = build_optimizer(train, matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, weight_decay=0.0,
-                                init_lr_frac=1.0)
-    arms = {"generate, batch 1": lambda: generation_tok_s(infer, 1, args.new_tokens, args.vocab),
-            "generate, batch 8": lambda: generation_tok_s(infer, 8, args.new_tokens, args.vocab),
-            f"train step, {args.rows} x {args.seq}": lambda: training_tok_s(train, optimizer, args.rows, args.seq,
-                                                                          args.vocab)}
+    optimizer = build_optimizer(
+        train, matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, weight_decay=0.0, init_lr_frac=1.0
+    )
+    arms = {
+        "generate, batch 1": lambda: generation_tok_s(infer, 1, args.new_tokens, args.vocab),
+        "generate, batch 8": lambda: generation_tok_s(infer, 8, args.new_tokens, args.vocab),
+        f"train step, {args.rows} x {args.seq}": lambda: training_tok_s(
+            train, optimizer, args.rows, args.seq, args.vocab
+        ),
+    }
     results = {(arm, n): [] for arm in arms for n in counts}
     for repeat in range(args.repeats + 1):  # repeat 0 is the untimed warm-up
         for arm, run in arms.items():
@@ -89,8 +95,10 @@ def main(argv: list[str] | None = None) -> list[dict]:
                 if repeat:
                     results[arm, n].append(value)
     load_after = os.getloadavg()[0]
-    print(f"{cores} cores available; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
-          f"(this benchmark adds up to {max(counts)}); median of {args.repeats} repeats\n")
+    print(
+        f"{cores} cores available; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
+        f"(this benchmark adds up to {max(counts)}); median of {args.repeats} repeats\n"
+    )
     print(f"| work | threads | tok/s | / {counts[0]} thread{'s' if counts[0] > 1 else ''} |")
     print("|---|---|---|---|")
     rows = []

@@ -150,23 +150,57 @@ class _StepTimes(TrainerCallback):
 class _BenchTrainer(MidTrainer):
     def make_stream(self, token_ds):
         a = self.bench
-        return RandomStream(a.vocab, a.batch, a.seq, a.steps * self.args.gradient_accumulation_steps,
-                            seed=self.accelerator.process_index)
+        return RandomStream(
+            a.vocab,
+            a.batch,
+            a.seq,
+            a.steps * self.args.gradient_accumulation_steps,
+            seed=self.accelerator.process_index,
+        )
 
 
 def trainer_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> dict:
     model = build_model(a, device)
-    args = parse_args([  # writes nothing (no saves), but the Trainer wants an output_dir: beside the results
-        "--model_source", "benchmark", "--output_dir", f"{a.result}-out", "--max_seq_len", str(a.seq),
-        "--device_batch_size", str(a.batch), "--total_batch_size", str(a.batch * a.seq * a.grad_accum),
-        "--num_iterations", str(a.steps), "--eval_every", "0", "--save_steps", "0",
-        "--dtype", "bfloat16" if bf16 else "float32", "--report_to", "none", "--disable_tqdm", "true",
-        "--torch_compile", str(a.compiled).lower(), "--num_threads", str(torch.get_num_threads()),
-    ])
+    args = parse_args(
+        [  # writes nothing (no saves), but the Trainer wants an output_dir: beside the results
+            "--model_source",
+            "benchmark",
+            "--output_dir",
+            f"{a.result}-out",
+            "--max_seq_len",
+            str(a.seq),
+            "--device_batch_size",
+            str(a.batch),
+            "--total_batch_size",
+            str(a.batch * a.seq * a.grad_accum),
+            "--num_iterations",
+            str(a.steps),
+            "--eval_every",
+            "0",
+            "--save_steps",
+            "0",
+            "--dtype",
+            "bfloat16" if bf16 else "float32",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--torch_compile",
+            str(a.compiled).lower(),
+            "--num_threads",
+            str(torch.get_num_threads()),
+        ]
+    )
     _BenchTrainer.bench = a
     timer = _StepTimes(device)
-    trainer = _BenchTrainer(model=model, args=args, train_dataset=[0], eval_dataset=None,
-                            token_bytes=torch.ones(a.vocab, dtype=torch.long), callbacks=[timer])
+    trainer = _BenchTrainer(
+        model=model,
+        args=args,
+        train_dataset=[0],
+        eval_dataset=None,
+        token_bytes=torch.ones(a.vocab, dtype=torch.long),
+        callbacks=[timer],
+    )
     with contextlib.redirect_stdout(io.StringIO()):  # the per-step lines
         trainer.train()
     return {"times": timer.times, "optimizer": trainer.optimizer, "flops_per_token": model.num_flops_per_token()}
@@ -204,8 +238,11 @@ def worker(a) -> None:
     times = run["times"]
     if len(times) != a.steps + 1:
         raise RuntimeError(f"{a.worker}: timed {len(times) - 1} steps, expected {a.steps}")
-    peak = torch.cuda.max_memory_allocated(device) if device.type == "cuda" else \
-        resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux: KiB
+    peak = (
+        torch.cuda.max_memory_allocated(device)
+        if device.type == "cuda"
+        else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    )  # Linux: KiB
     result = {
         "warmup_s": times[a.warmup] - times[0],
         "steady_step_s": (times[-1] - times[a.warmup]) / (a.steps - a.warmup),
@@ -227,15 +264,52 @@ def worker(a) -> None:
 def run_arm(a, loop: str, compiled: bool, nproc: int, workdir: Path, port: int) -> dict:
     """Launch one arm in fresh process(es), return its measurements (rank 0's times, the largest rank's memory)."""
     result = workdir / f"{loop}-{'compiled' if compiled else 'eager'}-{nproc}"
-    shape = ["--depth", str(a.depth), "--vocab", str(a.vocab), "--seq", str(a.seq), "--batch", str(a.batch),
-             "--grad_accum", str(a.grad_accum), "--steps", str(a.steps), "--warmup", str(a.warmup),
-             "--dtype", a.dtype, *(["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else [])]
-    script = [str(Path(__file__).resolve()), *shape, "--worker", loop, "--result", str(result),
-              *(["--compiled"] if compiled else [])]
+    shape = [
+        "--depth",
+        str(a.depth),
+        "--vocab",
+        str(a.vocab),
+        "--seq",
+        str(a.seq),
+        "--batch",
+        str(a.batch),
+        "--grad_accum",
+        str(a.grad_accum),
+        "--steps",
+        str(a.steps),
+        "--warmup",
+        str(a.warmup),
+        "--dtype",
+        a.dtype,
+        *(["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else []),
+    ]
+    script = [
+        str(Path(__file__).resolve()),
+        *shape,
+        "--worker",
+        loop,
+        "--result",
+        str(result),
+        *(["--compiled"] if compiled else []),
+    ]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), *script]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(nproc),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(port),
+            *script,
+        ]
     else:
         cmd = [sys.executable, *script]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -244,16 +318,23 @@ def run_arm(a, loop: str, compiled: bool, nproc: int, workdir: Path, port: int) 
         env["TRITON_CACHE_DIR"] = str(workdir / f"triton-{result.name}")
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        raise RuntimeError(f"arm {result.name} failed (exit {proc.returncode}):\n"
-                           f"{proc.stdout[-2000:]}{proc.stderr[-4000:]}")
+        raise RuntimeError(
+            f"arm {result.name} failed (exit {proc.returncode}):\n{proc.stdout[-2000:]}{proc.stderr[-4000:]}"
+        )
     return collect(result, loop, compiled, nproc)
 
 
 def collect(result: Path, loop: str, compiled: bool, nproc: int) -> dict:
     """One table row from the ranks' result files."""
     ranks = [json.loads(Path(f"{result}.rank{r}.json").read_text()) for r in range(nproc)]
-    row = dict(ranks[0], loop=loop, compiled=compiled, processes=nproc,
-               peak_bytes=max(r["peak_bytes"] for r in ranks), optimizer_bytes=max(r["optimizer_bytes"] for r in ranks))
+    row = dict(
+        ranks[0],
+        loop=loop,
+        compiled=compiled,
+        processes=nproc,
+        peak_bytes=max(r["peak_bytes"] for r in ranks),
+        optimizer_bytes=max(r["optimizer_bytes"] for r in ranks),
+    )
     row["tok_s"] = row["tokens_per_step"] / row["steady_step_s"]
     row["mfu"] = row["flops_per_token"] * row["tok_s"] / (row["peak_flops"] * nproc) if row["peak_flops"] else None
     return row
@@ -265,10 +346,12 @@ def _fmt(value: float | None, spec: str) -> str:
 
 def print_tables(a, rows: list[dict]) -> None:
     first = rows[0]
-    print(f"device: {first['device']}, {first['precision']}; depth {a.depth} (NanoChatGPTConfig.from_depth), vocab "
-          f"{a.vocab}; {a.batch} x {a.seq} tokens x grad_accum {a.grad_accum} per optimizer step (divided among the "
-          f"processes); {a.steps} steps, the first {a.warmup} untimed; "
-          f"{'1 torch thread per process' if first['device'] == 'CPU' else 'one GPU per process'}")
+    print(
+        f"device: {first['device']}, {first['precision']}; depth {a.depth} (NanoChatGPTConfig.from_depth), vocab "
+        f"{a.vocab}; {a.batch} x {a.seq} tokens x grad_accum {a.grad_accum} per optimizer step (divided among the "
+        f"processes); {a.steps} steps, the first {a.warmup} untimed; "
+        f"{'1 torch thread per process' if first['device'] == 'CPU' else 'one GPU per process'}"
+    )
     by_key = {(r["loop"], r["compiled"], r["processes"]): r for r in rows}
     print("| loop | compile | processes | tok/s | / base | compile s | peak MiB/rank | / base | opt MiB/rank | MFU |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -276,19 +359,26 @@ def print_tables(a, rows: list[dict]) -> None:
         base = by_key.get(("baseline", r["compiled"], r["processes"]))
         eager = by_key.get((r["loop"], False, r["processes"]))
         compile_s = r["warmup_s"] - eager["warmup_s"] if r["compiled"] and eager else None
-        print(f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} "
-              f"| {r['tok_s']:,.0f} | {_fmt(base and r['tok_s'] / base['tok_s'], '.2f')} | {_fmt(compile_s, '.1f')} "
-              f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base and r['peak_bytes'] / base['peak_bytes'], '.2f')} "
-              f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
-              f"{'%' if r['mfu'] else ''} |")
-    pairs = [(by_key[(loop, False, n)], by_key[(loop, True, n)]) for loop, c, n in by_key
-             if not c and (loop, True, n) in by_key]
+        print(
+            f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} "
+            f"| {r['tok_s']:,.0f} | {_fmt(base and r['tok_s'] / base['tok_s'], '.2f')} | {_fmt(compile_s, '.1f')} "
+            f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base and r['peak_bytes'] / base['peak_bytes'], '.2f')} "
+            f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
+            f"{'%' if r['mfu'] else ''} |"
+        )
+    pairs = [
+        (by_key[(loop, False, n)], by_key[(loop, True, n)])
+        for loop, c, n in by_key
+        if not c and (loop, True, n) in by_key
+    ]
     if pairs:
         print(f"\nA run of {a.run_steps} steps (first {a.warmup} as measured, the rest at the measured rate):")
         for eager, comp in pairs:
             t_e, t_c = (r["warmup_s"] + (a.run_steps - a.warmup) * r["steady_step_s"] for r in (eager, comp))
-            print(f"- {LOOPS[eager['loop']]}, {eager['processes']} process(es): eager {t_e:,.0f} s, compiled "
-                  f"{t_c:,.0f} s: compiling {'wins' if t_c < t_e else 'loses'} ({t_e / t_c:.2f}x)")
+            print(
+                f"- {LOOPS[eager['loop']]}, {eager['processes']} process(es): eager {t_e:,.0f} s, compiled "
+                f"{t_c:,.0f} s: compiling {'wins' if t_c < t_e else 'loses'} ({t_e / t_c:.2f}x)"
+            )
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -300,8 +390,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--grad_accum", type=int, default=2, help="micro-batches per step with 1 process")
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--warmup", type=int, default=3, help="first steps not timed (compilation happens there)")
-    p.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto",
-                   help="auto: bf16 autocast on CUDA, fp32 on CPU (as mid_train)")
+    p.add_argument(
+        "--dtype",
+        choices=["auto", "bfloat16", "float32"],
+        default="auto",
+        help="auto: bf16 autocast on CUDA, fp32 on CPU (as mid_train)",
+    )
     p.add_argument("--loops", nargs="+", choices=list(LOOPS), default=list(LOOPS))
     p.add_argument("--compile", choices=["eager", "compiled", "both"], default="both")
     p.add_argument("--processes", nargs="+", type=int, default=[1, 2])

@@ -22,12 +22,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--prompt", default=None, help="answer this one message and exit (default: interactive)")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
     parser.add_argument("--top-k", type=int, default=50, help="0 = no top-k filtering")
-    parser.add_argument("--max-new-tokens", type=int, default=None,
-                        help="default: 256, or half the model's sequence_len if that is less")
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="default: 256, or half the model's sequence_len if that is less",
+    )
     parser.add_argument("--seed", type=int, default=None, help="make sampling reproducible")
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
-                        help="default: bfloat16 on cuda, float32 on cpu")
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default=None, help="default: bfloat16 on cuda, float32 on cpu"
+    )
     return parser.parse_args(argv)
 
 
@@ -75,12 +80,12 @@ class ReplyPrinter(BaseStreamer):
         self.run.append(token)
         text = self.tokenizer.decode(self.run)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character
-            self.write(text[len(self.shown):])
+            self.write(text[len(self.shown) :])
             self.shown = text
 
     def flush(self) -> None:
         text = self.tokenizer.decode(self.run)
-        self.write(text[len(self.shown):])
+        self.write(text[len(self.shown) :])
         self.shown = text
 
     def write(self, s: str) -> None:
@@ -109,8 +114,9 @@ def main(argv: list[str] | None = None) -> int:
     from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else
-                                                           torch.float32)
+    dtype = (
+        getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    )
     top_k = args.top_k or None
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -123,20 +129,27 @@ def main(argv: list[str] | None = None) -> int:
     if args.max_new_tokens is None:
         args.max_new_tokens = min(256, sequence_len // 2)
     if args.max_new_tokens > sequence_len - 2:
-        print(f"error: --max-new-tokens {args.max_new_tokens} leaves no room for a prompt within the model's "
-              f"sequence_len {sequence_len}", file=sys.stderr)
+        print(
+            f"error: --max-new-tokens {args.max_new_tokens} leaves no room for a prompt within the model's "
+            f"sequence_len {sequence_len}",
+            file=sys.stderr,
+        )
         return 2
 
     def reply(messages: list[dict], at_line_start: bool) -> dict:
         prompt = render_for_completion(tokenizer, {"messages": messages}, max_tokens=None)  # fit_prompt keeps the end
         fitted = fit_prompt(prompt, sequence_len, args.max_new_tokens)
         if len(fitted) < len(prompt):
-            print(f"note: the conversation is {len(prompt)} tokens, more than the "
-                  f"model's sequence_len {sequence_len} minus --max-new-tokens {args.max_new_tokens}: the model sees "
-                  f"{BOS_TOKEN} and the last {len(fitted) - 1} tokens", file=sys.stderr)
+            print(
+                f"note: the conversation is {len(prompt)} tokens, more than the "
+                f"model's sequence_len {sequence_len} minus --max-new-tokens {args.max_new_tokens}: the model sees "
+                f"{BOS_TOKEN} and the last {len(fitted) - 1} tokens",
+                file=sys.stderr,
+            )
         printer = ReplyPrinter(tokenizer, at_line_start)
-        (tokens,) = generate_tokens(model, tokenizer, [fitted], args.max_new_tokens, args.temperature, top_k,
-                                    args.seed, streamer=printer)
+        (tokens,) = generate_tokens(
+            model, tokenizer, [fitted], args.max_new_tokens, args.temperature, top_k, args.seed, streamer=printer
+        )
         if not printer.line_start:
             printer.write("\n")
         return {"role": "assistant", "content": parts_from_tokens(tokenizer, tokens)}

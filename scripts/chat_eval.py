@@ -42,20 +42,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tasks", default=",".join(EVAL_TASKS), help="comma-separated (default: all six)")
     parser.add_argument("--max_problems", type=int, default=None, help="per task: the first N after the shuffle")
     parser.add_argument("--batch_size", type=int, default=8, help="problems per forward / generate call (default 8)")
-    parser.add_argument("--max_new_tokens", type=int, default=512,
-                        help="generative tasks: at most this many reply tokens (default 512)")
+    parser.add_argument(
+        "--max_new_tokens", type=int, default=512, help="generative tasks: at most this many reply tokens (default 512)"
+    )
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
     parser.add_argument("--top_k", type=int, default=50, help="sampling: the k most likely tokens (default 50; 0: all)")
     parser.add_argument("--seed", type=int, default=None, help="sampling seed (default: none)")
-    parser.add_argument("--data_files", action="append", default=[], metavar="TASK=FILE[,FILE]",
-                        help="local copies of a task's hub data, in its column layout (repeatable)")
+    parser.add_argument(
+        "--data_files",
+        action="append",
+        default=[],
+        metavar="TASK=FILE[,FILE]",
+        help="local copies of a task's hub data, in its column layout (repeatable)",
+    )
     parser.add_argument("--report", default=None, help="add the results section to this report.md")
     parser.add_argument("--json", default=None, help="also write the per-task results to this JSON file")
-    parser.add_argument("--dtype", choices=["bfloat16", "float32"], default=None,
-                        help="default: bfloat16 on cuda, float32 otherwise")
-    parser.add_argument("--num_threads", type=int, default=None,
-                        help="CPU threads per process (default: the cores divided among the processes, no more than "
-                             "the cores other jobs leave idle; as mid_train)")
+    parser.add_argument(
+        "--dtype", choices=["bfloat16", "float32"], default=None, help="default: bfloat16 on cuda, float32 otherwise"
+    )
+    parser.add_argument(
+        "--num_threads",
+        type=int,
+        default=None,
+        help="CPU threads per process (default: the cores divided among the processes, no more than "
+        "the cores other jobs leave idle; as mid_train)",
+    )
     return parser.parse_args(argv)
 
 
@@ -133,8 +144,9 @@ def main(argv: list[str] | None = None) -> int:
     if state.device.type == "cpu":
         torch.set_num_threads(cpu_threads(args.num_threads, state.num_processes))
     local = Path(args.model).expanduser()
-    dtype = getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else
-                                                           torch.float32)
+    dtype = (
+        getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else torch.float32)
+    )
     try:
         if local.is_dir():
             model, tokenizer = load_hf_dir(local, dtype=dtype)
@@ -151,9 +163,19 @@ def main(argv: list[str] | None = None) -> int:
             print(f"chat eval {task} skipped: {reason.removeprefix(f'{task}: ')}", file=sys.stderr, flush=True)
 
     try:
-        scores = run_chat_eval(model, tokenizer, args.tasks, args.max_problems, args.batch_size,
-                               args.max_new_tokens, args.temperature, args.top_k or None, args.seed,
-                               args.data_files, skip_unavailable=skipped)
+        scores = run_chat_eval(
+            model,
+            tokenizer,
+            args.tasks,
+            args.max_problems,
+            args.batch_size,
+            args.max_new_tokens,
+            args.temperature,
+            args.top_k or None,
+            args.seed,
+            args.data_files,
+            skip_unavailable=skipped,
+        )
     except ValueError as e:  # malformed local rows: one line
         print(f"error: {e}", file=sys.stderr)
         return 1

@@ -44,22 +44,37 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser("from-nanochat", help="nanochat model_<step>.pt + meta_<step>.json -> Hugging Face directory")
     p.add_argument("--checkpoint-dir", required=True, type=Path, help="e.g. ~/.cache/nanochat/base_checkpoints/d20")
     p.add_argument("--step", type=step_number, default=None, help="checkpoint step (default: the latest)")
-    p.add_argument("--tokenizer-dir", type=Path, default=None,
-                   help="nanochat tokenizer dir (default: <checkpoint-dir>/../../tokenizer, nanochat's layout)")
+    p.add_argument(
+        "--tokenizer-dir",
+        type=Path,
+        default=None,
+        help="nanochat tokenizer dir (default: <checkpoint-dir>/../../tokenizer, nanochat's layout)",
+    )
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--dtype", choices=["bfloat16", "float32"], default=None, help="cast weights (default: keep)")
-    p.add_argument("--trust-pickle", action="store_true",
-                   help="allow unpickling tokenizer.pkl (it can run code: only for files you trust)")
+    p.add_argument(
+        "--trust-pickle",
+        action="store_true",
+        help="allow unpickling tokenizer.pkl (it can run code: only for files you trust)",
+    )
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
 
     p = sub.add_parser("to-nanochat", help="Hugging Face directory -> nanochat model_<step>.pt + meta_<step>.json")
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--output", required=True, type=Path, help="nanochat checkpoint dir (other steps there are kept)")
-    p.add_argument("--step", type=step_number, default=None,
-                   help="step in the file names (default: trainer_state.json's global_step, else the source step)")
-    p.add_argument("--tokenizer-output", type=Path, default=None,
-                   help="where to write tokenizer.pkl + token_bytes.pt (default: <output>/../../tokenizer, nanochat's "
-                        "layout: --output <base>/<source>_checkpoints/<tag> puts it in <base>/tokenizer)")
+    p.add_argument(
+        "--step",
+        type=step_number,
+        default=None,
+        help="step in the file names (default: trainer_state.json's global_step, else the source step)",
+    )
+    p.add_argument(
+        "--tokenizer-output",
+        type=Path,
+        default=None,
+        help="where to write tokenizer.pkl + token_bytes.pt (default: <output>/../../tokenizer, nanochat's "
+        "layout: --output <base>/<source>_checkpoints/<tag> puts it in <base>/tokenizer)",
+    )
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
 
     p = sub.add_parser("to-native", help="export to transformers' built-in NanoChatForCausalLM (no custom code)")
@@ -77,11 +92,23 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "from-nanochat":
             tokenizer_dir = args.tokenizer_dir or nanochat_tokenizer_dir(args.checkpoint_dir)
-            out = from_nanochat(args.checkpoint_dir, args.output, tokenizer_dir, step=args.step, dtype=args.dtype,
-                                trust_pickle=args.trust_pickle, overwrite=args.overwrite)
+            out = from_nanochat(
+                args.checkpoint_dir,
+                args.output,
+                tokenizer_dir,
+                step=args.step,
+                dtype=args.dtype,
+                trust_pickle=args.trust_pickle,
+                overwrite=args.overwrite,
+            )
         elif args.command == "to-nanochat":
-            out = to_nanochat(args.model, args.output, step=args.step, tokenizer_output_dir=args.tokenizer_output,
-                              overwrite=args.overwrite)
+            out = to_nanochat(
+                args.model,
+                args.output,
+                step=args.step,
+                tokenizer_output_dir=args.tokenizer_output,
+                overwrite=args.overwrite,
+            )
         else:
             out = to_native(args.model, args.output, overwrite=args.overwrite)
     except (ValueError, OSError) as e:  # OSError: missing, existing or unwritable paths

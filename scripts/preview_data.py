@@ -42,19 +42,29 @@ def non_negative_int(value: str) -> int:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("config", nargs="?", default=None,
-                   help="mid_train's run config YAML (default: the demo config, configs/demo.yaml)")
-    p.add_argument("--mixture", default=None, help="mixture YAML (default: the config's; the demo's is the offline "
-                   "demo mixture)")
+    p.add_argument(
+        "config",
+        nargs="?",
+        default=None,
+        help="mid_train's run config YAML (default: the demo config, configs/demo.yaml)",
+    )
+    p.add_argument(
+        "--mixture", default=None, help="mixture YAML (default: the config's; the demo's is the offline demo mixture)"
+    )
     p.add_argument("--split", default="train", help="split of a split-keyed mixture file (train, val, ...)")
     p.add_argument("-n", type=non_negative_int, default=5, help="conversations to print")
     p.add_argument("--tokenizer", default=None, help="HF tokenizer dir, or nanochat tokenizer dir (tokenizer.pkl)")
     p.add_argument("--trust-pickle", action="store_true", help="allow unpickling a nanochat tokenizer.pkl")
     p.add_argument("--max-seq-len", type=positive_int, default=None, help="tokens per row (default: the config's)")
-    p.add_argument("--device-batch-size", type=positive_int, default=None,
-                   help="rows per micro-batch per process (default: the config's)")
-    p.add_argument("--total-batch-size", type=positive_int, default=None,
-                   help="tokens per optimizer step (default: the config's)")
+    p.add_argument(
+        "--device-batch-size",
+        type=positive_int,
+        default=None,
+        help="rows per micro-batch per process (default: the config's)",
+    )
+    p.add_argument(
+        "--total-batch-size", type=positive_int, default=None, help="tokens per optimizer step (default: the config's)"
+    )
     p.add_argument("--world-size", type=positive_int, default=1)
     p.add_argument("--max-tokens", type=positive_int, default=2048, help="truncation of each rendered conversation")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
@@ -119,15 +129,18 @@ def preview(args: argparse.Namespace) -> int:
 
     config = config_values(args.config)
     if args.mixture is None:
-        args.mixture = config["val_mixture"] if args.split == "val" and config["val_mixture"] else \
-            config["train_mixture"]
+        args.mixture = (
+            config["val_mixture"] if args.split == "val" and config["val_mixture"] else config["train_mixture"]
+        )
     B = args.device_batch_size = args.device_batch_size or config["device_batch_size"]
     T = args.max_seq_len = args.max_seq_len or config["max_seq_len"]
     W = args.world_size
     args.total_batch_size = args.total_batch_size or config["total_batch_size"]
     if args.total_batch_size % (B * T * W):
-        raise ValueError(f"total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
-                         f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}")
+        raise ValueError(
+            f"total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
+            f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}"
+        )
     grad_accum = args.total_batch_size // (B * T * W)
     read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
     tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
@@ -136,8 +149,10 @@ def preview(args: argparse.Namespace) -> int:
     name = args.mixture or "offline demo mixture"
     marked = "green" if color else f"between {OPEN} and {CLOSE}"
     print(f"Mixture: {name} [{args.split}], {len(ds):,} conversations")
-    print(f"Assistant tokens (mask 1) are shown {marked}. nanochat mid-training trains on EVERY token; "
-          "with assistant_only=True only on these.\n")
+    print(
+        f"Assistant tokens (mask 1) are shown {marked}. nanochat mid-training trains on EVERY token; "
+        "with assistant_only=True only on these.\n"
+    )
     for i in range(min(args.n, len(ds))):
         print(f"--- conversation {i} (task {ds[i]['task']}) ---")
         print(show(tokenizer, loads(ds[i]), args.max_tokens, color))
@@ -154,15 +169,21 @@ def preview(args: argparse.Namespace) -> int:
         print(f"  {task:<18}{len(n_tok):>14,}{sum(n_tok):>14,}{statistics.mean(n_tok):>15.1f}")
     total = sum(lengths)
     print(f"  {'total':<18}{len(lengths):>14,}{total:>14,}{total / len(lengths):>15.1f}")
-    print(f"Tokens per conversation: min {min(lengths)}, median {statistics.median(lengths):g}, "
-          f"mean {statistics.mean(lengths):.1f}, max {max(lengths)} (truncated at {args.max_tokens})")
+    print(
+        f"Tokens per conversation: min {min(lengths)}, median {statistics.median(lengths):g}, "
+        f"mean {statistics.mean(lengths):.1f}, max {max(lengths)} (truncated at {args.max_tokens})"
+    )
     stream = PackedStream(tds, max_seq_len=T, device_batch_size=B, rank=0, world_size=W)
     micro = stream.num_micro_batches()
     steps = stream.epoch_steps(grad_accum)  # what mid_train runs with num_iterations -1 (nanochat's epoch end)
-    print(f"\nBatching: {W} rank(s) x {B} rows x {T} tokens, grad_accum {grad_accum} "
-          f"-> {args.total_batch_size:,} tokens per optimizer step")
-    print(f"One epoch: {micro:,} micro-batches per rank -> {steps:,} optimizer steps "
-          f"({steps * args.total_batch_size:,} tokens trained, the mixture has {total:,})")
+    print(
+        f"\nBatching: {W} rank(s) x {B} rows x {T} tokens, grad_accum {grad_accum} "
+        f"-> {args.total_batch_size:,} tokens per optimizer step"
+    )
+    print(
+        f"One epoch: {micro:,} micro-batches per rank -> {steps:,} optimizer steps "
+        f"({steps * args.total_batch_size:,} tokens trained, the mixture has {total:,})"
+    )
     if steps == 0:
         print("warning: the mixture is smaller than one optimizer step at these batch settings")
     return 0

@@ -31,8 +31,15 @@ def fresh_python(tmp_path):
         env = {**os.environ, "HF_MODULES_CACHE": str(tmp_path / "modules"), "HF_HUB_OFFLINE": "1"}
         env.pop("PYTHONPATH", None)
         program = code if allow_package else BLOCK_PACKAGE + code
-        return subprocess.run([sys.executable, "-I", "-c", program, *argv], cwd=tmp_path, env=env,
-                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=300)
+        return subprocess.run(
+            [sys.executable, "-I", "-c", program, *argv],
+            cwd=tmp_path,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
 
     return run
 
@@ -47,8 +54,16 @@ def two_ranks():
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [subprocess.Popen([sys.executable, script, str(r), "2", str(port), str(out)], env=env,
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, script, str(r), "2", str(port), str(out)],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for r in range(2)
+        ]
         logs = [p.communicate(timeout=240)[0] for p in procs]
         assert all(p.returncode == 0 for p in procs), logs
 

@@ -63,7 +63,11 @@ def test_staged_dir_into_an_existing_folder(tmp_path):
     assert (target / "b.txt").read_text() == "user's b" and not (target / "a.txt").exists()
     stage(overwrite=True)
     assert {p.name: p.read_text() for p in target.iterdir()} == {
-        "keep.txt": "user", "same.txt": "same", "a.txt": "new a", "b.txt": "new b"}
+        "keep.txt": "user",
+        "same.txt": "same",
+        "a.txt": "new a",
+        "b.txt": "new b",
+    }
 
 
 def test_staged_dir_error_leaves_nothing(tmp_path):

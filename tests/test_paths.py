@@ -51,8 +51,9 @@ def test_hub_task_conversion_is_cached_by_the_data_and_the_converting_code(tmp_p
     first = tasks.load_task(spec, cache_dir=cache).dataset["conversation"]
     calls = []
     gsm8k = tasks.HUB_TASKS["gsm8k"]
-    monkeypatch.setitem(tasks.HUB_TASKS, "gsm8k", tasks.HubTask(gsm8k.dataset, lambda row: calls.append(row),
-                                                                  gsm8k.config))
+    monkeypatch.setitem(
+        tasks.HUB_TASKS, "gsm8k", tasks.HubTask(gsm8k.dataset, lambda row: calls.append(row), gsm8k.config)
+    )
     assert tasks.load_task(spec, cache_dir=cache).dataset["conversation"] == first and not calls  # cached
     real = tasks.cache_key
     monkeypatch.setattr(tasks, "cache_key", lambda *parts: real("edited converter", *parts))  # as if the code changed

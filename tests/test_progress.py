@@ -19,10 +19,12 @@ def test_long_phase_says_what_it_does_with_an_eta(monkeypatch, capsys):
         for _ in range(4):
             p.update(2)
     lines = capsys.readouterr().err.splitlines()
-    assert lines == ["chat eval GSM8K: 8 problems",
-                     "chat eval GSM8K: 4/8 problems, 0:40 elapsed, eta 0:40",  # the first reading after 30 s
-                     "chat eval GSM8K: 6/8 problems, 1:15 elapsed, eta 0:25",
-                     "chat eval GSM8K: 8/8 problems in 1:40"]
+    assert lines == [
+        "chat eval GSM8K: 8 problems",
+        "chat eval GSM8K: 4/8 problems, 0:40 elapsed, eta 0:40",  # the first reading after 30 s
+        "chat eval GSM8K: 6/8 problems, 1:15 elapsed, eta 0:25",
+        "chat eval GSM8K: 8/8 problems in 1:40",
+    ]
 
 
 def test_short_unannounced_phase_prints_nothing(monkeypatch, capsys):

@@ -81,8 +81,9 @@ def _staged_files(tmp: Path) -> list[Path]:
 
 
 @contextmanager
-def staged_dir(target: str | os.PathLike, overwrite: bool = False, protect: Iterable[str | os.PathLike] = ()
-               ) -> Iterator[Path]:
+def staged_dir(
+    target: str | os.PathLike, overwrite: bool = False, protect: Iterable[str | os.PathLike] = ()
+) -> Iterator[Path]:
     """Yield an empty staging folder; when the block ends without error its files land in `target`.
 
     A new `target` is staged beside it and renamed into place (it appears complete or not at all). An existing

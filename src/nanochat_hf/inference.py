@@ -41,24 +41,84 @@ from .tokenizer.chat_format import (
 _MATH_CHARS = frozenset("0123456789*+-/.() ")
 # ... otherwise it must use only these, contain ".count(" and none of the names below
 _STRING_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789'\"()._ ")
-_DANGEROUS = ("__", "import", "exec", "eval", "compile", "open", "file", "input", "raw_input", "globals", "locals",
-              "vars", "dir", "getattr", "setattr", "delattr", "hasattr")
+_DANGEROUS = (
+    "__",
+    "import",
+    "exec",
+    "eval",
+    "compile",
+    "open",
+    "file",
+    "input",
+    "raw_input",
+    "globals",
+    "locals",
+    "vars",
+    "dir",
+    "getattr",
+    "setattr",
+    "delattr",
+    "hasattr",
+)
 # methods a string expression may call (nanochat's eval allows any: these are the ones that cannot blow up)
 _METHODS = {
-    str: frozenset((
-        "count", "find", "rfind", "index", "rindex", "startswith", "endswith", "lower", "upper", "title",
-        "capitalize", "casefold", "swapcase", "strip", "lstrip", "rstrip", "split", "rsplit", "splitlines",
-        "partition", "rpartition", "join", "removeprefix", "removesuffix", "isalpha", "isdigit", "isnumeric",
-        "isdecimal", "isalnum", "isspace", "islower", "isupper", "istitle", "isascii", "isidentifier",
-        "isprintable")),
+    str: frozenset(
+        (
+            "count",
+            "find",
+            "rfind",
+            "index",
+            "rindex",
+            "startswith",
+            "endswith",
+            "lower",
+            "upper",
+            "title",
+            "capitalize",
+            "casefold",
+            "swapcase",
+            "strip",
+            "lstrip",
+            "rstrip",
+            "split",
+            "rsplit",
+            "splitlines",
+            "partition",
+            "rpartition",
+            "join",
+            "removeprefix",
+            "removesuffix",
+            "isalpha",
+            "isdigit",
+            "isnumeric",
+            "isdecimal",
+            "isalnum",
+            "isspace",
+            "islower",
+            "isupper",
+            "istitle",
+            "isascii",
+            "isidentifier",
+            "isprintable",
+        )
+    ),
     list: frozenset(("count", "index")),
     tuple: frozenset(("count", "index")),
 }
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv}
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg, ast.Not: operator.not_}
-_COMPARE = {ast.In: lambda a, b: a in b, ast.NotIn: lambda a, b: a not in b, ast.Is: operator.is_,
-            ast.IsNot: operator.is_not}
+_COMPARE = {
+    ast.In: lambda a, b: a in b,
+    ast.NotIn: lambda a, b: a not in b,
+    ast.Is: operator.is_,
+    ast.IsNot: operator.is_not,
+}
 
 
 class _Rejected(Exception):
@@ -125,14 +185,25 @@ def calculate(expression: str) -> str | None:
     if all(c in _MATH_CHARS for c in expression):
         if "**" in expression:
             return None
-    elif (not all(c in _STRING_CHARS for c in expression) or ".count(" not in expression
-          or any(name in expression.lower() for name in _DANGEROUS)):
+    elif (
+        not all(c in _STRING_CHARS for c in expression)
+        or ".count(" not in expression
+        or any(name in expression.lower() for name in _DANGEROUS)
+    ):
         return None
     try:  # eval() strips leading spaces, ast.parse would not
         result = _eval(ast.parse(expression.lstrip(" "), mode="eval"))
         return None if result is None else str(result)
-    except (_Rejected, SyntaxError, ValueError, TypeError, AttributeError, ArithmeticError, RecursionError,
-            MemoryError):
+    except (
+        _Rejected,
+        SyntaxError,
+        ValueError,
+        TypeError,
+        AttributeError,
+        ArithmeticError,
+        RecursionError,
+        MemoryError,
+    ):
         return None  # str() of an int over 4300 digits raises ValueError (nanochat's engine would crash)
 
 
@@ -172,9 +243,9 @@ class CalculatorToolProcessor(LogitsProcessor):
             start -= 1
         if start < 0 or row[start] != self.python_start:
             return None
-        forced = self.forced_reply(row[start + 1:end])
-        written = row[end + 1:]
-        if forced is None or len(written) >= len(forced) or forced[:len(written)] != written:
+        forced = self.forced_reply(row[start + 1 : end])
+        written = row[end + 1 :]
+        if forced is None or len(written) >= len(forced) or forced[: len(written)] != written:
             return None
         return forced[len(written)]
 
@@ -185,8 +256,9 @@ class CalculatorToolProcessor(LogitsProcessor):
         positions = torch.arange(input_ids.shape[1], device=input_ids.device)
         last = torch.where(is_special, positions, -1).max(dim=1).values
         last_token = input_ids.gather(1, last.clamp(min=0)[:, None])[:, 0]
-        pending = (last >= 0) & ((last_token == self.output_start)
-                                 | ((last_token == self.python_end) & (last == input_ids.shape[1] - 1)))
+        pending = (last >= 0) & (
+            (last_token == self.output_start) | ((last_token == self.python_end) & (last == input_ids.shape[1] - 1))
+        )
         rows, tokens = [], []
         for r in pending.nonzero()[:, 0].tolist():
             token = self._next_forced(input_ids[r].tolist(), int(last[r]))
@@ -217,15 +289,24 @@ def fit_prompt(prompt: list[int], sequence_len: int, max_new_tokens: int) -> lis
     if len(prompt) <= keep:
         return prompt
     if keep < 2:
-        raise ValueError(f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the model's "
-                         f"sequence_len={sequence_len}")
-    return prompt[:1] + prompt[len(prompt) - keep + 1:]
+        raise ValueError(
+            f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the model's "
+            f"sequence_len={sequence_len}"
+        )
+    return prompt[:1] + prompt[len(prompt) - keep + 1 :]
 
 
 @torch.no_grad()
-def generate_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: int = 256,
-                    temperature: float = 0.0, top_k: int | None = None, seed: int | None = None,
-                    streamer: BaseStreamer | None = None) -> list[list[int]]:
+def generate_tokens(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+    streamer: BaseStreamer | None = None,
+) -> list[list[int]]:
     """Reply tokens for each prompt (token ids), generated as one left-padded batch by ``model.generate()`` with
     the calculator tool. Each reply ends at its first stop token (included) or after `max_new_tokens` tokens.
 
@@ -243,24 +324,33 @@ def generate_tokens(model, tokenizer, prompts: list[list[int]], max_new_tokens: 
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
     attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     sampling = temperature > 0.0
-    config = GenerationConfig(max_new_tokens=max_new_tokens, do_sample=sampling,
-                              temperature=temperature if sampling else None, top_k=top_k if sampling else None,
-                              eos_token_id=stops, pad_token_id=pad)
+    config = GenerationConfig(
+        max_new_tokens=max_new_tokens,
+        do_sample=sampling,
+        temperature=temperature if sampling else None,
+        top_k=top_k if sampling else None,
+        eos_token_id=stops,
+        pad_token_id=pad,
+    )
     was_training = model.training
     model.eval()
     try:
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
             if seed is not None:
                 torch.manual_seed(seed)
-            out = model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config,
-                                 logits_processor=LogitsProcessorList([CalculatorToolProcessor(tokenizer)]),
-                                 streamer=streamer)
+            out = model.generate(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                generation_config=config,
+                logits_processor=LogitsProcessorList([CalculatorToolProcessor(tokenizer)]),
+                streamer=streamer,
+            )
     finally:
         model.train(was_training)
     replies = []
     for row in out[:, width:].tolist():
         stop_at = next((i for i, t in enumerate(row) if t in stops), None)
-        replies.append(row if stop_at is None else row[:stop_at + 1])
+        replies.append(row if stop_at is None else row[: stop_at + 1])
     return replies
 
 
@@ -322,21 +412,36 @@ def _reply(tokenizer, tokens: list[int], stops: tuple[int, int]) -> dict[str, An
     }
 
 
-def generate_replies(model, tokenizer, conversations: list[Mapping | list], max_new_tokens: int = 256,
-                     temperature: float = 0.0, top_k: int | None = None,
-                     seed: int | None = None) -> list[dict[str, Any]]:
+def generate_replies(
+    model,
+    tokenizer,
+    conversations: list[Mapping | list],
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+) -> list[dict[str, Any]]:
     """The assistant's reply to each conversation (nanochat format, last message from the user), generated as
     one left-padded batch; see `generate_reply` for what each reply holds."""
     _check_options(max_new_tokens, temperature, top_k)  # before rendering: bad options fail first
     prompts = [render_for_completion(tokenizer, c) for c in conversations]
     ids = special_token_ids(tokenizer)
     stops = tuple(ids[name] for name in STOP_TOKENS)
-    return [_reply(tokenizer, tokens, stops) for tokens in
-            generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k, seed)]
+    return [
+        _reply(tokenizer, tokens, stops)
+        for tokens in generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k, seed)
+    ]
 
 
-def generate_reply(model, tokenizer, conversation: Mapping | list, max_new_tokens: int = 256,
-                   temperature: float = 0.0, top_k: int | None = None, seed: int | None = None) -> dict[str, Any]:
+def generate_reply(
+    model,
+    tokenizer,
+    conversation: Mapping | list,
+    max_new_tokens: int = 256,
+    temperature: float = 0.0,
+    top_k: int | None = None,
+    seed: int | None = None,
+) -> dict[str, Any]:
     """Generate the assistant's reply to `conversation` (nanochat format, last message from the user).
 
     Returns {"message": {"role": "assistant", "content": parts}, "parts": parts, "text": the text parts joined,
@@ -363,5 +468,15 @@ def format_parts(parts: list[dict[str, str]]) -> str:
     return "".join(out)
 
 
-__all__ = ["CalculatorToolProcessor", "calculate", "decode_completion", "fit_prompt", "format_parts",
-           "generate_replies", "generate_reply", "generate_tokens", "parts_from_tokens", "tool_part_tokens"]
+__all__ = [
+    "CalculatorToolProcessor",
+    "calculate",
+    "decode_completion",
+    "fit_prompt",
+    "format_parts",
+    "generate_replies",
+    "generate_reply",
+    "generate_tokens",
+    "parts_from_tokens",
+    "tool_part_tokens",
+]

@@ -18,15 +18,19 @@ from typing_extensions import Self
 
 def _clock(seconds: float) -> str:
     seconds = round(seconds)
-    return f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}" if seconds >= 3600 else \
-        f"{seconds // 60}:{seconds % 60:02d}"
+    return (
+        f"{seconds // 3600}:{seconds // 60 % 60:02d}:{seconds % 60:02d}"
+        if seconds >= 3600
+        else f"{seconds // 60}:{seconds % 60:02d}"
+    )
 
 
 class Progress:
     """`with Progress("chat eval GSM8K", total=64, unit="problems") as p: ... p.update(8)`."""
 
-    def __init__(self, desc: str, total: int, unit: str, enabled: bool = True, every: float = 30.0,
-                 announce: bool = True):
+    def __init__(
+        self, desc: str, total: int, unit: str, enabled: bool = True, every: float = 30.0, announce: bool = True
+    ):
         self.desc, self.total, self.unit, self.every = desc, total, unit, every
         self.enabled = enabled and total > 0
         self.done = 0
@@ -36,8 +40,15 @@ class Progress:
         if not self.enabled:
             return
         if sys.stderr.isatty():
-            self.bar = tqdm(total=total, desc=desc, unit=f" {unit}", dynamic_ncols=True, file=sys.stderr,
-                            delay=0 if announce else 5, leave=announce)
+            self.bar = tqdm(
+                total=total,
+                desc=desc,
+                unit=f" {unit}",
+                dynamic_ncols=True,
+                file=sys.stderr,
+                delay=0 if announce else 5,
+                leave=announce,
+            )
         elif announce:
             self._say(f"{total:,} {unit}")
 

@@ -9,9 +9,28 @@ import pytest
 
 def test_two_arms_print_the_table_and_write_the_curves(convergence, capsys, tmp_path):
     out = tmp_path / "curves.json"
-    report = convergence.main(["--depth", "1", "--steps", "4", "--eval_every", "2", "--lrs", "0.01",
-                               "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
-                               "--eval_tokens", "256", "--output", str(out)])
+    report = convergence.main(
+        [
+            "--depth",
+            "1",
+            "--steps",
+            "4",
+            "--eval_every",
+            "2",
+            "--lrs",
+            "0.01",
+            "--max_seq_len",
+            "64",
+            "--device_batch_size",
+            "2",
+            "--total_batch_size",
+            "256",
+            "--eval_tokens",
+            "256",
+            "--output",
+            str(out),
+        ]
+    )
     text = capsys.readouterr().out
     assert "final val bpb" in text and "steps to target" in text, text
     assert [line.split()[0] for line in text.splitlines()[-2:]] == ["muon", "adamw"], text

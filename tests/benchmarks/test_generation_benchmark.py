@@ -6,8 +6,22 @@ import torch
 
 
 def test_prints_table_and_same_tokens(generation, capsys):
-    rows = generation.main(["--depth", "1", "--vocab", "512", "--prompt_len", "6", "--new_tokens", "5",
-                            "--repeats", "1", "--device", "cpu"])
+    rows = generation.main(
+        [
+            "--depth",
+            "1",
+            "--vocab",
+            "512",
+            "--prompt_len",
+            "6",
+            "--new_tokens",
+            "5",
+            "--repeats",
+            "1",
+            "--device",
+            "cpu",
+        ]
+    )
     out = capsys.readouterr().out
     assert "ours tok/s" in out and "native tok/s" in out and "ours/native" in out
     assert [(r["batch"], r["new_tokens"]) for r in rows] == [(1, 5), (8, 5)]  # min_new_tokens: no early stop

@@ -5,14 +5,44 @@ from __future__ import annotations
 import pytest
 import torch
 
-COLUMNS = ["loop", "compile", "processes", "tok/s", "/ base", "compile s", "peak MiB/rank", "/ base", "opt MiB/rank",
-           "MFU"]
+COLUMNS = [
+    "loop",
+    "compile",
+    "processes",
+    "tok/s",
+    "/ base",
+    "compile s",
+    "peak MiB/rank",
+    "/ base",
+    "opt MiB/rank",
+    "MFU",
+]
 
 
 def test_table_prints_every_column(throughput, tmp_path, capsys):
     depth, vocab = 1, 256
-    argv = ["--depth", str(depth), "--vocab", str(vocab), "--seq", "16", "--batch", "2", "--grad_accum", "2",
-            "--steps", "3", "--warmup", "1", "--peak_tflops", "0.001", "--compile", "eager", "--processes", "1"]
+    argv = [
+        "--depth",
+        str(depth),
+        "--vocab",
+        str(vocab),
+        "--seq",
+        "16",
+        "--batch",
+        "2",
+        "--grad_accum",
+        "2",
+        "--steps",
+        "3",
+        "--warmup",
+        "1",
+        "--peak_tflops",
+        "0.001",
+        "--compile",
+        "eager",
+        "--processes",
+        "1",
+    ]
     threads = torch.get_num_threads()
     try:  # the workers' own entry point, in this process: a fresh process per arm costs ~10 s of imports each
         for loop in ("baseline", "midtrainer"):
@@ -25,8 +55,14 @@ def test_table_prints_every_column(throughput, tmp_path, capsys):
     lines = capsys.readouterr().out.splitlines()
     header = next(line for line in lines if line.startswith("| loop"))
     assert [c.strip() for c in header.strip("|").split("|")] == COLUMNS
-    cells = {c[0]: c for c in ([x.strip() for x in line.strip("|").split("|")] for line in lines
-                                 if line.startswith(("| nanochat loop", "| MidTrainer")))}
+    cells = {
+        c[0]: c
+        for c in (
+            [x.strip() for x in line.strip("|").split("|")]
+            for line in lines
+            if line.startswith(("| nanochat loop", "| MidTrainer"))
+        )
+    }
     assert set(cells) == {"nanochat loop", "MidTrainer"}
     for name, row in cells.items():
         assert len(row) == len(COLUMNS) and row[1:3] == ["eager", "1"], row

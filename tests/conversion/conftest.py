@@ -21,8 +21,10 @@ DATA = Path(__file__).parent / "data"
 # the December 2025 fixture below (G0, vocabulary not padded: nanochat before bc51da8)
 MODEL_CONFIG = {"sequence_len": 64, "vocab_size": 300, "n_layer": 2, "n_head": 4, "n_kv_head": 2, "n_embd": 64}
 STEP = 5
-TEXT = ("the quick brown fox jumps over the lazy dog. then the other fox thinks that the dog is there, "
-        "and they both hunt the thin thread of their thoughts with three thousand theses.") * 3
+TEXT = (
+    "the quick brown fox jumps over the lazy dog. then the other fox thinks that the dog is there, "
+    "and they both hunt the thin thread of their thoughts with three thousand theses."
+) * 3
 
 
 def learn_ranks(text: str, n_merges: int) -> dict[bytes, int]:
@@ -37,7 +39,7 @@ def learn_ranks(text: str, n_merges: int) -> dict[bytes, int]:
             i = 0
             while i < len(w) - 1:
                 if w[i] == a and w[i + 1] == b:
-                    w[i:i + 2] = [a + b]
+                    w[i : i + 2] = [a + b]
                 i += 1
     return ranks
 
@@ -45,8 +47,9 @@ def learn_ranks(text: str, n_merges: int) -> dict[bytes, int]:
 def make_encoding(vocab_size: int) -> tiktoken.Encoding:
     ranks = learn_ranks(TEXT, vocab_size - 256 - len(SPECIAL_TOKENS))
     specials = {tok: len(ranks) + i for i, tok in enumerate(SPECIAL_TOKENS)}
-    return tiktoken.Encoding(name="fake-nanochat", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks,
-                             special_tokens=specials)
+    return tiktoken.Encoding(
+        name="fake-nanochat", pat_str=SPLIT_PATTERN, mergeable_ranks=ranks, special_tokens=specials
+    )
 
 
 def write_tokenizer(directory: Path, vocab_size: int) -> tiktoken.Encoding:
@@ -70,9 +73,16 @@ def fake_state_dict(model_config: dict, seed: int = 0) -> dict[str, torch.Tensor
     shapes = {"transformer.wte.weight": (v, d), "lm_head.weight": (v, d)}
     for i in range(L):
         p = f"transformer.h.{i}."
-        shapes.update({p + "attn.c_q.weight": (d, d), p + "attn.c_k.weight": (kv, d), p + "attn.c_v.weight": (kv, d),
-                       p + "attn.c_proj.weight": (d, d), p + "mlp.c_fc.weight": (4 * d, d),
-                       p + "mlp.c_proj.weight": (d, 4 * d)})
+        shapes.update(
+            {
+                p + "attn.c_q.weight": (d, d),
+                p + "attn.c_k.weight": (kv, d),
+                p + "attn.c_v.weight": (kv, d),
+                p + "attn.c_proj.weight": (d, d),
+                p + "mlp.c_fc.weight": (4 * d, d),
+                p + "mlp.c_proj.weight": (d, 4 * d),
+            }
+        )
     sd = {k: torch.randn(s, generator=g) * (1.0 if "wte" in k else 0.1) for k, s in shapes.items()}
     sd["transformer.wte.weight"] = sd["transformer.wte.weight"].to(torch.bfloat16)
     return {f"_orig_mod.{k}": t for k, t in sd.items()}
@@ -88,8 +98,16 @@ def write_checkpoint(checkpoint_dir: Path, step: int, state_dict: dict, model_co
 # ------------------------------------------------------------------ one checkpoint per generation (G0 to G5)
 
 # nanochat commit -> generation: the first commit of each (G2: b33e394 and fbc1484 differ only in a default)
-GENERATION_COMMITS = {"790f3be": "G0", "bc51da8": "G0", "aa530cd": "G1", "fbc1484": "G2", "b33e394": "G2",
-                      "a91743c": "G3", "6ed7d1d": "G4", "a825e63": "G5"}
+GENERATION_COMMITS = {
+    "790f3be": "G0",
+    "bc51da8": "G0",
+    "aa530cd": "G1",
+    "fbc1484": "G2",
+    "b33e394": "G2",
+    "a91743c": "G3",
+    "6ed7d1d": "G4",
+    "a825e63": "G5",
+}
 # long enough for real sliding windows at every generation (short window 256 for G2-G4, 128 for G5); 3 layers put
 # value embeddings on layers 0 and 2, and "SSSL" gives layers S, S, L
 GENERATION_CONFIG = {"sequence_len": 512, "vocab_size": 300, "n_layer": 3, "n_head": 4, "n_kv_head": 2, "n_embd": 64}
@@ -116,8 +134,15 @@ def nanochat_reference() -> dict:
     return json.loads((DATA / "nanochat_generations.json").read_text())["commits"]
 
 
-def write_generation_checkpoint(checkpoint_dir: Path, commit: str, step: int = STEP, *, window_pattern: bool = True,
-                                orig_mod: bool = True, seed: int = 0) -> dict[str, torch.Tensor]:
+def write_generation_checkpoint(
+    checkpoint_dir: Path,
+    commit: str,
+    step: int = STEP,
+    *,
+    window_pattern: bool = True,
+    orig_mod: bool = True,
+    seed: int = 0,
+) -> dict[str, torch.Tensor]:
     """model_<step>.pt + meta_<step>.json as nanochat at `commit` writes them (``_orig_mod.`` names when `orig_mod`,
     as a torch.compile'd model saves them; nanochat's loader strips them); `window_pattern=False` leaves it out of the
     meta, as SFT metas before 8b4849d. Returns the state dict (names without the prefix)."""
@@ -127,10 +152,17 @@ def write_generation_checkpoint(checkpoint_dir: Path, commit: str, step: int = S
     if "window_pattern" in entry["model_config"] and window_pattern:
         model_config["window_pattern"] = WINDOW_PATTERN
     checkpoint_dir.mkdir(parents=True, exist_ok=True)
-    torch.save({("_orig_mod." if orig_mod else "") + k: v for k, v in state.items()},
-               checkpoint_dir / f"model_{step:06d}.pt")
-    meta = {"step": step, "val_bpb": 1.23, "model_config": model_config, "user_config": {"run": "fake"},
-            "device_batch_size": 4, "max_seq_len": GENERATION_CONFIG["sequence_len"]}
+    torch.save(
+        {("_orig_mod." if orig_mod else "") + k: v for k, v in state.items()}, checkpoint_dir / f"model_{step:06d}.pt"
+    )
+    meta = {
+        "step": step,
+        "val_bpb": 1.23,
+        "model_config": model_config,
+        "user_config": {"run": "fake"},
+        "device_batch_size": 4,
+        "max_seq_len": GENERATION_CONFIG["sequence_len"],
+    }
     (checkpoint_dir / f"meta_{step:06d}.json").write_text(json.dumps(meta, indent=2))
     return state
 
@@ -167,5 +199,4 @@ def hf_dir(nanochat_base, tmp_path_factory) -> Path:
     from nanochat_hf.conversion import from_nanochat
 
     out = tmp_path_factory.mktemp("converted") / "hf"
-    return from_nanochat(nanochat_base / "base_checkpoints" / "d2", out, nanochat_base / "tokenizer",
-                         trust_pickle=True)
+    return from_nanochat(nanochat_base / "base_checkpoints" / "d2", out, nanochat_base / "tokenizer", trust_pickle=True)

@@ -15,8 +15,9 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "convert.py"
 
 
 def run(tmp_path: Path, *args) -> tuple[int, list[str]]:
-    result = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                            cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True, cwd=tmp_path, timeout=300
+    )
     return result.returncode, result.stderr.strip().splitlines()
 
 
@@ -33,8 +34,10 @@ def edit_meta(ckpt: Path, **changes) -> None:
 
 
 FROM_NANOCHAT_CASES = {  # name: (break the checkpoint copy, words the error line must contain)
-    "n_layer two": (lambda c: edit_meta(c, n_layer="two"), ["meta_000005.json", "'n_layer'", "'two'",
-                                                            "positive integer"]),
+    "n_layer two": (
+        lambda c: edit_meta(c, n_layer="two"),
+        ["meta_000005.json", "'n_layer'", "'two'", "positive integer"],
+    ),
     "n_embd negative": (lambda c: edit_meta(c, n_embd=-64), ["meta_000005.json", "'n_embd'", "-64"]),
     "indivisible heads": (lambda c: edit_meta(c, n_head=3), ["meta_000005.json", "divisible"]),
     "meta is a list": (lambda c: (c / "meta_000005.json").write_text("[1]"), ["meta_000005.json", "JSON object"]),
@@ -46,24 +49,46 @@ def test_bad_nanochat_meta(case, nanochat_base, tmp_path):
     breaker, words = FROM_NANOCHAT_CASES[case]
     base = shutil.copytree(nanochat_base, tmp_path / "nanochat")
     breaker(base / "base_checkpoints" / "d2")
-    code, err = run(tmp_path, "from-nanochat", "--checkpoint-dir", base / "base_checkpoints" / "d2", "--output",
-                    tmp_path / "hf", "--trust-pickle")
+    code, err = run(
+        tmp_path,
+        "from-nanochat",
+        "--checkpoint-dir",
+        base / "base_checkpoints" / "d2",
+        "--output",
+        tmp_path / "hf",
+        "--trust-pickle",
+    )
     assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
     assert all(w in err[0] for w in words), err
     assert not (tmp_path / "hf").exists()
 
 
 HF_CASES = {  # name: (break the model dir copy, subcommand, words the error line must contain)
-    "config n_layer two": (lambda d: edit_json(d / "config.json", n_layer="two"), "to-native",
-                           ["config.json", "'n_layer'", "'two'"]),
-    "config vocab zero": (lambda d: edit_json(d / "config.json", vocab_size=0), "to-nanochat",
-                          ["config.json", "'vocab_size'", "0"]),
-    "native config without hidden_size": (lambda d: edit_json(d / "config.json", model_type="nanochat"),
-                                          "to-nanochat", ["config.json", "'hidden_size'"]),
-    "corrupt safetensors": (lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64), "to-nanochat",
-                            ["model.safetensors", "cannot be read as safetensors"]),
-    "damaged tokenizer.json": (lambda d: (d / "tokenizer.json").write_text('{"model": '), "to-nanochat",
-                               ["tokenizer.json", "cannot be loaded"]),
+    "config n_layer two": (
+        lambda d: edit_json(d / "config.json", n_layer="two"),
+        "to-native",
+        ["config.json", "'n_layer'", "'two'"],
+    ),
+    "config vocab zero": (
+        lambda d: edit_json(d / "config.json", vocab_size=0),
+        "to-nanochat",
+        ["config.json", "'vocab_size'", "0"],
+    ),
+    "native config without hidden_size": (
+        lambda d: edit_json(d / "config.json", model_type="nanochat"),
+        "to-nanochat",
+        ["config.json", "'hidden_size'"],
+    ),
+    "corrupt safetensors": (
+        lambda d: (d / "model.safetensors").write_bytes(b"\x00" * 64),
+        "to-nanochat",
+        ["model.safetensors", "cannot be read as safetensors"],
+    ),
+    "damaged tokenizer.json": (
+        lambda d: (d / "tokenizer.json").write_text('{"model": '),
+        "to-nanochat",
+        ["tokenizer.json", "cannot be loaded"],
+    ),
 }
 
 
@@ -79,10 +104,13 @@ def test_bad_model_dir(case, hf_dir, tmp_path):
     assert not out.exists() and not (tmp_path / "tokenizer").exists()
 
 
-@pytest.mark.parametrize("args, words", [
-    (["to-nanochat", "--model", "m", "--output", "o", "--step", "-1"], ["--step", "'-1'", "non-negative"]),
-    (["from-nanochat", "--checkpoint-dir", "c", "--output", "o", "--overwrite", "--dtype", "int8"], ["--dtype"]),
-])
+@pytest.mark.parametrize(
+    "args, words",
+    [
+        (["to-nanochat", "--model", "m", "--output", "o", "--step", "-1"], ["--step", "'-1'", "non-negative"]),
+        (["from-nanochat", "--checkpoint-dir", "c", "--output", "o", "--overwrite", "--dtype", "int8"], ["--dtype"]),
+    ],
+)
 def test_bad_command_line_is_one_line(tmp_path, args, words):
     code, err = run(tmp_path, *args)
     assert code == 2 and len(err) == 1 and all(w in err[0] for w in words), err

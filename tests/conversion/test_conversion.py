@@ -38,8 +38,15 @@ def tiktoken_encoding(nanochat_base: Path):
 
 def test_from_nanochat_writes_a_complete_hf_dir(hf_dir, nanochat_base):
     names = {p.name for p in hf_dir.iterdir()}
-    assert {"config.json", "model.safetensors", "generation_config.json", "modeling_nanochat_gpt.py",
-            "configuration_nanochat_gpt.py", "tokenizer.json", "tokenizer_config.json"} <= names
+    assert {
+        "config.json",
+        "model.safetensors",
+        "generation_config.json",
+        "modeling_nanochat_gpt.py",
+        "configuration_nanochat_gpt.py",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    } <= names
     # latest step picked, `_orig_mod.` stripped, dtypes kept (bf16 embedding, float32 rest), values unchanged
     weights = load_file(hf_dir / "model.safetensors")
     original = original_state_dict(nanochat_base)
@@ -53,7 +60,8 @@ def test_from_nanochat_writes_a_complete_hf_dir(hf_dir, nanochat_base):
     assert tokenizer(SAMPLE)["input_ids"][0] == tokenizer.bos_token_id
     assert tokenizer.model_max_length == 64  # the model's sequence_len, not 1e30
     assert tokenizer.chat_template and "<|assistant_start|>" in tokenizer.apply_chat_template(
-        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False)
+        [{"role": "user", "content": "hi"}], add_generation_prompt=True, tokenize=False
+    )
     config = json.loads((hf_dir / "config.json").read_text())
     generation = json.loads((hf_dir / "generation_config.json").read_text())
     special = {tok: 291 + i for i, tok in enumerate(SPECIAL_TOKENS)}
@@ -64,8 +72,14 @@ def test_from_nanochat_writes_a_complete_hf_dir(hf_dir, nanochat_base):
 def test_dtype_cast_on_request(nanochat_base, tmp_path):
     from nanochat_hf.conversion import from_nanochat
 
-    out = from_nanochat(nanochat_base / "base_checkpoints" / "d2", tmp_path / "bf16", nanochat_base / "tokenizer",
-                        dtype="bfloat16", trust_pickle=True, step=2)
+    out = from_nanochat(
+        nanochat_base / "base_checkpoints" / "d2",
+        tmp_path / "bf16",
+        nanochat_base / "tokenizer",
+        dtype="bfloat16",
+        trust_pickle=True,
+        step=2,
+    )
     assert {t.dtype for t in load_file(out / "model.safetensors").values()} == {torch.bfloat16}
     assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
 
@@ -103,10 +117,10 @@ def test_converted_dir_loads_in_a_fresh_process(hf_dir, nanochat_base, tmp_path,
     idx = torch.tensor(IDS)
     with torch.no_grad():
         expected = reference(idx).logits
-        expected_gen = reference.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=6,
-                                          do_sample=False)
-    result = fresh_python(LOAD_AND_RUN, str(hf_dir), str(tmp_path / "out.pt"), mode, json.dumps(IDS),
-                          allow_package=mode == "package")
+        expected_gen = reference.generate(idx, attention_mask=torch.ones_like(idx), max_new_tokens=6, do_sample=False)
+    result = fresh_python(
+        LOAD_AND_RUN, str(hf_dir), str(tmp_path / "out.pt"), mode, json.dumps(IDS), allow_package=mode == "package"
+    )
     assert result.returncode == 0, result.stderr[-3000:]
     out = torch.load(tmp_path / "out.pt", weights_only=True)
     assert out["vocab"] == 300
@@ -130,10 +144,13 @@ def test_round_trip_to_nanochat_is_bit_identical(hf_dir, nanochat_base, tmp_path
     assert meta["model_config"] == source_meta["model_config"] and meta["step"] == 5
     # the tokenizer goes back to nanochat's format, with the same ids and token byte lengths
     tokenizer = load_nanochat_tokenizer(tmp_path / "tokenizer", trust_pickle=True)
-    assert tokenizer(SAMPLE, add_special_tokens=False)["input_ids"] == \
-        tiktoken_encoding(nanochat_base).encode(SAMPLE, allowed_special="all")
-    assert torch.equal(torch.load(tmp_path / "tokenizer" / "token_bytes.pt", weights_only=True),
-                       torch.load(nanochat_base / "tokenizer" / "token_bytes.pt", weights_only=True))
+    assert tokenizer(SAMPLE, add_special_tokens=False)["input_ids"] == tiktoken_encoding(nanochat_base).encode(
+        SAMPLE, allowed_special="all"
+    )
+    assert torch.equal(
+        torch.load(tmp_path / "tokenizer" / "token_bytes.pt", weights_only=True),
+        torch.load(nanochat_base / "tokenizer" / "token_bytes.pt", weights_only=True),
+    )
     # an explicit step names the files
     to_nanochat(hf_dir, out_dir, step=123)
     assert (out_dir / "model_000123.pt").is_file() and (out_dir / "meta_000123.json").is_file()
@@ -184,6 +201,7 @@ def test_find_checkpoint_and_load_in_memory(nanochat_base, monkeypatch):
 
 # ------------------------------------------------------------------------------------------------ bad input
 
+
 def _copy_checkpoint(nanochat_base: Path, dst: Path) -> Path:
     dst.mkdir(parents=True)
     src = nanochat_base / "base_checkpoints" / "d2"
@@ -204,12 +222,24 @@ BAD_CHECKPOINTS = {
     "no_model": (lambda c: (c / "model_000005.pt").unlink(), FileNotFoundError, "ckpt", "no model_<step>.pt"),
     "no_meta": (lambda c: (c / "meta_000005.json").unlink(), FileNotFoundError, "meta_000005.json", "no such file"),
     "bad_json": (lambda c: (c / "meta_000005.json").write_text("{oops"), ValueError, "meta_000005.json", "JSON"),
-    "no_model_config": (lambda c: (c / "meta_000005.json").write_text("{}"), ValueError, "meta_000005.json",
-                        "model_config"),
-    "corrupt_weights": (lambda c: (c / "model_000005.pt").write_bytes(b"\x00garbage" * 10), ValueError,
-                        "model_000005.pt", "cannot be read"),
-    "shape_mismatch": (lambda c: _break_meta(c, n_embd=128, n_head=8, n_kv_head=4), ValueError, "model_000005.pt",
-                       "has shape"),
+    "no_model_config": (
+        lambda c: (c / "meta_000005.json").write_text("{}"),
+        ValueError,
+        "meta_000005.json",
+        "model_config",
+    ),
+    "corrupt_weights": (
+        lambda c: (c / "model_000005.pt").write_bytes(b"\x00garbage" * 10),
+        ValueError,
+        "model_000005.pt",
+        "cannot be read",
+    ),
+    "shape_mismatch": (
+        lambda c: _break_meta(c, n_embd=128, n_head=8, n_kv_head=4),
+        ValueError,
+        "model_000005.pt",
+        "has shape",
+    ),
     "layer_mismatch": (lambda c: _break_meta(c, n_layer=3), ValueError, "model_000005.pt", "missing"),
     "tokenizer_vocab": (lambda c: _vocab_320(c), ValueError, "tokenizer.pkl", "tokenizer has 300 tokens"),
 }
@@ -269,8 +299,21 @@ def test_cli(nanochat_base, tmp_path, capsys):
     main = runpy.run_path(str(Path(__file__).parents[2] / "scripts" / "convert.py"), run_name="convert")["main"]
     ckpt = nanochat_base / "base_checkpoints" / "d2"
     # tokenizer dir defaults to nanochat's layout: <checkpoint-dir>/../../tokenizer
-    assert main(["from-nanochat", "--checkpoint-dir", str(ckpt), "--step", "2", "--output", str(tmp_path / "hf"),
-                 "--trust-pickle"]) == 0
+    assert (
+        main(
+            [
+                "from-nanochat",
+                "--checkpoint-dir",
+                str(ckpt),
+                "--step",
+                "2",
+                "--output",
+                str(tmp_path / "hf"),
+                "--trust-pickle",
+            ]
+        )
+        == 0
+    )
     # the fixture is laid out as tok_train.py writes it (byte tokens 0x80-0xFF count 3), and the converted
     # tokenizer gives the same counts, so bits per byte computed from it equal nanochat's
     expected = torch.load(nanochat_base / "tokenizer" / "token_bytes.pt", weights_only=True)
@@ -282,10 +325,13 @@ def test_cli(nanochat_base, tmp_path, capsys):
     assert (nc / "model_000002.pt").is_file() and (tmp_path / "native" / "config.json").is_file()
     # both commands use nanochat's layout, so what to-nanochat wrote converts back with the defaults
     assert (tmp_path / "base" / "tokenizer" / "tokenizer.pkl").is_file()
-    assert main(["from-nanochat", "--checkpoint-dir", str(nc), "--output", str(tmp_path / "hf2"),
-                 "--trust-pickle"]) == 0
-    assert load_file(tmp_path / "hf2" / "model.safetensors").keys() == load_file(tmp_path / "hf" /
-                                                                                "model.safetensors").keys()
+    assert (
+        main(["from-nanochat", "--checkpoint-dir", str(nc), "--output", str(tmp_path / "hf2"), "--trust-pickle"]) == 0
+    )
+    assert (
+        load_file(tmp_path / "hf2" / "model.safetensors").keys()
+        == load_file(tmp_path / "hf" / "model.safetensors").keys()
+    )
     capsys.readouterr()
     assert main(["to-nanochat", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "nc2")]) == 2
     err = capsys.readouterr().err.strip()

@@ -31,10 +31,24 @@ EXPECTED_FIELDS = {  # what each generation sets, from nanochat/gpt.py at its co
     "G1": {"residual_lambdas": True},
     "G2": {"residual_lambdas": True},
     "G3": {"residual_lambdas": True, "value_embeddings": True, "ve_gate_channels": 32, "ve_gate_scale": 2.0},
-    "G4": {"residual_lambdas": True, "value_embeddings": True, "ve_gate_channels": 12, "ve_gate_scale": 3.0,
-           "qk_scale": 1.15, "rope_theta": 100000.0},
-    "G5": {"residual_lambdas": True, "value_embeddings": True, "ve_gate_channels": 12, "ve_gate_scale": 3.0,
-           "qk_scale": 1.2, "rope_theta": 100000.0, "smear": True, "backout": True},
+    "G4": {
+        "residual_lambdas": True,
+        "value_embeddings": True,
+        "ve_gate_channels": 12,
+        "ve_gate_scale": 3.0,
+        "qk_scale": 1.15,
+        "rope_theta": 100000.0,
+    },
+    "G5": {
+        "residual_lambdas": True,
+        "value_embeddings": True,
+        "ve_gate_channels": 12,
+        "ve_gate_scale": 3.0,
+        "qk_scale": 1.2,
+        "rope_theta": 100000.0,
+        "smear": True,
+        "backout": True,
+    },
 }
 
 
@@ -51,19 +65,21 @@ def test_detects_the_generation_and_its_config(generation_base, commit):
     for name in ("residual_lambdas", "value_embeddings", "qk_scale", "rope_theta", "smear", "backout"):
         assert getattr(config, name) == EXPECTED_FIELDS[generation].get(name, getattr(defaults, name)), name
     if config.value_embeddings:
-        assert (config.ve_gate_channels, config.ve_gate_scale) == (EXPECTED_FIELDS[generation]["ve_gate_channels"],
-                                                                  EXPECTED_FIELDS[generation]["ve_gate_scale"])
+        assert (config.ve_gate_channels, config.ve_gate_scale) == (
+            EXPECTED_FIELDS[generation]["ve_gate_channels"],
+            EXPECTED_FIELDS[generation]["ve_gate_scale"],
+        )
     # nanochat's own window sizes (FlashAttention's (w, 0): w keys before the query, plus itself)
     windows = [w for w, _ in entry["window_sizes"]] or [config.sequence_len] * config.n_layer
-    assert config.layer_types == ["sliding_attention" if w < config.sequence_len else "full_attention"
-                                  for w in windows]
+    assert config.layer_types == ["sliding_attention" if w < config.sequence_len else "full_attention" for w in windows]
     assert config.sliding_window == (min(windows) + 1 if min(windows) < config.sequence_len else None)
     assert config.padded_vocab_size == (300 if commit == "790f3be" else 320)  # vocab padded to 64 from bc51da8
     # the tensors nanochat's GPT has at that commit, in its order, with its shapes; dtypes as stored
     assert [(k, list(s)) for k, s in nanochat_shapes(config).items()] == [(k, s) for k, s in entry["tensors"].items()]
     assert list(state) == list(entry["tensors"])
-    assert {k for k, v in state.items() if v.dtype == torch.bfloat16} == \
-        {k for k in state if k == "transformer.wte.weight" or k.startswith("value_embeds.")}
+    assert {k for k, v in state.items() if v.dtype == torch.bfloat16} == {
+        k for k in state if k == "transformer.wte.weight" or k.startswith("value_embeds.")
+    }
 
 
 @pytest.mark.parametrize("commit", COMMITS)
@@ -102,8 +118,10 @@ def test_converted_model_gives_nanochat_logits(generation_base, commit):
 
 # ------------------------------------------------------------------------------------------- window_pattern
 
-def test_missing_window_pattern_comes_from_the_parent_base_checkpoint(generation_base, write_generation, tmp_path,
-                                                                     caplog):
+
+def test_missing_window_pattern_comes_from_the_parent_base_checkpoint(
+    generation_base, write_generation, tmp_path, caplog
+):
     base = tmp_path / "nanochat"
     write_generation(base / "base_checkpoints" / "d3", "a825e63", orig_mod=False)  # base_train: plain names
     sft = base / "chatsft_checkpoints" / "d3"
@@ -148,6 +166,7 @@ def test_a_short_window_covering_the_context_is_full_attention(write_generation,
 
 # ------------------------------------------------------------------------------------------------- refusals
 
+
 def _edit_state(ckpt: Path, edit) -> None:
     path = ckpt / f"model_{STEP:06d}.pt"
     state = torch.load(path, weights_only=True)
@@ -167,30 +186,82 @@ def _rename(state: dict, old: str, new: str) -> None:
 
 
 BAD = {  # name: (commit, how to break the copy, file named, words of the message)
-    "bigram experiment": ("a91743c", lambda c: _edit_state(c, lambda s: s.update(
-        {"_orig_mod.bigram_embed.embed.weight": torch.zeros(4, 64), "_orig_mod.bigram_lambdas": torch.zeros(3)})),
-        "model_000005.pt", ["bigram_embed.embed.weight", "bigram_lambdas", "reverted"]),
-    "window_pattern with G0 keys": ("bc51da8", lambda c: _edit_model_config(c, window_pattern="SSSL"),
-                                    "meta_000005.json", ["window_pattern", "resid_lambdas"]),
-    "bad window_pattern": ("a825e63", lambda c: _edit_model_config(c, window_pattern="SXL"), "meta_000005.json",
-                           ["window_pattern", "'SXL'"]),
-    "unknown meta field": ("a825e63", lambda c: _edit_model_config(c, n_bigram=3), "meta_000005.json",
-                           ["n_bigram"]),
-    "meta layers contradict keys": ("a825e63", lambda c: _edit_model_config(c, n_layer=4), "model_000005.pt",
-                                    ["layer 0", "[1, 3]"]),
-    "value embedding on the wrong layer": ("a91743c", lambda c: _edit_state(c, lambda s: _rename(
-        s, "_orig_mod.value_embeds.2.weight", "_orig_mod.value_embeds.1.weight")), "model_000005.pt",
-        ["value_embeds.1.weight", "layer 1", "[0, 2]"]),
-    "ve_gate width of no generation": ("6ed7d1d", lambda c: _edit_state(c, lambda s: s.update(
-        {f"_orig_mod.transformer.h.{i}.attn.ve_gate.weight": torch.zeros(2, 20) for i in (0, 2)})),
-        "model_000005.pt", ["ve_gate.weight", "(2, 20)"]),
-    "half of G1's scalars": ("aa530cd", lambda c: _edit_state(c, lambda s: s.pop("_orig_mod.x0_lambdas")),
-                             "model_000005.pt", ["resid_lambdas", "x0_lambdas"]),
-    "smear without backout": ("a825e63", lambda c: _edit_state(c, lambda s: s.pop("_orig_mod.backout_lambda")),
-                              "model_000005.pt", ["backout_lambda"]),
-    "smear on a G3 model": ("a91743c", lambda c: _edit_state(c, lambda s: s.update({
-        "_orig_mod.smear_gate.weight": torch.zeros(1, 24), "_orig_mod.smear_lambda": torch.zeros(1),
-        "_orig_mod.backout_lambda": torch.zeros(1)})), "model_000005.pt", ["smear", "32 channels"]),
+    "bigram experiment": (
+        "a91743c",
+        lambda c: _edit_state(
+            c,
+            lambda s: s.update(
+                {"_orig_mod.bigram_embed.embed.weight": torch.zeros(4, 64), "_orig_mod.bigram_lambdas": torch.zeros(3)}
+            ),
+        ),
+        "model_000005.pt",
+        ["bigram_embed.embed.weight", "bigram_lambdas", "reverted"],
+    ),
+    "window_pattern with G0 keys": (
+        "bc51da8",
+        lambda c: _edit_model_config(c, window_pattern="SSSL"),
+        "meta_000005.json",
+        ["window_pattern", "resid_lambdas"],
+    ),
+    "bad window_pattern": (
+        "a825e63",
+        lambda c: _edit_model_config(c, window_pattern="SXL"),
+        "meta_000005.json",
+        ["window_pattern", "'SXL'"],
+    ),
+    "unknown meta field": ("a825e63", lambda c: _edit_model_config(c, n_bigram=3), "meta_000005.json", ["n_bigram"]),
+    "meta layers contradict keys": (
+        "a825e63",
+        lambda c: _edit_model_config(c, n_layer=4),
+        "model_000005.pt",
+        ["layer 0", "[1, 3]"],
+    ),
+    "value embedding on the wrong layer": (
+        "a91743c",
+        lambda c: _edit_state(
+            c, lambda s: _rename(s, "_orig_mod.value_embeds.2.weight", "_orig_mod.value_embeds.1.weight")
+        ),
+        "model_000005.pt",
+        ["value_embeds.1.weight", "layer 1", "[0, 2]"],
+    ),
+    "ve_gate width of no generation": (
+        "6ed7d1d",
+        lambda c: _edit_state(
+            c,
+            lambda s: s.update(
+                {f"_orig_mod.transformer.h.{i}.attn.ve_gate.weight": torch.zeros(2, 20) for i in (0, 2)}
+            ),
+        ),
+        "model_000005.pt",
+        ["ve_gate.weight", "(2, 20)"],
+    ),
+    "half of G1's scalars": (
+        "aa530cd",
+        lambda c: _edit_state(c, lambda s: s.pop("_orig_mod.x0_lambdas")),
+        "model_000005.pt",
+        ["resid_lambdas", "x0_lambdas"],
+    ),
+    "smear without backout": (
+        "a825e63",
+        lambda c: _edit_state(c, lambda s: s.pop("_orig_mod.backout_lambda")),
+        "model_000005.pt",
+        ["backout_lambda"],
+    ),
+    "smear on a G3 model": (
+        "a91743c",
+        lambda c: _edit_state(
+            c,
+            lambda s: s.update(
+                {
+                    "_orig_mod.smear_gate.weight": torch.zeros(1, 24),
+                    "_orig_mod.smear_lambda": torch.zeros(1),
+                    "_orig_mod.backout_lambda": torch.zeros(1),
+                }
+            ),
+        ),
+        "model_000005.pt",
+        ["smear", "32 channels"],
+    ),
 }
 
 
@@ -209,17 +280,24 @@ def test_bad_checkpoint_is_refused_in_one_line(generation_base, tmp_path, case):
 
 @pytest.fixture(scope="module")
 def g5_hf(generation_base, tmp_path_factory) -> Path:
-    return from_nanochat(checkpoint(generation_base, "a825e63"), tmp_path_factory.mktemp("g5") / "hf",
-                         generation_base / "tokenizer", trust_pickle=True)
+    return from_nanochat(
+        checkpoint(generation_base, "a825e63"),
+        tmp_path_factory.mktemp("g5") / "hf",
+        generation_base / "tokenizer",
+        trust_pickle=True,
+    )
 
 
-@pytest.mark.parametrize("change, words", [
-    ({"sliding_window": 600}, ["config.json", "sliding_window 600", "larger than sequence_len 512"]),
-    ({"sliding_window": 200}, ["config.json", "sliding_window 200", "G5", "128"]),
-    ({"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}, ["config.json", "last layer"]),
-    ({"smear": False}, ["config.json", "no nanochat generation", "backout=True"]),
-    ({"qk_scale": 1.3}, ["config.json", "no nanochat generation", "qk_scale=1.3"]),
-])
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        ({"sliding_window": 600}, ["config.json", "sliding_window 600", "larger than sequence_len 512"]),
+        ({"sliding_window": 200}, ["config.json", "sliding_window 200", "G5", "128"]),
+        ({"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]}, ["config.json", "last layer"]),
+        ({"smear": False}, ["config.json", "no nanochat generation", "backout=True"]),
+        ({"qk_scale": 1.3}, ["config.json", "no nanochat generation", "qk_scale=1.3"]),
+    ],
+)
 def test_a_model_nanochat_cannot_build_is_not_written(g5_hf, tmp_path, change, words):
     model = shutil.copytree(g5_hf, tmp_path / "model")
     config = json.loads((model / "config.json").read_text())
@@ -241,14 +319,16 @@ def test_to_native_exports_g0_and_refuses_later_generations(generation_base, g5_
         to_native(g5_hf, tmp_path / "native")
     message = str(info.value)
     assert "\n" not in message and "G5" in message and "NanoChatForCausalLM" in message
-    assert all(w in message for w in ("resid/x0 lambdas", "sliding-window", "value embeddings", "q/k scale",
-                                      "smear", "backout"))
+    assert all(
+        w in message
+        for w in ("resid/x0 lambdas", "sliding-window", "value embeddings", "q/k scale", "smear", "backout")
+    )
     assert not (tmp_path / "native").exists()
     # G0 with nanochat's padded vocabulary (bc51da8): the padding rows, never looked up, are dropped
-    hf = from_nanochat(checkpoint(generation_base, "bc51da8"), tmp_path / "hf", generation_base / "tokenizer",
-                       trust_pickle=True)
+    hf = from_nanochat(
+        checkpoint(generation_base, "bc51da8"), tmp_path / "hf", generation_base / "tokenizer", trust_pickle=True
+    )
     native = load_file(to_native(hf, tmp_path / "native") / "model.safetensors")
     padded = load_file(hf / "model.safetensors")
     assert native["model.embed_tokens.weight"].shape == (300, 64)
     assert torch.equal(native["lm_head.weight"], padded["lm_head.weight"][:300])
-

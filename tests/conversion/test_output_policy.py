@@ -54,8 +54,15 @@ def user_base(nanochat_base, tmp_path) -> Path:
 
 
 def from_nanochat_args(base: Path, output: Path, *extra) -> list:
-    return ["from-nanochat", "--checkpoint-dir", base / "base_checkpoints" / "d2", "--output", output,
-            "--trust-pickle", *extra]
+    return [
+        "from-nanochat",
+        "--checkpoint-dir",
+        base / "base_checkpoints" / "d2",
+        "--output",
+        output,
+        "--trust-pickle",
+        *extra,
+    ]
 
 
 def test_output_is_the_users_nanochat_base_dir(user_base, convert, capsys):
@@ -77,8 +84,10 @@ def test_output_is_or_is_inside_the_source_checkpoint_dir(user_base, convert, ca
     assert code == 2 and "is the source" in err
     code, err = convert(*from_nanochat_args(user_base, ckpt / "hf"), capsys=capsys)
     assert code == 2 and "is inside the source" in err
-    code, err = convert(*from_nanochat_args(user_base, user_base / "tokenizer", "--tokenizer-dir",
-                                            user_base / "tokenizer"), capsys=capsys)
+    code, err = convert(
+        *from_nanochat_args(user_base, user_base / "tokenizer", "--tokenizer-dir", user_base / "tokenizer"),
+        capsys=capsys,
+    )
     assert code == 2 and "is the source" in err
     assert snapshot(user_base) == before
     code, err = convert(*from_nanochat_args(user_base, ckpt, "--overwrite"), capsys=capsys)
@@ -153,8 +162,9 @@ def test_to_nanochat_over_existing_files(hf_dir, convert, capsys, tmp_path):
     tok_out = tmp_path / "tok"
     tok_out.mkdir()
     (tok_out / "token_bytes.pt").write_bytes(b"mine")
-    code, err = convert("to-nanochat", "--model", hf_dir, "--output", out, "--step", "7", "--tokenizer-output",
-                        tok_out, capsys=capsys)
+    code, err = convert(
+        "to-nanochat", "--model", hf_dir, "--output", out, "--step", "7", "--tokenizer-output", tok_out, capsys=capsys
+    )
     assert code == 2 and "token_bytes.pt: already exists" in err
     assert {k: v for k, v in snapshot(tmp_path).items() if not k.startswith("tok/")} == before
     assert snapshot(tok_out) == {"token_bytes.pt": b"mine"}
@@ -196,8 +206,9 @@ def test_written_files_keep_the_umask_mode(nanochat_base, hf_dir, tmp_path, umas
 
     old = os.umask(umask)
     try:
-        hf = from_nanochat(nanochat_base / "base_checkpoints" / "d2", tmp_path / "hf", nanochat_base / "tokenizer",
-                           trust_pickle=True)
+        hf = from_nanochat(
+            nanochat_base / "base_checkpoints" / "d2", tmp_path / "hf", nanochat_base / "tokenizer", trust_pickle=True
+        )
         nc = to_nanochat(hf_dir, tmp_path / "base_checkpoints" / "nc")
         existing = tmp_path / "existing"
         existing.mkdir()
@@ -205,9 +216,18 @@ def test_written_files_keep_the_umask_mode(nanochat_base, hf_dir, tmp_path, umas
     finally:
         os.umask(old)
     files, dirs = 0o666 & ~umask, 0o777 & ~umask
-    checked = [hf / "model.safetensors", hf / "config.json", hf / "tokenizer.json", hf / "nanochat_meta.json",
-               nc / "model_000005.pt", nc / "meta_000005.json", tmp_path / "tokenizer" / "tokenizer.pkl",
-               tmp_path / "tokenizer" / "token_bytes.pt", native / "model.safetensors", native / "tokenizer.json"]
+    checked = [
+        hf / "model.safetensors",
+        hf / "config.json",
+        hf / "tokenizer.json",
+        hf / "nanochat_meta.json",
+        nc / "model_000005.pt",
+        nc / "meta_000005.json",
+        tmp_path / "tokenizer" / "tokenizer.pkl",
+        tmp_path / "tokenizer" / "token_bytes.pt",
+        native / "model.safetensors",
+        native / "tokenizer.json",
+    ]
     for path in checked:
         assert stat.S_IMODE(path.stat().st_mode) == files, (path, oct(path.stat().st_mode))
     for path in (hf, nc, tmp_path / "tokenizer"):

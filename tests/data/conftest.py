@@ -8,9 +8,13 @@ import pytest
 
 from nanochat_hf.tokenizer import train_tokenizer
 
-TEXTS = ["Spell the word: apple", "Multiple Choice question: What is 2 + 2?", "Respond only with the letter",
-         "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
-         "How many r are in the word strawberry? hit! count=1 My final answer is:"] * 5
+TEXTS = [
+    "Spell the word: apple",
+    "Multiple Choice question: What is 2 + 2?",
+    "Respond only with the letter",
+    "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May.",
+    "How many r are in the word strawberry? hit! count=1 My final answer is:",
+] * 5
 
 MMLU_ROWS = [  # cais/mmlu: question, subject, choices, answer (index)
     {"question": "What is 2 + 2?", "subject": "math", "choices": ["3", "4", "5", "22"], "answer": 1},
@@ -18,23 +22,41 @@ MMLU_ROWS = [  # cais/mmlu: question, subject, choices, answer (index)
     {"question": "Pick the last", "subject": "", "choices": ["a b", "c", "d", "e=f"], "answer": 3},
 ]
 GSM8K_ROWS = [  # openai/gsm8k main: question, answer
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
-                 "How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
-               "altogether in April and May.\n#### 72"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many clips in May. "
+        "How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = <<48/2=24>>24 clips in May.\nNatalia sold 48+24 = <<48+24=72>>72 clips "
+        "altogether in April and May.\n#### 72",
+    },
     {"question": "What is 3 times 4?", "answer": "3*4=<<3*4=12>>12\n#### 12"},
 ]
 SMOLTALK_ROWS = [  # HuggingFaceTB/smol-smoltalk: messages (+ source)
-    {"messages": [{"role": "user", "content": "Hi there"}, {"role": "assistant", "content": "Hello! How can I help?"}],
-     "source": "fixture"},
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Capital of France?"},
-                  {"role": "assistant", "content": "Paris."}, {"role": "user", "content": "And Italy?"},
-                  {"role": "assistant", "content": "Rome."}], "source": "fixture"},
+    {
+        "messages": [
+            {"role": "user", "content": "Hi there"},
+            {"role": "assistant", "content": "Hello! How can I help?"},
+        ],
+        "source": "fixture",
+    },
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Capital of France?"},
+            {"role": "assistant", "content": "Paris."},
+            {"role": "user", "content": "And Italy?"},
+            {"role": "assistant", "content": "Rome."},
+        ],
+        "source": "fixture",
+    },
 ]
 IDENTITY_ROWS = [
     [{"role": "user", "content": "Who are you?"}, {"role": "assistant", "content": "I am a fixture model."}],
-    [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-     {"role": "user", "content": "bye"}, {"role": "assistant", "content": "goodbye"}],
+    [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "bye"},
+        {"role": "assistant", "content": "goodbye"},
+    ],
 ]
 
 

@@ -108,8 +108,10 @@ def test_conversation_longer_than_a_row_is_cut_and_counted():
     """nanochat would keep it in its buffer for good; ours cuts it to the row (as its renderer cuts at 2048)."""
     ds = dataset(range(40), 17, lengths={3: 30, 7: 17, 11: 18})
     stream = BestFitStream(ds, max_seq_len=16, device_batch_size=2, bos_token_id=BOS)
-    assert rows_cut_message(ds, 16) == ("2 of 40 conversations are longer than a row of max_seq_len+1 = 17 tokens and "
-                                        "are cut to it (first: row 3, 30 tokens)")
+    assert rows_cut_message(ds, 16) == (
+        "2 of 40 conversations are longer than a row of max_seq_len+1 = 17 tokens and "
+        "are cut to it (first: row 3, 30 tokens)"
+    )
     rows = np.concatenate([b["input_ids"].numpy() for b in stream.read(stream.num_micro_batches())])
     for token in (13, 17, 21):  # the cut ones and the one of exactly a row: BOS + 16 tokens, whole in a row
         per_row = (rows == token).sum(1)

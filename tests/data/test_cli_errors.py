@@ -27,10 +27,21 @@ def tok_dir(tokenizer, tmp_path_factory) -> Path:
 
 
 def run(tmp_path: Path, *args, env: dict | None = None) -> tuple[int, list[str]]:
-    environ = {**os.environ, "HF_DATASETS_CACHE": str(tmp_path / "cache"), "HF_HOME": str(tmp_path / "hf_home"),
-               "NANOCHAT_HF_CACHE": str(tmp_path / "nanochat_hf"), **(env or {})}
-    result = subprocess.run([sys.executable, str(SCRIPT), *map(str, args)], capture_output=True, text=True,
-                            env=environ, cwd=tmp_path, timeout=300)
+    environ = {
+        **os.environ,
+        "HF_DATASETS_CACHE": str(tmp_path / "cache"),
+        "HF_HOME": str(tmp_path / "hf_home"),
+        "NANOCHAT_HF_CACHE": str(tmp_path / "nanochat_hf"),
+        **(env or {}),
+    }
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), *map(str, args)],
+        capture_output=True,
+        text=True,
+        env=environ,
+        cwd=tmp_path,
+        timeout=300,
+    )
     return result.returncode, result.stderr.strip().splitlines()
 
 
@@ -56,38 +67,77 @@ ARGPARSE_CASES = ("text batch size", "negative -n", "bad color")  # argparse exi
 ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env, words the line must contain)
     "empty jsonl": (SUB, lambda t: [gsm8k_file(t, "rows.jsonl", b"")], [], {}, ["rows.jsonl", "is empty"]),
     "blank jsonl": (IN, lambda t: [gsm8k_file(t, "rows.jsonl", b"\n \n")], [], {}, ["rows.jsonl", "is empty"]),
-    "non-JSON jsonl": (SUB, lambda t: [gsm8k_file(t, "rows.jsonl", b"question,answer\n1,2\n")], [], {},
-                       ["rows.jsonl", "line 1 is not JSON"]),
-    "binary jsonl": (IN, lambda t: [gsm8k_file(t, "rows.jsonl", b"\xff\xfe\x00garbage\n")], [], {},
-                     ["rows.jsonl", "not JSON"]),
+    "non-JSON jsonl": (
+        SUB,
+        lambda t: [gsm8k_file(t, "rows.jsonl", b"question,answer\n1,2\n")],
+        [],
+        {},
+        ["rows.jsonl", "line 1 is not JSON"],
+    ),
+    "binary jsonl": (
+        IN,
+        lambda t: [gsm8k_file(t, "rows.jsonl", b"\xff\xfe\x00garbage\n")],
+        [],
+        {},
+        ["rows.jsonl", "not JSON"],
+    ),
     "empty json": (IN, lambda t: [gsm8k_file(t, "rows.json", b"")], [], {}, ["rows.json", "is empty"]),
     "non-JSON json": (IN, lambda t: [gsm8k_file(t, "rows.json", b"hello")], [], {}, ["rows.json", "not JSON"]),
     "empty parquet": (IN, lambda t: [gsm8k_file(t, "rows.parquet", b"")], [], {}, ["rows.parquet", "not a parquet"]),
-    "non-parquet": (SUB, lambda t: [gsm8k_file(t, "rows.parquet", GOOD_ROW)], [], {},
-                    ["rows.parquet", "not a parquet"]),
-    "empty identity file": (IN, lambda t: [{"task": "identity", "path": str(t / "id.jsonl")}], [], {},
-                            ["id.jsonl", "is empty"]),
+    "non-parquet": (
+        SUB,
+        lambda t: [gsm8k_file(t, "rows.parquet", GOOD_ROW)],
+        [],
+        {},
+        ["rows.parquet", "not a parquet"],
+    ),
+    "empty identity file": (
+        IN,
+        lambda t: [{"task": "identity", "path": str(t / "id.jsonl")}],
+        [],
+        {},
+        ["id.jsonl", "is empty"],
+    ),
     "data_files not a list": (IN, lambda t: [{"task": "gsm8k", "data_files": 3}], [], {}, ["data_files", "3"]),
     "path not a string": (IN, lambda t: [{"task": "identity", "path": 7}], [], {}, ["path must be a string", "7"]),
-    "hub task offline": (SUB, lambda t: [{"task": "gsm8k", "split": "test"}], [], {"HF_HUB_OFFLINE": "1"},
-                         ["openai/gsm8k", "offline", "data_files"]),
-    "hub task offline (datasets)": (SUB, lambda t: [{"task": "mmlu"}], [], {"HF_DATASETS_OFFLINE": "1"},
-                                    ["cais/mmlu", "offline", "data_files"]),
+    "hub task offline": (
+        SUB,
+        lambda t: [{"task": "gsm8k", "split": "test"}],
+        [],
+        {"HF_HUB_OFFLINE": "1"},
+        ["openai/gsm8k", "offline", "data_files"],
+    ),
+    "hub task offline (datasets)": (
+        SUB,
+        lambda t: [{"task": "mmlu"}],
+        [],
+        {"HF_DATASETS_OFFLINE": "1"},
+        ["cais/mmlu", "offline", "data_files"],
+    ),
     "unknown task": (SUB, lambda t: [{"task": "gsm9k"}], [], {}, ["unknown task 'gsm9k'"]),
     "unknown split": (IN, lambda t: None, ["--split", "nope"], {}, ["split 'nope'"]),
     "missing mixture": (IN, lambda t: None, ["--mixture", "nowhere.yaml"], {}, ["nowhere.yaml", "not found"]),
     "zero seq len": (SUB, lambda t: None, ["--max-seq-len", "0"], {}, ["--max-seq-len", "positive integer", "'0'"]),
     "text batch size": (IN, lambda t: None, ["--device-batch-size", "big"], {}, ["--device-batch-size", "'big'"]),
     "negative -n": (IN, lambda t: None, ["-n", "-3"], {}, ["-n", "'-3'"]),
-    "indivisible batch": (IN, lambda t: None, ["--total-batch-size", "1000", "--max-seq-len", "64"], {},
-                          ["total_batch_size 1000", "8*64*1"]),  # the demo config's 8 rows
+    "indivisible batch": (
+        IN,
+        lambda t: None,
+        ["--total-batch-size", "1000", "--max-seq-len", "64"],
+        {},
+        ["total_batch_size 1000", "8*64*1"],
+    ),  # the demo config's 8 rows
     "unknown flag": (SUB, lambda t: None, ["--colour", "never"], {}, ["unrecognized arguments: --colour"]),
     "bad color": (IN, lambda t: None, ["--color", "pink"], {}, ["--color", "'pink'"]),
-    "missing tokenizer": (IN, lambda t: None, ["--tokenizer", "no_such_dir"], {},
-                          ["no_such_dir", "no such directory"]),
+    "missing tokenizer": (IN, lambda t: None, ["--tokenizer", "no_such_dir"], {}, ["no_such_dir", "no such directory"]),
     "damaged tokenizer": (SUB, lambda t: None, ["--tokenizer", "broken_tok"], {}, ["broken_tok", "cannot be loaded"]),
-    "pickle not trusted": (IN, lambda t: None, ["--tokenizer", "nanochat_tok"], {},
-                           ["tokenizer.pkl", "--trust-pickle"]),
+    "pickle not trusted": (
+        IN,
+        lambda t: None,
+        ["--tokenizer", "nanochat_tok"],
+        {},
+        ["tokenizer.pkl", "--trust-pickle"],
+    ),
 }
 
 

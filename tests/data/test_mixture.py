@@ -50,20 +50,32 @@ def test_demo_yaml_is_the_embedded_demo(caplog_data):
     assert yaml.safe_load((CONFIGS / "demo.yaml").read_text()) == DEMO_MIXTURE
     ds = load_mixture(None, split="val")
     assert "offline demo mixture" in caplog_data.text
-    assert 200 <= len(ds) <= 1000 and set(ds["task"]) == {"simple_spelling", "spelling_bee", "arithmetic",
-                                                          "multiple_choice"}
+    assert 200 <= len(ds) <= 1000 and set(ds["task"]) == {
+        "simple_spelling",
+        "spelling_bee",
+        "arithmetic",
+        "multiple_choice",
+    }
     held_out = load_mixture(None, split="spelling_eval")
     assert len(held_out) == 200 and set(held_out["task"]) == {"simple_spelling"}
     # held-out = test seeds 1000..1199, disjoint from val's (0..99); on the small demo word list the same word
     # (hence the same text) may recur, as it does between nanochat's train and test rows
     assert sorted(json.dumps(loads(r), sort_keys=True) for r in held_out) == sorted(
-        json.dumps(simple_spelling(i, "test", "demo"), sort_keys=True) for i in range(1000, 1200))
+        json.dumps(simple_spelling(i, "test", "demo"), sort_keys=True) for i in range(1000, 1200)
+    )
 
 
 def test_order_is_nanochat_shuffle_with_repeats_and_slices(tmp_path):
-    path = write_yaml(tmp_path, {"seed": 7, "tasks": [
-        {"task": "SimpleSpelling", "size": 10, "start": 2, "stop": 7},
-        {"task": "spelling-bee", "size": 3, "repeat": 2}]})
+    path = write_yaml(
+        tmp_path,
+        {
+            "seed": 7,
+            "tasks": [
+                {"task": "SimpleSpelling", "size": 10, "start": 2, "stop": 7},
+                {"task": "spelling-bee", "size": 3, "repeat": 2},
+            ],
+        },
+    )
     ds = load_mixture(path)
     expected = [simple_spelling(i, "train") for i in range(2, 7)] + [spelling_bee(i, "train") for i in range(3)] * 2
     order = list(range(len(expected)))
@@ -95,8 +107,9 @@ def bad_mixture(tmp_path):
     ident.write_text("\n".join(BAD_IDENTITY_LINES) + "\n")
     smol = tmp_path / "smol.jsonl"
     smol.write_text("".join(json.dumps(r) + "\n" for r in BAD_SMOLTALK))
-    return write_yaml(tmp_path, {"tasks": [{"task": "identity", "path": str(ident)},
-                                           {"task": "smoltalk", "data_files": [str(smol)]}]})
+    return write_yaml(
+        tmp_path, {"tasks": [{"task": "identity", "path": str(ident)}, {"task": "smoltalk", "data_files": [str(smol)]}]}
+    )
 
 
 def test_malformed_rows_skipped_counted_and_named(tmp_path, hf_cache, caplog_data):
@@ -118,24 +131,46 @@ def test_strict_raises_on_first_malformed_row(tmp_path, hf_cache):
         load_mixture(bad_mixture(tmp_path), strict=True, cache_dir=hf_cache)
 
 
-@pytest.mark.parametrize("config, error, match", [
-    ({"tasks": [{"task": "simple_spelling", "size": 3}, {"task": "wikipedia"}]}, ValueError,
-     r"task #1: unknown task 'wikipedia' \(known: arithmetic, .*\)"),
-    ({"tasks": [{"task": "smoltalk", "splt": "train"}]}, ValueError, r"task #0: unknown key 'splt'"),
-    ({"seed": 42, "shuffle": True, "tasks": [{"task": "smoltalk"}]}, ValueError, r"unknown key 'shuffle'"),
-    ({"tasks": []}, ValueError, r"empty mixture"),
-    ({"tasks": [{"task": "gsm8k", "data_files": ["nope/missing.parquet"]}]}, FileNotFoundError,
-     r"task #0 \(gsm8k\): data file not found: .*nope/missing.parquet"),
-    ({"tasks": [{"task": "identity", "path": "missing.jsonl"}]}, FileNotFoundError,
-     r"conversation file not found: .*missing.jsonl"),
-    ({"tasks": [{"task": "spelling_bee"}]}, ValueError, r"synthetic task needs 'size'"),
-    ({"tasks": [{"task": "simple_spelling", "size": 3, "words": "common"}]}, ValueError,
-     r"task #0 \(simple_spelling\): unknown word list 'common' \(expected one of: full, demo\)"),
-    ({"tasks": [{"task": "arithmetic", "size": 3, "words": "demo"}]}, ValueError,
-     r"'words' only applies to simple_spelling, spelling_bee"),
-    ({"tasks": [{"task": "gsm8k", "repeat": 0}]}, ValueError, r"repeat must be a positive integer, got 0"),
-    ({"train": {"tasks": [{"task": "gsm8k"}]}}, ValueError, r"no 'tasks' and no split 'val' \(splits in file: train\)"),
-])
+@pytest.mark.parametrize(
+    "config, error, match",
+    [
+        (
+            {"tasks": [{"task": "simple_spelling", "size": 3}, {"task": "wikipedia"}]},
+            ValueError,
+            r"task #1: unknown task 'wikipedia' \(known: arithmetic, .*\)",
+        ),
+        ({"tasks": [{"task": "smoltalk", "splt": "train"}]}, ValueError, r"task #0: unknown key 'splt'"),
+        ({"seed": 42, "shuffle": True, "tasks": [{"task": "smoltalk"}]}, ValueError, r"unknown key 'shuffle'"),
+        ({"tasks": []}, ValueError, r"empty mixture"),
+        (
+            {"tasks": [{"task": "gsm8k", "data_files": ["nope/missing.parquet"]}]},
+            FileNotFoundError,
+            r"task #0 \(gsm8k\): data file not found: .*nope/missing.parquet",
+        ),
+        (
+            {"tasks": [{"task": "identity", "path": "missing.jsonl"}]},
+            FileNotFoundError,
+            r"conversation file not found: .*missing.jsonl",
+        ),
+        ({"tasks": [{"task": "spelling_bee"}]}, ValueError, r"synthetic task needs 'size'"),
+        (
+            {"tasks": [{"task": "simple_spelling", "size": 3, "words": "common"}]},
+            ValueError,
+            r"task #0 \(simple_spelling\): unknown word list 'common' \(expected one of: full, demo\)",
+        ),
+        (
+            {"tasks": [{"task": "arithmetic", "size": 3, "words": "demo"}]},
+            ValueError,
+            r"'words' only applies to simple_spelling, spelling_bee",
+        ),
+        ({"tasks": [{"task": "gsm8k", "repeat": 0}]}, ValueError, r"repeat must be a positive integer, got 0"),
+        (
+            {"train": {"tasks": [{"task": "gsm8k"}]}},
+            ValueError,
+            r"no 'tasks' and no split 'val' \(splits in file: train\)",
+        ),
+    ],
+)
 def test_bad_mixture_fails_before_loading_data(tmp_path, monkeypatch, config, error, match):
     monkeypatch.setattr(tasks_mod, "load_dataset", lambda *a, **k: pytest.fail("data read before validation"))
     with pytest.raises(error, match=match):

@@ -15,9 +15,17 @@ T, B = 16, 3
 @pytest.fixture(scope="module")
 def mixture(tmp_path_factory):
     path = tmp_path_factory.mktemp("mix") / "mix.yaml"
-    path.write_text(json.dumps({"tasks": [{"task": "simple_spelling", "size": 50},
-                                          {"task": "spelling_bee", "size": 15},
-                                          {"task": "arithmetic", "size": 15}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "tasks": [
+                    {"task": "simple_spelling", "size": 50},
+                    {"task": "spelling_bee", "size": 15},
+                    {"task": "arithmetic", "size": 15},
+                ]
+            }
+        )
+    )
     return load_mixture(path)
 
 

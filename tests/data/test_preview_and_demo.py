@@ -3,8 +3,8 @@
 import json
 import os
 import re
-import stat
 import runpy
+import stat
 from pathlib import Path
 
 import datasets
@@ -25,8 +25,24 @@ def test_preview_prints_conversations_sizes_and_steps(tmp_path, tokenizer, monke
     assert main(["--mixture", str(mix), "--tokenizer", str(tmp_path / "tok")]) == 2
     assert "unknown task 'gsm8k_like_missing'" in capsys.readouterr().err
     mix.write_text(json.dumps({"tasks": [{"task": "simple_spelling", "size": 40}, {"task": "arithmetic", "size": 10}]}))
-    args = ["--mixture", str(mix), "--tokenizer", str(tmp_path / "tok"), "-n", "2", "--max-seq-len", "16",
-            "--device-batch-size", "2", "--total-batch-size", "128", "--world-size", "2", "--color", "never"]
+    args = [
+        "--mixture",
+        str(mix),
+        "--tokenizer",
+        str(tmp_path / "tok"),
+        "-n",
+        "2",
+        "--max-seq-len",
+        "16",
+        "--device-batch-size",
+        "2",
+        "--total-batch-size",
+        "128",
+        "--world-size",
+        "2",
+        "--color",
+        "never",
+    ]
     assert main(args) == 0
     out = capsys.readouterr().out
     assert out.count("--- conversation") == 2

@@ -14,14 +14,30 @@ from nanochat_hf.tokenizer import train_tokenizer
 TEXTS = ["####", "#### 5", "#### 7", "The answer is 5.", "def add(a, b):\n    return a + b\n"] * 10
 
 ARC_ROWS = [  # allenai/ai2_arc layout (labels are letters or digits)
-    {"id": "a1", "question": "Which is a gas?", "choices": {"text": ["rock", "air", "wood", "iron"],
-                                                            "label": ["A", "B", "C", "D"]}, "answerKey": "B"},
-    {"id": "a2", "question": "What melts ice fastest on a warm day outside?",
-     "choices": {"text": ["shade", "wind", "sun", "snow"], "label": ["1", "2", "3", "4"]}, "answerKey": "3"},
-    {"id": "a3", "question": "Plants need?", "choices": {"text": ["light", "sand", "salt"],
-                                                         "label": ["A", "B", "C"]}, "answerKey": "A"},
-    {"id": "a4", "question": "Which animal lays eggs?", "choices": {"text": ["dog", "hen", "cat", "cow"],
-                                                                    "label": ["A", "B", "C", "D"]}, "answerKey": "B"},
+    {
+        "id": "a1",
+        "question": "Which is a gas?",
+        "choices": {"text": ["rock", "air", "wood", "iron"], "label": ["A", "B", "C", "D"]},
+        "answerKey": "B",
+    },
+    {
+        "id": "a2",
+        "question": "What melts ice fastest on a warm day outside?",
+        "choices": {"text": ["shade", "wind", "sun", "snow"], "label": ["1", "2", "3", "4"]},
+        "answerKey": "3",
+    },
+    {
+        "id": "a3",
+        "question": "Plants need?",
+        "choices": {"text": ["light", "sand", "salt"], "label": ["A", "B", "C"]},
+        "answerKey": "A",
+    },
+    {
+        "id": "a4",
+        "question": "Which animal lays eggs?",
+        "choices": {"text": ["dog", "hen", "cat", "cow"], "label": ["A", "B", "C", "D"]},
+        "answerKey": "B",
+    },
 ]
 MMLU_ROWS = [  # cais/mmlu "all" layout
     {"question": "2+2?", "subject": "math", "choices": ["3", "4", "5", "6"], "answer": 1},
@@ -34,9 +50,13 @@ GSM8K_ROWS = [  # openai/gsm8k "main" layout
     {"question": "What is 1,000 + 234?", "answer": "<<1000+234=1234>>1234\n#### 1,234"},
 ]
 HUMANEVAL_ROWS = [  # openai/openai_humaneval layout
-    {"task_id": "HumanEval/0", "prompt": "import math\n\n\ndef add(a, b):\n    \"\"\"Sum of a and b.\"\"\"\n",
-     "canonical_solution": "    return a + b\n", "entry_point": "add",
-     "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n"},
+    {
+        "task_id": "HumanEval/0",
+        "prompt": 'import math\n\n\ndef add(a, b):\n    """Sum of a and b."""\n',
+        "canonical_solution": "    return a + b\n",
+        "entry_point": "add",
+        "test": "def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n",
+    },
 ]
 
 
@@ -48,8 +68,13 @@ def write_jsonl(path, rows) -> str:
 @pytest.fixture
 def data_files(tmp_path):
     """{task: [local jsonl]} for the hub tasks."""
-    rows = {"ARC-Easy": ARC_ROWS, "ARC-Challenge": ARC_ROWS[::-1], "MMLU": MMLU_ROWS, "GSM8K": GSM8K_ROWS,
-            "HumanEval": HUMANEVAL_ROWS}
+    rows = {
+        "ARC-Easy": ARC_ROWS,
+        "ARC-Challenge": ARC_ROWS[::-1],
+        "MMLU": MMLU_ROWS,
+        "GSM8K": GSM8K_ROWS,
+        "HumanEval": HUMANEVAL_ROWS,
+    }
     return {task: [write_jsonl(tmp_path / f"{task}.jsonl", r)] for task, r in rows.items()}
 
 
@@ -82,8 +107,7 @@ def build_wired(tokenizer, *chains: list[str]) -> NanoChatGPTForCausalLM:
 
 @pytest.fixture
 def random_model(tokenizer):
-    config = NanoChatGPTConfig(sequence_len=128, vocab_size=len(tokenizer), n_layer=2, n_head=2, n_kv_head=1,
-                               n_embd=64)
+    config = NanoChatGPTConfig(sequence_len=128, vocab_size=len(tokenizer), n_layer=2, n_head=2, n_kv_head=1, n_embd=64)
     model = NanoChatGPTForCausalLM(config)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():

@@ -36,21 +36,34 @@ def _data(tmp_path: Path, name: str, content: bytes) -> list[str]:
 
 
 CASES = {
-    "data file not JSON": (lambda m, t: _data(t, "g.jsonl", b"question,answer\n1,2\n"),
-                           "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON"),
-    "data file empty": (lambda m, t: _data(t, "g.jsonl", b""),
-                        "error: --data_files GSM8K: data file {tmp}/g.jsonl is empty (expected rows as JSON objects)"),
-    "data file binary": (lambda m, t: _data(t, "g.jsonl", bytes(range(256)) * 4),
-                         "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON (not UTF-8)"),
-    "parquet not parquet": (lambda m, t: _data(t, "g.parquet", b'{"question": "x"}\n'),
-                            "error: --data_files GSM8K: data file {tmp}/g.parquet is not a parquet file"),
+    "data file not JSON": (
+        lambda m, t: _data(t, "g.jsonl", b"question,answer\n1,2\n"),
+        "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON",
+    ),
+    "data file empty": (
+        lambda m, t: _data(t, "g.jsonl", b""),
+        "error: --data_files GSM8K: data file {tmp}/g.jsonl is empty (expected rows as JSON objects)",
+    ),
+    "data file binary": (
+        lambda m, t: _data(t, "g.jsonl", bytes(range(256)) * 4),
+        "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON (not UTF-8)",
+    ),
+    "parquet not parquet": (
+        lambda m, t: _data(t, "g.parquet", b'{"question": "x"}\n'),
+        "error: --data_files GSM8K: data file {tmp}/g.parquet is not a parquet file",
+    ),
     "truncated model.safetensors": (
         lambda m, t: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]) and [],
-        "error: {tmp}/model/model.safetensors: not a readable safetensors file"),
-    "no tokenizer files": (lambda m, t: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")] and [],
-                           "error: {tmp}/model: no tokenizer in the model folder (tokenizer.json expected"),
-    "--json in a missing folder": (lambda m, t: ["--json", str(t / "nope" / "r.json")],
-                                   "error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file"),
+        "error: {tmp}/model/model.safetensors: not a readable safetensors file",
+    ),
+    "no tokenizer files": (
+        lambda m, t: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")] and [],
+        "error: {tmp}/model: no tokenizer in the model folder (tokenizer.json expected",
+    ),
+    "--json in a missing folder": (
+        lambda m, t: ["--json", str(t / "nope" / "r.json")],
+        "error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file",
+    ),
     "--report a folder": (lambda m, t: ["--report", str(t)], "error: --report {tmp} is a directory; expected a file"),
 }
 
@@ -69,15 +82,40 @@ def test_bad_input_is_one_line_before_any_work(case, script, model_dir, tmp_path
 
 @pytest.mark.slow
 def test_offline_hub_task_is_skipped_and_the_others_run(model_dir, tmp_path):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": "",
-           "HF_DATASETS_CACHE": str(tmp_path / "empty-cache")}  # nothing cached: the hub task cannot load
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "chat_eval.py"), "--model", str(model_dir),
-                           "--tasks", "ARC-Easy,SpellingBee", "--max_problems", "3", "--max_new_tokens", "4",
-                           "--num_threads", "1", "--json", str(tmp_path / "r.json")],
-                          capture_output=True, text=True, timeout=300, env=env, check=False)
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "HF_DATASETS_OFFLINE": "1",
+        "CUDA_VISIBLE_DEVICES": "",
+        "HF_DATASETS_CACHE": str(tmp_path / "empty-cache"),
+    }  # nothing cached: the hub task cannot load
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(ROOT / "scripts" / "chat_eval.py"),
+            "--model",
+            str(model_dir),
+            "--tasks",
+            "ARC-Easy,SpellingBee",
+            "--max_problems",
+            "3",
+            "--max_new_tokens",
+            "4",
+            "--num_threads",
+            "1",
+            "--json",
+            str(tmp_path / "r.json"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     skipped = [line for line in proc.stderr.splitlines() if "skipped" in line]
-    assert len(skipped) == 1 and skipped[0].startswith("chat eval ARC-Easy skipped: could not load "
-                                                       "allenai/ai2_arc/ARC-Easy split 'test'"), proc.stderr
+    assert len(skipped) == 1 and skipped[0].startswith(
+        "chat eval ARC-Easy skipped: could not load allenai/ai2_arc/ARC-Easy split 'test'"
+    ), proc.stderr
     assert [r["task"] for r in json.loads((tmp_path / "r.json").read_text())] == ["SpellingBee"]
     assert "chat eval SpellingBee: 3/3 problems in " in proc.stderr  # the progress line (stderr is not a terminal)

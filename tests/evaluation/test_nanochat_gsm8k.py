@@ -24,8 +24,9 @@ CASES = json.loads((DATA / "nanochat_gsm8k_completions.json").read_text())
 
 @pytest.fixture(scope="module")
 def tok():
-    return load_nanochat_tokenizer(Path(__file__).parents[1] / "tokenizer" / "data" / "nanochat_92d63d4",
-                                   trust_pickle=True)
+    return load_nanochat_tokenizer(
+        Path(__file__).parents[1] / "tokenizer" / "data" / "nanochat_92d63d4", trust_pickle=True
+    )
 
 
 @pytest.fixture(scope="module")

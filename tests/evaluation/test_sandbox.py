@@ -40,8 +40,10 @@ def _processes_with(marker: str) -> list[str]:
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
-            if marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace") \
-                    and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text():
+            if (
+                marker in Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+                and "State:\tZ" not in Path(f"/proc/{pid}/status").read_text()
+            ):
                 found.append(pid)
         except OSError:
             pass
@@ -73,12 +75,14 @@ def test_endless_loop_is_killed_and_scored_zero(problem, scratch):
 def test_file_writing_completion_is_killed_and_leaves_nothing(problem, scratch):
     # writes into its cwd, $HOME and $TMPDIR, leaves a child process (in its process group) and loops
     marker = f"sandbox-child-{uuid.uuid4().hex}"
-    body = ("    import os, subprocess, sys, tempfile\n"
-            "    for d in ('.', os.environ['HOME'], tempfile.gettempdir()):\n"
-            "        open(os.path.join(d, 'junk.txt'), 'w').write('x' * 1000)\n"
-            f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}],\n"
-            "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-            "    while True:\n        pass\n")
+    body = (
+        "    import os, subprocess, sys, tempfile\n"
+        "    for d in ('.', os.environ['HOME'], tempfile.gettempdir()):\n"
+        "        open(os.path.join(d, 'junk.txt'), 'w').write('x' * 1000)\n"
+        f"    subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)', {marker!r}],\n"
+        "                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "    while True:\n        pass\n"
+    )
     before = set(os.listdir(os.getcwd()))
     result = run_program(humaneval_program(problem, body), timeout=3.0)
     assert (result.passed, result.reason) == (False, "timeout after 3s")
@@ -89,7 +93,8 @@ def test_file_writing_completion_is_killed_and_leaves_nothing(problem, scratch):
 
 def test_network_and_big_files_are_refused(scratch):
     assert run_program("import socket\nsocket.create_connection(('127.0.0.1', 80))\n").reason.endswith(
-        "OSError: network access is disabled in the evaluation sandbox")
+        "OSError: network access is disabled in the evaluation sandbox"
+    )
     assert not run_program("open('big', 'wb').write(b'x' * (64 << 20))\n", max_file_mb=1).passed
     assert not run_program("x = bytearray(4 << 30)\n", memory_mb=512).passed
     assert list(scratch.iterdir()) == []
@@ -122,14 +127,16 @@ def test_cannot_write_outside_its_directory(scratch):
 def test_cannot_signal_its_parent_or_the_evaluator(scratch):
     needs("PID namespace")
     # the evaluator (this test's process) must survive, and every kind of signal attempt must be refused
-    program = ("import os, signal\n"
-               "os.kill(os.getppid(), signal.SIGKILL)\n"
-               "try:\n"
-               f"    os.kill({os.getpid()}, 0)\n"
-               "except (ProcessLookupError, PermissionError):\n"
-               "    pass\n"
-               "else:\n"
-               "    raise SystemExit('the evaluator can be signalled')\n")
+    program = (
+        "import os, signal\n"
+        "os.kill(os.getppid(), signal.SIGKILL)\n"
+        "try:\n"
+        f"    os.kill({os.getpid()}, 0)\n"
+        "except (ProcessLookupError, PermissionError):\n"
+        "    pass\n"
+        "else:\n"
+        "    raise SystemExit('the evaluator can be signalled')\n"
+    )
     result = run_program(program)
     assert "the evaluator can be signalled" not in result.reason
     assert list(scratch.iterdir()) == []  # and it cleaned up
@@ -137,23 +144,27 @@ def test_cannot_signal_its_parent_or_the_evaluator(scratch):
 
 def test_cannot_read_the_evaluators_environment(scratch):
     needs("private /proc")
-    program = ("import os\n"
-               f"for pid in (os.getppid(), {os.getpid()}):\n"
-               "    try:\n"
-               "        data = open(f'/proc/{pid}/environ', 'rb').read()\n"
-               "    except OSError:\n"
-               "        continue\n"
-               "    raise SystemExit(f'read the environment of {pid}: {len(data)} bytes')\n")
+    program = (
+        "import os\n"
+        f"for pid in (os.getppid(), {os.getpid()}):\n"
+        "    try:\n"
+        "        data = open(f'/proc/{pid}/environ', 'rb').read()\n"
+        "    except OSError:\n"
+        "        continue\n"
+        "    raise SystemExit(f'read the environment of {pid}: {len(data)} bytes')\n"
+    )
     assert run_program(program).passed
 
 
 def test_setsid_child_is_gone_when_time_is_up(scratch):
     needs("PID namespace")
     marker = f"sandbox-setsid-{uuid.uuid4().hex}"
-    program = ("import subprocess, sys\n"
-               f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}],\n"
-               "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
-               "import time; time.sleep(600)\n")
+    program = (
+        "import subprocess, sys\n"
+        f"subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)', {marker!r}],\n"
+        "                 start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)\n"
+        "import time; time.sleep(600)\n"
+    )
     assert run_program(program, timeout=3.0).reason == "timeout after 3s"
     assert _processes_with(marker) == []
     # and a program that exits at once, leaving the setsid child behind, takes it along too
@@ -166,10 +177,14 @@ def test_no_network_even_past_the_socket_module(scratch):
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     listener.settimeout(0.5)
-    tries = [f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))\n",
-             f"import importlib, socket\nimportlib.reload(socket)\nsocket.create_connection(('127.0.0.1', {port}))\n",
-             ("import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import socket; socket.create_connection("
-              f"(\"127.0.0.1\", {port}))'], check=True)\n")]
+    tries = [
+        f"import _socket\ns = _socket.socket()\ns.connect(('127.0.0.1', {port}))\n",
+        f"import importlib, socket\nimportlib.reload(socket)\nsocket.create_connection(('127.0.0.1', {port}))\n",
+        (
+            "import subprocess, sys\nsubprocess.run([sys.executable, '-c', 'import socket; socket.create_connection("
+            f'("127.0.0.1", {port}))\'], check=True)\n'
+        ),
+    ]
     try:
         for program in tries:
             assert not run_program(program).passed, program
@@ -182,26 +197,28 @@ def test_no_network_even_past_the_socket_module(scratch):
 def test_memory_limit_is_for_all_processes_together(scratch):
     needs("process limit")
     # each process grabs what it can in 8 MB pieces; the parent adds up what its children held
-    program = ("import os\n"
-               "def grab():\n"
-               "    held = []\n"
-               "    try:\n"
-               "        while True:\n"
-               "            held.append(bytearray(8 << 20))\n"
-               "    except MemoryError:\n"
-               "        return len(held) * 8\n"
-               "pipes = []\n"
-               "for _ in range(16):\n"
-               "    r, w = os.pipe()\n"
-               "    try:\n"
-               "        pid = os.fork()\n"
-               "    except OSError:\n"
-               "        break\n"
-               "    if pid == 0:\n"
-               "        os.write(w, str(grab()).encode()); os._exit(0)\n"
-               "    os.close(w); pipes.append(r)\n"
-               "total = grab() + sum(int(os.read(r, 64) or 0) for r in pipes)\n"
-               "raise SystemExit(f'total {total} MB in {len(pipes) + 1} processes')\n")
+    program = (
+        "import os\n"
+        "def grab():\n"
+        "    held = []\n"
+        "    try:\n"
+        "        while True:\n"
+        "            held.append(bytearray(8 << 20))\n"
+        "    except MemoryError:\n"
+        "        return len(held) * 8\n"
+        "pipes = []\n"
+        "for _ in range(16):\n"
+        "    r, w = os.pipe()\n"
+        "    try:\n"
+        "        pid = os.fork()\n"
+        "    except OSError:\n"
+        "        break\n"
+        "    if pid == 0:\n"
+        "        os.write(w, str(grab()).encode()); os._exit(0)\n"
+        "    os.close(w); pipes.append(r)\n"
+        "total = grab() + sum(int(os.read(r, 64) or 0) for r in pipes)\n"
+        "raise SystemExit(f'total {total} MB in {len(pipes) + 1} processes')\n"
+    )
     result = run_program(program, memory_mb=256, timeout=20)
     total, processes = (int(w) for w in result.reason.split("total ")[1].split()[::3][:2])
     assert processes <= 4 and 0 < total <= 256, result.reason
@@ -209,15 +226,17 @@ def test_memory_limit_is_for_all_processes_together(scratch):
 
 def test_process_count_is_limited(scratch):
     needs("process limit")
-    program = ("import os, time\n"
-               "n = 0\n"
-               "for _ in range(50):\n"
-               "    try:\n"
-               "        if os.fork() == 0:\n"
-               "            time.sleep(30); os._exit(0)\n"
-               "        n += 1\n"
-               "    except OSError:\n"
-               "        break\n"
-               "raise SystemExit(f'forked {n}')\n")
+    program = (
+        "import os, time\n"
+        "n = 0\n"
+        "for _ in range(50):\n"
+        "    try:\n"
+        "        if os.fork() == 0:\n"
+        "            time.sleep(30); os._exit(0)\n"
+        "        n += 1\n"
+        "    except OSError:\n"
+        "        break\n"
+        "raise SystemExit(f'forked {n}')\n"
+    )
     result = run_program(program, max_processes=4, timeout=10)
     assert result.reason.endswith(("forked 3", "forked 2", "forked 1", "forked 0")), result.reason

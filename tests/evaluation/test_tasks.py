@@ -10,14 +10,19 @@ def test_rows_are_shuffled_with_seed_42_then_cut(data_files):
     problems = load_problems(EVAL_TASKS["MMLU"], data_files["MMLU"], max_problems=2)
     order = load_dataset("json", data_files=data_files["MMLU"], split="train").shuffle(seed=42)
     assert [p.messages[0]["content"].splitlines()[0] for p in problems] == [
-        f"Multiple Choice question: {q}" for q in order["question"][:2]]
-    assert load_problems(EVAL_TASKS["MMLU"], data_files["MMLU"]) != load_problems(
-        EVAL_TASKS["MMLU"], data_files["MMLU"])[::-1]
+        f"Multiple Choice question: {q}" for q in order["question"][:2]
+    ]
+    assert (
+        load_problems(EVAL_TASKS["MMLU"], data_files["MMLU"])
+        != load_problems(EVAL_TASKS["MMLU"], data_files["MMLU"])[::-1]
+    )
 
 
 def test_arc_rows_become_lettered_problems(data_files):
-    problems = {p.messages[0]["content"].splitlines()[0]: p
-                for p in load_problems(EVAL_TASKS["ARC-Easy"], data_files["ARC-Easy"])}
+    problems = {
+        p.messages[0]["content"].splitlines()[0]: p
+        for p in load_problems(EVAL_TASKS["ARC-Easy"], data_files["ARC-Easy"])
+    }
     digits = problems["Multiple Choice question: What melts ice fastest on a warm day outside?"]
     assert (digits.answer, digits.letters) == ("C", "ABCD")  # label "3" of "1".."4" is shown and scored as C
     assert "- sun=C\n" in digits.messages[0]["content"]
@@ -44,8 +49,11 @@ def test_mmlu_gsm8k_humaneval_spelling_bee(data_files):
 def test_bad_row_is_one_line_naming_task_row_and_file(tmp_path, data_files):
     bad = tmp_path / "arc_bad.jsonl"
     bad.write_text('{"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "E"}\n')
-    with pytest.raises(ValueError, match=r"ARC-Easy: row 0 \(after the seed-42 shuffle\) of .*arc_bad.jsonl: "
-                                         r"ValueError\(\"answerKey 'E' is not one of the labels"):
+    with pytest.raises(
+        ValueError,
+        match=r"ARC-Easy: row 0 \(after the seed-42 shuffle\) of .*arc_bad.jsonl: "
+        r"ValueError\(\"answerKey 'E' is not one of the labels",
+    ):
         load_problems(EVAL_TASKS["ARC-Easy"], [str(bad)])
 
 
@@ -65,5 +73,10 @@ def test_task_names():
     with pytest.raises(ValueError, match="unknown chat-eval task 'arc'; expected one of ARC-Easy, ARC-Challenge"):
         task_by_name("arc")
     assert [(t.name, t.baseline) for t in EVAL_TASKS.values()] == [
-        ("ARC-Easy", 0.25), ("ARC-Challenge", 0.25), ("MMLU", 0.25), ("GSM8K", 0.0), ("HumanEval", 0.0),
-        ("SpellingBee", 0.0)]
+        ("ARC-Easy", 0.25),
+        ("ARC-Challenge", 0.25),
+        ("MMLU", 0.25),
+        ("GSM8K", 0.0),
+        ("HumanEval", 0.0),
+        ("SpellingBee", 0.0),
+    ]

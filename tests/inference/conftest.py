@@ -76,6 +76,5 @@ def ids(tokenizer):
 
 @pytest.fixture
 def random_model(tokenizer):
-    config = NanoChatGPTConfig(sequence_len=64, vocab_size=len(tokenizer), n_layer=2, n_head=2, n_kv_head=1,
-                               n_embd=64)
+    config = NanoChatGPTConfig(sequence_len=64, vocab_size=len(tokenizer), n_layer=2, n_head=2, n_kv_head=1, n_embd=64)
     return randomize(NanoChatGPTForCausalLM(config)).eval()

@@ -28,13 +28,16 @@ def test_the_reference_shows_nanochat_formatting():
     assert cases["'strawberry'.count('r')"] == "3"
 
 
-@pytest.mark.parametrize("expr", [
-    "'a'.center(99999999999).count('a')",  # nanochat's eval would run out of memory or time
-    "'0'.zfill(9999999999).count('0')",
-    "'abc'.count('a').bit_length()",
-    "('a'.count('a') for x in 'abc')",  # str() of a generator has an address in it
-    "'abc'.count('a') .real",
-    None,
-])
+@pytest.mark.parametrize(
+    "expr",
+    [
+        "'a'.center(99999999999).count('a')",  # nanochat's eval would run out of memory or time
+        "'0'.zfill(9999999999).count('0')",
+        "'abc'.count('a').bit_length()",
+        "('a'.count('a') for x in 'abc')",  # str() of a generator has an address in it
+        "'abc'.count('a') .real",
+        None,
+    ],
+)
 def test_what_we_do_not_run_gives_no_result(expr):
     assert calculate(expr) is None

@@ -7,8 +7,10 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "chat.py"
-CHAINS = (["<|assistant_start|>", "<|python_start|>", "2", "+", "3", "<|python_end|>", "?", "<|assistant_end|>"],
-          ["<|output_end|>", " ", "!", "<|assistant_end|>"])
+CHAINS = (
+    ["<|assistant_start|>", "<|python_start|>", "2", "+", "3", "<|python_end|>", "?", "<|assistant_end|>"],
+    ["<|output_end|>", " ", "!", "<|assistant_end|>"],
+)
 
 
 @pytest.fixture
@@ -21,8 +23,13 @@ def model_dir(tmp_path, tokenizer, wired):
 @pytest.mark.slow
 def test_one_shot_in_a_fresh_process(model_dir):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "What is 2+3?",
-                           "--temperature", "0"], capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "What is 2+3?", "--temperature", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "  [calculator] 2+3\n  [result] 5\n !\n"
 
@@ -77,24 +84,45 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
     tokenizer.save_pretrained(model_dir)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
     prompt = "hello there " * 40
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", prompt,
-                           "--temperature", "0", "--max-new-tokens", "8"], capture_output=True, text=True,
-                          timeout=120, env=env)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            str(SCRIPT),
+            "--model",
+            str(model_dir),
+            "--prompt",
+            prompt,
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "8",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "!\n"
     n = len(tokenizer.encode(prompt, add_special_tokens=False)) + 4  # bos, user_start, user_end, assistant_start
     assert [line for line in proc.stderr.splitlines() if line.startswith("note")] == [
         f"note: the conversation is {n} tokens, more than the model's sequence_len 64 minus "
-                           "--max-new-tokens 8: the model sees <|bos|> and the last 55 tokens"]
-    proc = subprocess.run([sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "hi",
-                           "--max-new-tokens", "63"], capture_output=True, text=True, timeout=120, env=env)
+        "--max-new-tokens 8: the model sees <|bos|> and the last 55 tokens"
+    ]
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
     assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == ("error: --max-new-tokens 63 leaves no room for a prompt within "
-                                            "the model's sequence_len 64")
+    assert proc.stderr.splitlines()[-1] == (
+        "error: --max-new-tokens 63 leaves no room for a prompt within the model's sequence_len 64"
+    )
 
 
-def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch,
-                                                                            capsys):
+def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch, capsys):
     import nanochat_hf.inference
 
     chat = load_script()
@@ -110,5 +138,5 @@ def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(mode
     assert chat.main(["--model", str(model_dir), "--temperature", "0", "--device", "cpu"]) == 0
     latest = tokenizer.encode("what about the zebra?", add_special_tokens=False)
     end = [tokenizer.convert_tokens_to_ids(t) for t in ("<|user_end|>", "<|assistant_start|>")]
-    assert seen[1][-len(latest) - 2:] == latest + end  # the model sees the end of the conversation
+    assert seen[1][-len(latest) - 2 :] == latest + end  # the model sees the end of the conversation
     assert seen[1][0] == tokenizer.bos_token_id and "the model sees <|bos|> and the last" in capsys.readouterr().err

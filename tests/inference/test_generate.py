@@ -4,19 +4,41 @@ import torch
 from nanochat_hf.inference import fit_prompt, format_parts, generate_reply, parts_from_tokens
 from nanochat_hf.tokenizer import render_conversation, render_for_completion
 
-TOOL_CALL = ["<|assistant_start|>", "<|python_start|>", "2", "+", "3", "<|python_end|>",
-             "?", "<|assistant_end|>", "a"]  # "?" only if the tool output were NOT forced; "a" after the end
+TOOL_CALL = [
+    "<|assistant_start|>",
+    "<|python_start|>",
+    "2",
+    "+",
+    "3",
+    "<|python_end|>",
+    "?",
+    "<|assistant_end|>",
+    "a",
+]  # "?" only if the tool output were NOT forced; "a" after the end
 
 
 def test_tool_output_is_forced_and_generation_stops(tokenizer, wired, ids, conversation):
     model = wired(TOOL_CALL, ["<|output_end|>", "!"], ["!", "<|assistant_end|>"])
     reply = generate_reply(model, tokenizer, conversation)
 
-    assert reply["token_ids"] == ids("<|python_start|>", "2", "+", "3", "<|python_end|>",
-                                     "<|output_start|>", "5", "<|output_end|>", "!", "<|assistant_end|>")
+    assert reply["token_ids"] == ids(
+        "<|python_start|>",
+        "2",
+        "+",
+        "3",
+        "<|python_end|>",
+        "<|output_start|>",
+        "5",
+        "<|output_end|>",
+        "!",
+        "<|assistant_end|>",
+    )
     assert "<|python_end|><|output_start|>5<|output_end|>!<|assistant_end|>" in tokenizer.decode(reply["token_ids"])
-    assert reply["parts"] == [{"type": "python", "text": "2+3"}, {"type": "python_output", "text": "5"},
-                              {"type": "text", "text": "!"}]
+    assert reply["parts"] == [
+        {"type": "python", "text": "2+3"},
+        {"type": "python_output", "text": "5"},
+        {"type": "text", "text": "!"},
+    ]
     assert reply["message"] == {"role": "assistant", "content": reply["parts"]}
     assert reply["text"] == "!"
     assert reply["finish_reason"] == "stop"
@@ -56,7 +78,8 @@ def test_uses_kv_cache_and_matches_full_forward(tokenizer, random_model, convers
     fed = []
     # a hook, not a replaced forward: generate() validates its arguments against the forward's signature
     hook = random_model.register_forward_pre_hook(
-        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True)
+        lambda module, args, kwargs: fed.append(kwargs["input_ids"].shape[1]), with_kwargs=True
+    )
     reply = generate_reply(random_model, tokenizer, conversation, max_new_tokens=12)
     hook.remove()
     tokens = reply["token_ids"]
@@ -66,7 +89,7 @@ def test_uses_kv_cache_and_matches_full_forward(tokenizer, random_model, convers
     # every generated token is the argmax of a full (cache-free) forward over the sequence before it
     with torch.no_grad():
         logits = random_model(torch.tensor([prompt + tokens]), use_cache=False).logits[0]
-    assert tokens == logits[len(prompt) - 1:-1].argmax(-1).tolist()
+    assert tokens == logits[len(prompt) - 1 : -1].argmax(-1).tolist()
 
 
 def test_sampling_is_seeded_and_top_k_1_is_greedy(tokenizer, random_model, conversation):
@@ -85,11 +108,14 @@ def test_restores_training_mode(tokenizer, random_model, conversation):
     assert random_model.training
 
 
-@pytest.mark.parametrize("kw, message", [
-    (dict(max_new_tokens=0), "max_new_tokens"),
-    (dict(temperature=-1.0), "temperature"),
-    (dict(top_k=0), "top_k"),
-])
+@pytest.mark.parametrize(
+    "kw, message",
+    [
+        (dict(max_new_tokens=0), "max_new_tokens"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(top_k=0), "top_k"),
+    ],
+)
 def test_bad_options(tokenizer, random_model, conversation, kw, message):
     with pytest.raises(ValueError, match=message):
         generate_reply(random_model, tokenizer, conversation, **kw)
@@ -98,7 +124,8 @@ def test_bad_options(tokenizer, random_model, conversation, kw, message):
 def test_parts_from_tokens_text_only(tokenizer):
     ids = tokenizer.encode("hello there", add_special_tokens=False)
     assert parts_from_tokens(tokenizer, ids + [tokenizer.convert_tokens_to_ids("<|assistant_end|>")]) == [
-        {"type": "text", "text": "hello there"}]
+        {"type": "text", "text": "hello there"}
+    ]
     assert parts_from_tokens(tokenizer, []) == []
 
 
@@ -111,6 +138,7 @@ def test_fit_prompt_keeps_bos_and_the_most_recent_tokens():
     prompt = list(range(100, 120))
     assert fit_prompt(prompt, sequence_len=64, max_new_tokens=8) == prompt
     assert fit_prompt(prompt, sequence_len=16, max_new_tokens=6) == [100, *range(111, 120)]  # 10 + 6 = 16
-    with pytest.raises(ValueError, match="max_new_tokens=15 leaves no room for a prompt within the model's "
-                                         "sequence_len=16"):
+    with pytest.raises(
+        ValueError, match="max_new_tokens=15 leaves no room for a prompt within the model's sequence_len=16"
+    ):
         fit_prompt(prompt, sequence_len=16, max_new_tokens=15)

@@ -22,8 +22,9 @@ CASES = json.loads((Path(__file__).parent / "data" / "nanochat_engine.json").rea
 
 @pytest.fixture(scope="module")
 def tok():
-    return load_nanochat_tokenizer(Path(__file__).parents[1] / "tokenizer" / "data" / "nanochat_92d63d4",
-                                   trust_pickle=True)
+    return load_nanochat_tokenizer(
+        Path(__file__).parents[1] / "tokenizer" / "data" / "nanochat_92d63d4", trust_pickle=True
+    )
 
 
 def wired(vocab: int, chains: list[list[int]]) -> NanoChatGPTForCausalLM:

@@ -23,8 +23,21 @@ def test_greedy_matches_the_former_loop(case, tokenizer, random_model, wired):
 def test_forced_output_longer_than_one_token(tokenizer, wired, ids):
     case = next(c for c in CASES if c["model"] == "wired_12*7+3" and c["max_new_tokens"] == 64)
     reply = generate_reply(wired(*case["chains"]), tokenizer, case["conversation"])
-    assert reply["token_ids"] == ids("<|python_start|>", "12", "*", "7", "+", "3", "<|python_end|>",
-                                     "<|output_start|>", "8", "7", "<|output_end|>", "!", "<|assistant_end|>")
+    assert reply["token_ids"] == ids(
+        "<|python_start|>",
+        "12",
+        "*",
+        "7",
+        "+",
+        "3",
+        "<|python_end|>",
+        "<|output_start|>",
+        "8",
+        "7",
+        "<|output_end|>",
+        "!",
+        "<|assistant_end|>",
+    )
     assert reply["parts"][:2] == [{"type": "python", "text": "12*7+3"}, {"type": "python_output", "text": "87"}]
 
 
@@ -39,13 +52,31 @@ def test_batched_left_padded_equals_one_by_one(tokenizer, random_model):
 
 def test_batched_tool_use_rows_are_independent(tokenizer, wired, ids):
     # row 0 calls the tool at once; row 1 (another prompt) first writes text, so its call comes later
-    model = wired(["<|assistant_start|>", "<|python_start|>", "12", "*", "7", "+", "3", "<|python_end|>", "?"],
-                  ["<|output_end|>", "!", "<|assistant_end|>"], ["<|user_end|>", "a", "b", "c", "d", "e"],
-                  ["h", "<|python_start|>"])
-    prompts = [render_for_completion(tokenizer, {"messages": [{"role": "user", "content": "x"}]}),
-               ids("<|bos|>", "<|user_start|>", "h")]
-    expected = ids("<|python_start|>", "12", "*", "7", "+", "3", "<|python_end|>", "<|output_start|>", "8", "7",
-                   "<|output_end|>", "!", "<|assistant_end|>")
+    model = wired(
+        ["<|assistant_start|>", "<|python_start|>", "12", "*", "7", "+", "3", "<|python_end|>", "?"],
+        ["<|output_end|>", "!", "<|assistant_end|>"],
+        ["<|user_end|>", "a", "b", "c", "d", "e"],
+        ["h", "<|python_start|>"],
+    )
+    prompts = [
+        render_for_completion(tokenizer, {"messages": [{"role": "user", "content": "x"}]}),
+        ids("<|bos|>", "<|user_start|>", "h"),
+    ]
+    expected = ids(
+        "<|python_start|>",
+        "12",
+        "*",
+        "7",
+        "+",
+        "3",
+        "<|python_end|>",
+        "<|output_start|>",
+        "8",
+        "7",
+        "<|output_end|>",
+        "!",
+        "<|assistant_end|>",
+    )
     assert generate_tokens(model, tokenizer, prompts, max_new_tokens=20) == [expected, expected]
     assert generate_tokens(model, tokenizer, prompts[1:], max_new_tokens=20) == [expected]
 
@@ -58,21 +89,24 @@ def test_forcing_holds_under_sampling(tokenizer, wired, ids):
         model.lm_head.weight.mul_(30.0)
     prompt = render_for_completion(tokenizer, {"messages": [{"role": "user", "content": "x"}]})
     for seed, top_k in ((0, None), (1, None), (2, 5)):
-        (reply,) = generate_tokens(model, tokenizer, [prompt], max_new_tokens=12, temperature=1.0, top_k=top_k,
-                                   seed=seed)
+        (reply,) = generate_tokens(
+            model, tokenizer, [prompt], max_new_tokens=12, temperature=1.0, top_k=top_k, seed=seed
+        )
         start = reply.index(ids("<|python_end|>")[0])
-        assert reply[start + 1:start + 5] == ids("<|output_start|>", "8", "7", "<|output_end|>")
+        assert reply[start + 1 : start + 5] == ids("<|output_start|>", "8", "7", "<|output_end|>")
 
 
 def test_processor_leaves_other_rows_and_prompt_calls_alone(tokenizer, ids):
     processor = CalculatorToolProcessor(tokenizer)
     assert isinstance(processor, type(LogitsProcessorList([processor])[0]))
     done = ids("<|python_start|>", "2", "+", "3", "<|python_end|>", "<|output_start|>", "5", "<|output_end|>")
-    rows = [ids("<|bos|>", "<|python_start|>", "2", "+", "3", "<|python_end|>"),  # force <|output_start|>
-            ids("<|bos|>") + done[:6],  # ... "5"   (here and below: left pad of the same width)
-            ids("<|bos|>", "<|python_start|>", "2", "/", "0", "<|python_end|>"),  # no result: free
-            [ids("<|bos|>")[0]] * 2 + done[2:],  # a call in the past, already answered: free
-            ids("<|bos|>", "<|bos|>", "<|python_end|>", "2", "+", "3")]  # no call
+    rows = [
+        ids("<|bos|>", "<|python_start|>", "2", "+", "3", "<|python_end|>"),  # force <|output_start|>
+        ids("<|bos|>") + done[:6],  # ... "5"   (here and below: left pad of the same width)
+        ids("<|bos|>", "<|python_start|>", "2", "/", "0", "<|python_end|>"),  # no result: free
+        [ids("<|bos|>")[0]] * 2 + done[2:],  # a call in the past, already answered: free
+        ids("<|bos|>", "<|bos|>", "<|python_end|>", "2", "+", "3"),
+    ]  # no call
     width = max(map(len, rows))
     input_ids = torch.tensor([[ids("<|bos|>")[0]] * (width - len(r)) + r for r in rows])
     scores = torch.randn(len(rows), len(tokenizer))

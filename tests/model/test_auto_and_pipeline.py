@@ -10,7 +10,12 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModel, AutoModelForCausalLM, AutoModelForSequenceClassification, pipeline
 
-from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM, NanoChatGPTForSequenceClassification, NanoChatGPTModel
+from nanochat_hf import (
+    NanoChatGPTConfig,
+    NanoChatGPTForCausalLM,
+    NanoChatGPTForSequenceClassification,
+    NanoChatGPTModel,
+)
 
 
 def test_auto_classes_registered_and_auto_map_written(make_model, tmp_path):
@@ -43,9 +48,17 @@ def test_text_generation_pipeline_with_chat_template():
 
     texts = ["hello there, how are you today? the quick brown fox jumps over the lazy dog."] * 20
     tokenizer = train_tokenizer(texts, vocab_size=300)
-    config = NanoChatGPTConfig(sequence_len=64, vocab_size=len(tokenizer), n_layer=2, n_head=4, n_kv_head=2,
-                               n_embd=64, bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id)
+    config = NanoChatGPTConfig(
+        sequence_len=64,
+        vocab_size=len(tokenizer),
+        n_layer=2,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=64,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     torch.manual_seed(0)
     model = NanoChatGPTForCausalLM(config).eval()
     with torch.no_grad():
@@ -60,5 +73,5 @@ def test_text_generation_pipeline_with_chat_template():
     # same as rendering the prompt nanochat's way and decoding greedy tokens ourselves
     prompt = render_for_completion(tokenizer, {"messages": messages})
     with torch.no_grad():  # no attention mask: pad == bos, yet the leading <|bos|> is not taken for padding
-        ids = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt):]
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=8, do_sample=False)[0, len(prompt) :]
     assert reply["content"] == tokenizer.decode(ids, skip_special_tokens=True)

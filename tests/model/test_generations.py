@@ -23,8 +23,16 @@ G2 = dict(G1, layer_types=SLIDING, sliding_window=33)  # nanochat: short window 
 G3 = dict(G2, value_embeddings=True, ve_gate_channels=32, ve_gate_scale=2.0)
 # G4: short window ceil(256 / 3 / 128) * 128 = 128; nanochat computes its rotary tables in the compute dtype from
 # 1076f97 on, float32 in the reference run (bfloat16 before, as for G1 to G3)
-G4 = dict(G3, sequence_len=256, sliding_window=129, ve_gate_channels=12, ve_gate_scale=3.0, qk_scale=1.15,
-          rope_theta=100000.0, rotary_dtype="float32")
+G4 = dict(
+    G3,
+    sequence_len=256,
+    sliding_window=129,
+    ve_gate_channels=12,
+    ve_gate_scale=3.0,
+    qk_scale=1.15,
+    rope_theta=100000.0,
+    rotary_dtype="float32",
+)
 G5 = dict(G4, qk_scale=1.2, smear=True, backout=True)  # short window ceil(256 / 4 / 128) * 128 = 128
 GENERATIONS = {"g1": G1, "g2": G2, "g3": G3, "g4": G4, "g5": G5}
 
@@ -39,11 +47,15 @@ def load_reference(gen: str) -> tuple[NanoChatGPTForCausalLM, dict, dict]:
         tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open has no __iter__)
         meta = f.metadata()
     model = NanoChatGPTForCausalLM(NanoChatGPTConfig(**GENERATIONS[gen])).eval()
-    state = {from_nanochat_key(k.removeprefix("weight.")): v.float() for k, v in tensors.items()
-             if k.startswith("weight.")}
+    state = {
+        from_nanochat_key(k.removeprefix("weight.")): v.float() for k, v in tensors.items() if k.startswith("weight.")
+    }
     model.load_state_dict(state, strict=True)
-    cases = {int(k.split(".")[1]): (tensors[k], tensors[f"logits.{k.split('.')[1]}"]) for k in tensors
-             if k.startswith("ids.")}
+    cases = {
+        int(k.split(".")[1]): (tensors[k], tensors[f"logits.{k.split('.')[1]}"])
+        for k in tensors
+        if k.startswith("ids.")
+    }
     return model, cases, meta
 
 
@@ -55,8 +67,9 @@ def test_logits_equal_nanochat_at_each_generation(gen, attn):
     windows = json.loads(meta["window_sizes"])
     if windows is not None:  # nanochat's per-layer FlashAttention windows (w, 0): w + 1 keys
         c = model.config
-        assert [w + 1 for w, _ in windows] == [c.sliding_window if t == "sliding_attention" else c.sequence_len + 1
-                                               for t in c.layer_types]
+        assert [w + 1 for w, _ in windows] == [
+            c.sliding_window if t == "sliding_attention" else c.sequence_len + 1 for t in c.layer_types
+        ]
         assert min(cases) < c.sliding_window == sorted(cases)[1] < max(cases)  # shorter, equal, longer
     with torch.no_grad():
         for length, (ids, expected) in cases.items():
@@ -69,8 +82,14 @@ def test_each_generation_feature_changes_the_logits():
     """The references would catch a feature left out: switching it off moves the logits far beyond 1e-5."""
     model, cases, _ = load_reference("g5")
     ids, expected = cases[max(cases)]
-    changes = [("smear", False), ("backout", False), ("qk_scale", 1.0), ("layer_types", ["full_attention"] * 3),
-               ("rope_theta", 10000.0), ("ve_gate_scale", 2.0)]
+    changes = [
+        ("smear", False),
+        ("backout", False),
+        ("qk_scale", 1.0),
+        ("layer_types", ["full_attention"] * 3),
+        ("rope_theta", 10000.0),
+        ("ve_gate_scale", 2.0),
+    ]
     for field, value in changes:
         config = NanoChatGPTConfig(**{**G5, field: value})
         other = NanoChatGPTForCausalLM(config).eval()
@@ -98,10 +117,16 @@ def test_cached_generate_equals_the_full_forward(gen):
     window = model.config.sliding_window or 32
     prompt = torch.randint(0, 48, (2, window - 8), generator=torch.Generator().manual_seed(1))
     with torch.no_grad():
-        out = model.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, output_logits=True,
-                             return_dict_in_generate=True)
+        out = model.generate(
+            prompt,
+            max_new_tokens=24,
+            do_sample=False,
+            eos_token_id=None,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
         assert out.sequences.shape[1] > window + 8
-        full = model(out.sequences).logits[:, prompt.shape[1] - 1:-1]
+        full = model(out.sequences).logits[:, prompt.shape[1] - 1 : -1]
         uncached = model.generate(prompt, max_new_tokens=24, do_sample=False, eos_token_id=None, use_cache=False)
     assert (torch.stack(out.logits, dim=1) - full).abs().max().item() < 1e-5
     assert torch.equal(uncached, out.sequences)
@@ -117,7 +142,7 @@ def test_g5_one_token_steps_need_and_use_the_previous_token(attn):
         out = model(ids[:, :130], use_cache=True)
         steps, cache = [out.logits], out.past_key_values
         for t in range(130, 140):
-            out = model(ids[:, t:t + 1], past_key_values=cache, previous_input_ids=ids[:, t - 1], use_cache=True)
+            out = model(ids[:, t : t + 1], past_key_values=cache, previous_input_ids=ids[:, t - 1], use_cache=True)
             steps.append(out.logits)
         assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
         with pytest.raises(ValueError, match="previous_input_ids"):
@@ -135,7 +160,7 @@ def test_batched_left_padded_equals_one_by_one(gen, cache_implementation):
     ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p):].tolist() for p in prompts]
+        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p) :].tolist() for p in prompts]
         batched = model.generate(input_ids=ids, attention_mask=mask, **kw)[:, width:].tolist()
         padded = model(ids, attention_mask=mask).logits[1, -2:]  # a padded row's logits at its real tokens
         alone = model(torch.tensor([prompts[1]])).logits[0]
@@ -154,10 +179,19 @@ def test_beam_search_reorders_the_smear_input():
 def test_g5_from_scratch_follows_nanochat_init_weights():
     """nanochat's GPT.init_weights at a825e63/HEAD, for the values it fixes (zeros, constants, ranges)."""
     torch.manual_seed(0)
-    config = NanoChatGPTConfig(**{**G5, "vocab_size": 512, "n_layer": 4, "n_embd": 128, "n_head": 2, "n_kv_head": 1,
-                                  "layer_types": ["sliding_attention"] * 3 + ["full_attention"]})
+    config = NanoChatGPTConfig(
+        **{
+            **G5,
+            "vocab_size": 512,
+            "n_layer": 4,
+            "n_embd": 128,
+            "n_head": 2,
+            "n_kv_head": 1,
+            "layer_types": ["sliding_attention"] * 3 + ["full_attention"],
+        }
+    )
     sd = NanoChatGPTForCausalLM(config).state_dict()
-    s = 3 ** 0.5 * 128 ** -0.5
+    s = 3**0.5 * 128**-0.5
     assert torch.equal(sd["transformer.resid_lambdas"], torch.tensor([1.15, 1.15 - 0.1 / 3, 1.15 - 0.2 / 3, 1.05]))
     assert torch.equal(sd["transformer.x0_lambdas"], torch.tensor([0.20, 0.15, 0.10, 0.05]))
     assert sd["transformer.smear_lambda"].tolist() == [0.0]
@@ -167,11 +201,15 @@ def test_g5_from_scratch_follows_nanochat_init_weights():
         assert (sd[h + "attn.c_proj.weight"] == 0).all() and (sd[h + "mlp.c_proj.weight"] == 0).all()
         for name, bound in (("attn.c_q", s), ("attn.c_k", s), ("attn.c_v", s), ("mlp.c_fc", 0.4 * s)):
             w = sd[h + name + ".weight"]
-            assert w.abs().max() <= bound and w.abs().max() > 0.95 * bound and abs(w.std() - bound / 3 ** 0.5) < 0.1 * bound
+            assert (
+                w.abs().max() <= bound and w.abs().max() > 0.95 * bound and abs(w.std() - bound / 3**0.5) < 0.1 * bound
+            )
     gates = [sd["transformer.smear_gate.weight"]] + [sd[f"transformer.h.{i}.attn.ve_gate.weight"] for i in (1, 3)]
     assert all(g.min() >= 0 and g.max() <= 0.02 and g.max() > 0 for g in gates)
-    assert sorted(k for k in sd if "value_embeds" in k) == ["transformer.value_embeds.1.weight",
-                                                            "transformer.value_embeds.3.weight"]
+    assert sorted(k for k in sd if "value_embeds" in k) == [
+        "transformer.value_embeds.1.weight",
+        "transformer.value_embeds.3.weight",
+    ]
     for i in (1, 3):
         ve = sd[f"transformer.value_embeds.{i}.weight"]
         assert ve.shape == (512, 64) and ve.abs().max() <= s and ve.abs().max() > 0.95 * s
@@ -198,24 +236,34 @@ def test_g5_chat_pipeline_and_calculator_tool():
     from nanochat_hf.tokenizer import render_for_completion, train_tokenizer
 
     tokenizer = train_tokenizer(["The answer is 5. Let me compute 2+3 with the calculator."] * 10, vocab_size=300)
-    model = random_generation_model("g5", vocab_size=len(tokenizer), bos_token_id=tokenizer.bos_token_id,
-                                    eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = random_generation_model(
+        "g5",
+        vocab_size=len(tokenizer),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     messages = [{"role": "user", "content": "hello"}]
-    reply = pipeline("text-generation", model=model, tokenizer=tokenizer)(messages, max_new_tokens=6,
-                                                                          do_sample=False)
+    reply = pipeline("text-generation", model=model, tokenizer=tokenizer)(messages, max_new_tokens=6, do_sample=False)
     prompt = render_for_completion(tokenizer, {"messages": messages})
     with torch.no_grad():
-        ids = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt):]
+        ids = model.generate(torch.tensor([prompt]), max_new_tokens=6, do_sample=False)[0, len(prompt) :]
     assert reply[0]["generated_text"][-1]["content"] == tokenizer.decode(ids, skip_special_tokens=True)
     # a prompt ending in a calculator call: the tool's answer is forced in, in a left-padded batch as alone
-    call = tokenizer.convert_tokens_to_ids(["<|python_start|>"]) + tokenizer.encode("2+3", add_special_tokens=False) \
+    call = (
+        tokenizer.convert_tokens_to_ids(["<|python_start|>"])
+        + tokenizer.encode("2+3", add_special_tokens=False)
         + tokenizer.convert_tokens_to_ids(["<|python_end|>"])
+    )
     prompts = [prompt + call, prompt[:3] + call]
     batched = generate_tokens(model, tokenizer, prompts, max_new_tokens=6)
     assert batched == [generate_tokens(model, tokenizer, [p], max_new_tokens=6)[0] for p in prompts]
-    forced = tokenizer.convert_tokens_to_ids(["<|output_start|>"]) + tokenizer.encode("5", add_special_tokens=False) \
+    forced = (
+        tokenizer.convert_tokens_to_ids(["<|output_start|>"])
+        + tokenizer.encode("5", add_special_tokens=False)
         + tokenizer.convert_tokens_to_ids(["<|output_end|>"])
-    assert all(row[:len(forced)] == forced for row in batched)
+    )
+    assert all(row[: len(forced)] == forced for row in batched)
 
 
 def test_g5_flops_per_token_equal_nanochat_estimate_flops():

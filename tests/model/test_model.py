@@ -29,7 +29,7 @@ def reference_logits(sd: dict, cfg: dict, idx: torch.Tensor, rotary_dtype: torch
     cos, sin = angles.cos().to(rotary_dtype)[None, :, None], angles.sin().to(rotary_dtype)[None, :, None]
 
     def rope(x):
-        x1, x2 = x[..., : hd // 2], x[..., hd // 2:]
+        x1, x2 = x[..., : hd // 2], x[..., hd // 2 :]
         return torch.cat([x1 * cos + x2 * sin, -x1 * sin + x2 * cos], dim=-1)
 
     x = norm(sd["transformer.wte.weight"][idx])
@@ -63,8 +63,9 @@ def test_logits_equal_spec_math_with_gqa(make_model, rotary_dtype):
     assert ours.dtype == torch.float32
     assert (ours - ref).abs().max().item() < 1e-4
     # the switch matters: the other table precision gives visibly different logits
-    other = reference_logits(model.state_dict(), cfg, idx,
-                             torch.float32 if rotary_dtype == "bfloat16" else torch.bfloat16)
+    other = reference_logits(
+        model.state_dict(), cfg, idx, torch.float32 if rotary_dtype == "bfloat16" else torch.bfloat16
+    )
     assert (ours - other).abs().max().item() > 1e-4
 
 
@@ -95,8 +96,11 @@ def test_fresh_model_has_nanochat_init():
     for key in ("lm_head.weight", "transformer.h.0.attn.c_proj.weight", "transformer.h.1.mlp.c_proj.weight"):
         assert (sd[key] == 0).all(), key
     assert abs(sd["transformer.wte.weight"].std().item() - 1.0) < 0.02
-    expected = {"attn.c_q": 128 ** -0.5, "attn.c_k": 128 ** -0.5 * math.sqrt(64 / 128),
-                "mlp.c_fc": 128 ** -0.5}  # 1/sqrt(fan_in) * min(1, sqrt(fan_out/fan_in))
+    expected = {
+        "attn.c_q": 128**-0.5,
+        "attn.c_k": 128**-0.5 * math.sqrt(64 / 128),
+        "mlp.c_fc": 128**-0.5,
+    }  # 1/sqrt(fan_in) * min(1, sqrt(fan_out/fan_in))
     for name, std in expected.items():
         got = sd[f"transformer.h.0.{name}.weight"].std().item()
         assert abs(got - std) / std < 0.05, (name, got, std)
@@ -116,13 +120,20 @@ def test_nanochat_names_load_strict_and_from_pretrained_keeps_weights(make_model
 
 
 def test_config_names_depth_and_flops():
-    c = NanoChatGPTConfig(hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                          max_position_embeddings=256)
+    c = NanoChatGPTConfig(
+        hidden_size=128, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256
+    )
     assert (c.n_embd, c.n_layer, c.n_head, c.n_kv_head, c.sequence_len) == (128, 3, 4, 2, 256)
     assert c.hidden_size == 128 and c.max_position_embeddings == 256
     d20 = NanoChatGPTConfig.from_depth(20)
-    assert d20.to_nanochat_dict() == {"sequence_len": 2048, "vocab_size": 65536, "n_layer": 20, "n_head": 10,
-                                      "n_kv_head": 10, "n_embd": 1280}
+    assert d20.to_nanochat_dict() == {
+        "sequence_len": 2048,
+        "vocab_size": 65536,
+        "n_layer": 20,
+        "n_head": 10,
+        "n_kv_head": 10,
+        "n_embd": 1280,
+    }
     assert (d20.final_logit_softcapping, d20.rope_theta, d20.rotary_dtype) == (15.0, 10000.0, "bfloat16")
     with torch.device("meta"):
         model = NanoChatGPTForCausalLM(d20)
@@ -142,7 +153,7 @@ def test_incremental_decoding_matches_full_forward(make_model):
         steps = [out.logits]
         cache = getattr(out, CACHE)  # past_key_values before transformers 5.24, cache since
         for t in range(6, 10):
-            out = model(idx[:, t:t + 1], past_key_values=cache, use_cache=True)  # the old name is still accepted
+            out = model(idx[:, t : t + 1], past_key_values=cache, use_cache=True)  # the old name is still accepted
             cache = getattr(out, CACHE)
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
@@ -164,8 +175,15 @@ def test_greedy_same_with_and_without_cache_past_sequence_len(make_model, attn):
 def test_sampling_options_run(make_model):
     model = make_model()
     torch.manual_seed(0)
-    out = model.generate(torch.tensor([[5, 17, 42]]), max_new_tokens=6, do_sample=True, temperature=0.7, top_k=20,
-                         top_p=0.9, eos_token_id=None)
+    out = model.generate(
+        torch.tensor([[5, 17, 42]]),
+        max_new_tokens=6,
+        do_sample=True,
+        temperature=0.7,
+        top_k=20,
+        top_p=0.9,
+        eos_token_id=None,
+    )
     assert out.shape == (1, 9) and int(out.max()) < 300
 
 
@@ -176,7 +194,7 @@ def test_batched_left_padded_equals_one_by_one(make_model, attn):
     prompts = [[5, 6, 7, 8, 9, 10, 11], [12, 13], [14, 15, 16, 17]]
     kw = dict(max_new_tokens=8, do_sample=False, eos_token_id=None)
     with torch.no_grad():
-        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p):].tolist() for p in prompts]
+        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p) :].tolist() for p in prompts]
         width = max(map(len, prompts))
         pad = model.config.pad_token_id
         ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])

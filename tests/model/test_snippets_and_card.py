@@ -24,9 +24,16 @@ PROMPT = "Do you wish to run the custom code"
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory) -> Path:
     tokenizer = train_tokenizer(["Spell the word: apple, banana. hello there!"] * 5, vocab_size=300)
-    config = NanoChatGPTConfig(sequence_len=64, vocab_size=len(tokenizer), n_layer=1, n_head=2, n_embd=32,
-                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id)
+    config = NanoChatGPTConfig(
+        sequence_len=64,
+        vocab_size=len(tokenizer),
+        n_layer=1,
+        n_head=2,
+        n_embd=32,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     out = tmp_path_factory.mktemp("model")
     randomize(NanoChatGPTForCausalLM(config)).save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -34,18 +41,23 @@ def model_dir(tmp_path_factory) -> Path:
 
 
 def python_block(markdown: str, after: str) -> str:
-    return re.search(r"```python\n(.*?)```", markdown[markdown.index(after):], re.S).group(1)
+    return re.search(r"```python\n(.*?)```", markdown[markdown.index(after) :], re.S).group(1)
 
 
 def card_args(**kw) -> SimpleNamespace:
-    defaults = dict(model_source="demo", train_mixture=None, demo_depth=2, total_batch_size=512,
-                    max_seq_len=64, hub_model_id=None)
+    defaults = dict(
+        model_source="demo", train_mixture=None, demo_depth=2, total_batch_size=512, max_seq_len=64, hub_model_id=None
+    )
     return SimpleNamespace(**{**defaults, **kw})
 
 
 def fake_trainer(args, chat_eval_scores: list | None = None) -> SimpleNamespace:
-    return SimpleNamespace(args=args, state=SimpleNamespace(global_step=3, log_history=[{"eval_val_bpb": 2.5}]),
-                           min_val_bpb=2.5, chat_eval_scores=chat_eval_scores or [])
+    return SimpleNamespace(
+        args=args,
+        state=SimpleNamespace(global_step=3, log_history=[{"eval_val_bpb": 2.5}]),
+        min_val_bpb=2.5,
+        chat_eval_scores=chat_eval_scores or [],
+    )
 
 
 @pytest.mark.slow
@@ -71,10 +83,13 @@ def test_model_card_metadata(tmp_path):
     mixture = tmp_path / "mix.yaml"
     local = tmp_path / "gsm8k.jsonl"
     local.write_text('{"question": "1+1?", "answer": "2\\n#### 2"}\n')
-    mixture.write_text("tasks:\n  - {task: smoltalk}\n  - {task: mmlu}\n  - {task: smoltalk, start: 5}\n"
-                       f"  - {{task: gsm8k, data_files: [{local}]}}\n  - {{task: simple_spelling, size: 10}}\n")
-    path = write_model_card(fake_trainer(card_args(model_source="someone/nanochat-d20", train_mixture=str(mixture))),
-                            tmp_path / "out")
+    mixture.write_text(
+        "tasks:\n  - {task: smoltalk}\n  - {task: mmlu}\n  - {task: smoltalk, start: 5}\n"
+        f"  - {{task: gsm8k, data_files: [{local}]}}\n  - {{task: simple_spelling, size: 10}}\n"
+    )
+    path = write_model_card(
+        fake_trainer(card_args(model_source="someone/nanochat-d20", train_mixture=str(mixture))), tmp_path / "out"
+    )
     data = ModelCard.load(path).data
     assert data.base_model == "someone/nanochat-d20"
     assert data.datasets == ["HuggingFaceTB/smol-smoltalk", "cais/mmlu"]  # local files and synthetic rows: none
@@ -94,12 +109,17 @@ backbone = AutoModel.from_pretrained({str(model_dir)!r}, trust_remote_code=True)
 classifier = AutoModelForSequenceClassification.from_pretrained({str(model_dir)!r}, trust_remote_code=True,
                                                                 num_labels=2)
 out = backbone(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
-print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0], len(out.hidden_states))
+print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0],
+      len(out.hidden_states))
 """
     result = fresh_python(code)
     assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == ["NanoChatGPTModel", "NanoChatGPTForSequenceClassification", "transformers_modules",
-                                     "2"]
+    assert result.stdout.split() == [
+        "NanoChatGPTModel",
+        "NanoChatGPTForSequenceClassification",
+        "transformers_modules",
+        "2",
+    ]
 
 
 def test_model_card_carries_the_chat_eval_as_model_index(tmp_path):

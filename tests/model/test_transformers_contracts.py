@@ -29,8 +29,17 @@ class NanoChatGPTModelTester:
     """Tiny configs and inputs for the tests below (the role of transformers' per-model *ModelTester)."""
 
     batch_size, seq_length = 3, 9
-    config_kwargs = dict(sequence_len=64, vocab_size=99, n_layer=3, n_head=4, n_kv_head=2, n_embd=32,
-                         bos_token_id=BOS, eos_token_id=EOS, pad_token_id=BOS)
+    config_kwargs = dict(
+        sequence_len=64,
+        vocab_size=99,
+        n_layer=3,
+        n_head=4,
+        n_kv_head=2,
+        n_embd=32,
+        bos_token_id=BOS,
+        eos_token_id=EOS,
+        pad_token_id=BOS,
+    )
 
     def get_config(self, **overrides) -> NanoChatGPTConfig:
         return NanoChatGPTConfig(**{**self.config_kwargs, **overrides})
@@ -56,8 +65,10 @@ def test_backbone_is_mounted_as_transformer_with_nanochat_names():
     assert NanoChatGPTForCausalLM.base_model_prefix == "transformer"
     assert model.base_model is model.transformer and isinstance(model.transformer, NanoChatGPTModel)
     assert model.get_input_embeddings() is model.transformer.wte
-    assert {k for k in model.state_dict() if not k.startswith("transformer.h.")} == \
-        {"transformer.wte.weight", "lm_head.weight"}
+    assert {k for k in model.state_dict() if not k.startswith("transformer.h.")} == {
+        "transformer.wte.weight",
+        "lm_head.weight",
+    }
     ids, mask = tester.inputs()
     with torch.no_grad():
         base = model.transformer(ids, attention_mask=mask)
@@ -123,8 +134,7 @@ def test_return_dict_false_gives_tuples():
     ids, mask = tester.inputs()
     with torch.no_grad():
         ref = model(ids, attention_mask=mask, labels=ids, output_hidden_states=True)
-        loss, logits, hidden = model(ids, attention_mask=mask, labels=ids, output_hidden_states=True,
-                                     return_dict=False)
+        loss, logits, hidden = model(ids, attention_mask=mask, labels=ids, output_hidden_states=True, return_dict=False)
         (last,) = model.transformer(ids, attention_mask=mask, use_cache=False, return_dict=False)
         model.config.return_dict = False
         from_config = model(ids, attention_mask=mask)
@@ -141,8 +151,10 @@ def test_save_load_round_trip_and_backbone_from_a_causal_lm_dir(tmp_path):
     backbone = AutoModel.from_pretrained(tmp_path).eval()
     with torch.no_grad():
         assert torch.equal(loaded(ids, attention_mask=mask).logits, model(ids, attention_mask=mask).logits)
-        assert torch.equal(backbone(ids, attention_mask=mask).last_hidden_state,
-                           model.transformer(ids, attention_mask=mask).last_hidden_state)
+        assert torch.equal(
+            backbone(ids, attention_mask=mask).last_hidden_state,
+            model.transformer(ids, attention_mask=mask).last_hidden_state,
+        )
 
 
 def test_generate_without_mask_equals_with_mask():
@@ -166,7 +178,7 @@ def test_batched_left_padded_equals_one_by_one_with_pad_equal_to_bos():
     ids = torch.tensor([[BOS] * (width - len(p)) + p for p in prompts])
     mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
     with torch.no_grad():
-        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p):].tolist() for p in prompts]
+        singles = [model.generate(torch.tensor([p]), **kw)[0, len(p) :].tolist() for p in prompts]
         batched = model.generate(ids, attention_mask=mask, **kw)[:, width:].tolist()
         inferred = model.generate(ids, **kw)[:, width:].tolist()  # the mask inferred from the leading pads
     assert batched == singles

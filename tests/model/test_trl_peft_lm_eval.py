@@ -19,11 +19,17 @@ trl = pytest.importorskip("trl")
 
 CONVERSATIONS = [
     [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi, how are you?"}],
-    [{"role": "system", "content": "be brief"}, {"role": "user", "content": "the quick brown fox"},
-     {"role": "assistant", "content": "jumps over the lazy dog."}],
-    [{"role": "user", "content": "count to three"},
-     {"role": "assistant", "content": "one two three"}, {"role": "user", "content": "again"},
-     {"role": "assistant", "content": "one, two, three."}],
+    [
+        {"role": "system", "content": "be brief"},
+        {"role": "user", "content": "the quick brown fox"},
+        {"role": "assistant", "content": "jumps over the lazy dog."},
+    ],
+    [
+        {"role": "user", "content": "count to three"},
+        {"role": "assistant", "content": "one two three"},
+        {"role": "user", "content": "again"},
+        {"role": "assistant", "content": "one, two, three."},
+    ],
     [{"role": "user", "content": "what is the fox?"}, {"role": "assistant", "content": "a quick brown animal."}],
 ]
 
@@ -35,23 +41,47 @@ def tokenizer():
 
 
 def tiny_model(tokenizer, seed: int = 0) -> NanoChatGPTForCausalLM:
-    config = NanoChatGPTConfig(sequence_len=128, vocab_size=len(tokenizer), n_layer=2, n_head=2, n_embd=32,
-                               bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                               pad_token_id=tokenizer.pad_token_id)
+    config = NanoChatGPTConfig(
+        sequence_len=128,
+        vocab_size=len(tokenizer),
+        n_layer=2,
+        n_head=2,
+        n_embd=32,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     return randomize(NanoChatGPTForCausalLM(config), seed)
 
 
 def sft_config(tmp_path, **kw):
-    return trl.SFTConfig(output_dir=str(tmp_path / "sft"), max_steps=3, per_device_train_batch_size=2,
-                         learning_rate=1e-2, logging_steps=1, save_strategy="no", report_to=[], use_cpu=True,
-                         assistant_only_loss=True, max_length=128, dataloader_num_workers=0, seed=0, bf16=False, **kw)
+    return trl.SFTConfig(
+        output_dir=str(tmp_path / "sft"),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        learning_rate=1e-2,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        use_cpu=True,
+        assistant_only_loss=True,
+        max_length=128,
+        dataloader_num_workers=0,
+        seed=0,
+        bf16=False,
+        **kw,
+    )
 
 
 def test_sft_trainer_assistant_only_loss(tokenizer, tmp_path):
     model = tiny_model(tokenizer)
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    trainer = trl.SFTTrainer(model=model, args=sft_config(tmp_path), processing_class=tokenizer,
-                             train_dataset=Dataset.from_list([{"messages": c} for c in CONVERSATIONS]))
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=sft_config(tmp_path),
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"messages": c} for c in CONVERSATIONS]),
+    )
     # the labels TRL trains on are exactly the tokens nanochat's renderer marks (assistant replies + their end)
     batch = trainer.data_collator([trainer.train_dataset[0]])
     ids, mask = render_conversation(tokenizer, {"messages": CONVERSATIONS[0]})
@@ -73,8 +103,9 @@ def test_trl_fused_loss_sees_the_softcap(tokenizer):
     ids = torch.tensor([render_conversation(tokenizer, {"messages": CONVERSATIONS[1]})[0]])
     with torch.no_grad():
         ours = model(ids, labels=ids).loss
-        uncapped = torch.nn.functional.cross_entropy(model.lm_head(model.transformer(ids).last_hidden_state)[0, :-1],
-                                                     ids[0, 1:])
+        uncapped = torch.nn.functional.cross_entropy(
+            model.lm_head(model.transformer(ids).last_hidden_state)[0, :-1], ids[0, 1:]
+        )
         add_fused_lm_head(model)
         fused = model(ids, labels=ids, fused_lm_head=True).loss
     assert abs(ours.item() - uncapped.item()) > 1.0
@@ -87,17 +118,29 @@ def test_sft_trainer_with_lora_all_linear_saves_an_adapter_that_reloads(tokenize
     tokenizer.save_pretrained(base_dir)
     model = AutoModelForCausalLM.from_pretrained(base_dir)
     lora = peft.LoraConfig(r=4, lora_alpha=8, target_modules="all-linear", init_lora_weights=False)
-    trainer = trl.SFTTrainer(model=model, args=sft_config(tmp_path), processing_class=tokenizer, peft_config=lora,
-                             train_dataset=Dataset.from_list([{"messages": c} for c in CONVERSATIONS]))
+    trainer = trl.SFTTrainer(
+        model=model,
+        args=sft_config(tmp_path),
+        processing_class=tokenizer,
+        peft_config=lora,
+        train_dataset=Dataset.from_list([{"messages": c} for c in CONVERSATIONS]),
+    )
     targeted = trainer.model.peft_config["default"].target_modules
     # every linear layer of the blocks, not the LM head
-    assert len(targeted) == 2 * 6 and {t.rsplit(".", 1)[-1] for t in targeted} == {"c_q", "c_k", "c_v", "c_proj", "c_fc"}
+    assert len(targeted) == 2 * 6 and {t.rsplit(".", 1)[-1] for t in targeted} == {
+        "c_q",
+        "c_k",
+        "c_v",
+        "c_proj",
+        "c_fc",
+    }
     trainer.train()
     trainer.model.save_pretrained(tmp_path / "adapter")
     ids = torch.tensor([render_conversation(tokenizer, {"messages": CONVERSATIONS[2]})[0]])
     trained = trainer.model.eval()
-    reloaded = peft.PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base_dir),
-                                              tmp_path / "adapter").eval()
+    reloaded = peft.PeftModel.from_pretrained(
+        AutoModelForCausalLM.from_pretrained(base_dir), tmp_path / "adapter"
+    ).eval()
     plain = AutoModelForCausalLM.from_pretrained(base_dir).eval()
     with torch.no_grad():
         expected = trained(input_ids=ids).logits
@@ -129,11 +172,11 @@ def test_lm_eval_hflm_scores_after_bos(tokenizer, tmp_path):
     lm = HFLM(pretrained=str(tmp_path), device="cpu", batch_size=1)
     context, continuation = "the quick brown", " fox jumps"
     request = Instance(request_type="loglikelihood", doc={}, arguments=(context, continuation), idx=0)
-    (score, _), = lm.loglikelihood([request], disable_tqdm=True)
+    ((score, _),) = lm.loglikelihood([request], disable_tqdm=True)
 
     def logprob(prefix: list[int]) -> float:
         ctx = prefix + tokenizer.encode(context, add_special_tokens=False)
-        cont = tokenizer.encode(context + continuation, add_special_tokens=False)[len(ctx) - len(prefix):]
+        cont = tokenizer.encode(context + continuation, add_special_tokens=False)[len(ctx) - len(prefix) :]
         ids = torch.tensor([ctx + cont])
         with torch.no_grad():
             logp = model(ids).logits[0, :-1].log_softmax(-1)

@@ -14,8 +14,9 @@ def tiny_model(n_layer=3, vocab_size=1031, seed=0, dtype=torch.float32):
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 
     torch.manual_seed(seed)
-    config = NanoChatGPTConfig(sequence_len=16, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_kv_head=1,
-                               n_embd=64)
+    config = NanoChatGPTConfig(
+        sequence_len=16, vocab_size=vocab_size, n_layer=n_layer, n_head=2, n_kv_head=1, n_embd=64
+    )
     model = NanoChatGPTForCausalLM(config)
     with torch.no_grad():
         for p in model.parameters():
@@ -54,8 +55,9 @@ def ref_muon_step(p, g, buf, lr, momentum):
 
 
 def state_bytes(state_dict):
-    return sum(v.numel() * v.element_size() for st in state_dict["state"].values() for v in st.values()
-               if torch.is_tensor(v))
+    return sum(
+        v.numel() * v.element_size() for st in state_dict["state"].values() for v in st.values() if torch.is_tensor(v)
+    )
 
 
 def flat_params(model):
@@ -110,8 +112,14 @@ def dist_worker(rank, world, port, steps):
             before = {n: p.detach().clone() for n, p in ref.named_parameters()}
             step_on_average(ref, ref_opt, data[step])  # the reference: one process, ranks' gradients averaged
             ref_sched.step()
-            muon_update_size = max(muon_update_size, max((p.detach() - before[n]).abs().max().item()
-                                                       for n, p in ref.named_parameters() if n in _muon_names(ref)))
+            muon_update_size = max(
+                muon_update_size,
+                max(
+                    (p.detach() - before[n]).abs().max().item()
+                    for n, p in ref.named_parameters()
+                    if n in _muon_names(ref)
+                ),
+            )
 
         # 1. parameters bit-identical on every rank
         mine = flat_params(model)
@@ -265,9 +273,15 @@ def head_dist_worker(rank, world, port, out_dir, max_grad_norm):
         everyone = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(everyone, mine)
         if rank == 0:
-            torch.save({"params": {n: p.detach() for n, p in model.named_parameters()}, "state": full["state"],
-                        "same_on_every_rank": all(torch.equal(everyone[0], other) for other in everyone),
-                        "grad_norm": opt.last_grad_norm}, os.path.join(out_dir, "result.pt"))
+            torch.save(
+                {
+                    "params": {n: p.detach() for n, p in model.named_parameters()},
+                    "state": full["state"],
+                    "same_on_every_rank": all(torch.equal(everyone[0], other) for other in everyone),
+                    "grad_norm": opt.last_grad_norm,
+                },
+                os.path.join(out_dir, "result.pt"),
+            )
         torch.save(own, os.path.join(out_dir, f"bytes{rank}.pt"))
     finally:
         dist.destroy_process_group()

@@ -13,11 +13,19 @@ from torch import nn
 
 from nanochat_hf.optim.optimizer import SCALAR_LR, build_optimizer
 
-SHAPES = {"transformer.resid_lambdas": (3,), "transformer.x0_lambdas": (3,), "transformer.smear_lambda": (1,),
-          "transformer.backout_lambda": (1,), "transformer.wte.weight": (11, 64),
-          "transformer.h.0.attn.c_q.weight": (64, 64), "transformer.h.0.attn.ve_gate.weight": (2, 12),
-          "transformer.h.0.mlp.c_fc.weight": (256, 64), "transformer.value_embeds.0.weight": (11, 32),
-          "transformer.smear_gate.weight": (1, 24), "lm_head.weight": (11, 64)}
+SHAPES = {
+    "transformer.resid_lambdas": (3,),
+    "transformer.x0_lambdas": (3,),
+    "transformer.smear_lambda": (1,),
+    "transformer.backout_lambda": (1,),
+    "transformer.wte.weight": (11, 64),
+    "transformer.h.0.attn.c_q.weight": (64, 64),
+    "transformer.h.0.attn.ve_gate.weight": (2, 12),
+    "transformer.h.0.mlp.c_fc.weight": (256, 64),
+    "transformer.value_embeds.0.weight": (11, 32),
+    "transformer.smear_gate.weight": (1, 24),
+    "lm_head.weight": (11, 64),
+}
 
 
 def g5_like(seed: int = 0) -> nn.Module:
@@ -40,20 +48,30 @@ def test_december_groups_of_a_g5_model():
     names = {id(p): n for n, p in model.named_parameters()}
     opt = build_optimizer(model, embedding_lr=0.2, unembedding_lr=0.004, matrix_lr=0.02, init_lr_frac=0.5)
     groups = {g["name"]: g for g in opt.param_groups}
-    assert list(groups) == ["adamw/lm_head", "adamw/wte", "adamw/value_embeds", "adamw/resid_lambdas",
-                            "adamw/x0_lambdas", "adamw/smear", "muon/matrix"]  # nanochat's order (a825e63)
+    assert list(groups) == [
+        "adamw/lm_head",
+        "adamw/wte",
+        "adamw/value_embeds",
+        "adamw/resid_lambdas",
+        "adamw/x0_lambdas",
+        "adamw/smear",
+        "muon/matrix",
+    ]  # nanochat's order (a825e63)
     members = {k: [names[id(p)].removeprefix("transformer.") for p in g["params"]] for k, g in groups.items()}
     assert members["adamw/smear"] == ["smear_lambda", "backout_lambda", "smear_gate.weight"]
     assert members["adamw/value_embeds"] == ["value_embeds.0.weight"]
     assert "h.0.attn.ve_gate.weight" in members["muon/matrix"]  # a matrix in the block: Muon
     scale = (64 / 768) ** -0.5
-    expected = {"adamw/value_embeds": 0.2 * scale, "adamw/resid_lambdas": 0.01 * SCALAR_LR,
-                "adamw/x0_lambdas": SCALAR_LR, "adamw/smear": 0.2}
+    expected = {
+        "adamw/value_embeds": 0.2 * scale,
+        "adamw/resid_lambdas": 0.01 * SCALAR_LR,
+        "adamw/x0_lambdas": SCALAR_LR,
+        "adamw/smear": 0.2,
+    }
     for name, lr in expected.items():  # the December AdamW settings, nanochat's rates, times init_lr_frac
         g = groups[name]
         assert g["lr"] == g["initial_lr"] == pytest.approx(lr * 0.5), name
         assert (g["betas"], g["eps"], g["weight_decay"]) == ((0.8, 0.95), 1e-10, 0.0), name
-
 
 
 def test_head_recipe_groups_of_a_g5_model():
@@ -61,21 +79,44 @@ def test_head_recipe_groups_of_a_g5_model():
     parameters nanochat keeps at the top level (transformer.resid_lambdas, ...)."""
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 
-    config = NanoChatGPTConfig(vocab_size=300, sequence_len=64, n_layer=4, n_head=2, n_embd=64, pad_vocab_size_to=64,
-                               residual_lambdas=True, value_embeddings=True, ve_gate_channels=12, ve_gate_scale=3.0,
-                               qk_scale=1.2, smear=True, backout=True, rope_theta=1e5)
+    config = NanoChatGPTConfig(
+        vocab_size=300,
+        sequence_len=64,
+        n_layer=4,
+        n_head=2,
+        n_embd=64,
+        pad_vocab_size_to=64,
+        residual_lambdas=True,
+        value_embeddings=True,
+        ve_gate_channels=12,
+        ve_gate_scale=3.0,
+        qk_scale=1.2,
+        smear=True,
+        backout=True,
+        rope_theta=1e5,
+    )
     model = NanoChatGPTForCausalLM(config)
     names = {id(p): n for n, p in model.named_parameters()}
     opt = build_optimizer(model, recipe="2026-07")
     members = {g["name"]: [names[id(p)] for p in g["params"]] for g in opt.param_groups}
-    assert list(members)[:6] == ["adamw/lm_head", "adamw/wte", "adamw/value_embeds", "adamw/resid_lambdas",
-                                 "adamw/x0_lambdas", "adamw/smear"]  # setup_optimizer's order at 92d63d4
+    assert list(members)[:6] == [
+        "adamw/lm_head",
+        "adamw/wte",
+        "adamw/value_embeds",
+        "adamw/resid_lambdas",
+        "adamw/x0_lambdas",
+        "adamw/smear",
+    ]  # setup_optimizer's order at 92d63d4
     assert members["adamw/value_embeds"] == ["transformer.value_embeds.1.weight", "transformer.value_embeds.3.weight"]
-    assert members["adamw/smear"] == ["transformer.smear_gate.weight", "transformer.smear_lambda",
-                                      "transformer.backout_lambda"]  # nanochat's module order
+    assert members["adamw/smear"] == [
+        "transformer.smear_gate.weight",
+        "transformer.smear_lambda",
+        "transformer.backout_lambda",
+    ]  # nanochat's module order
     muon = [n for k, ns in members.items() if k.startswith("muon/") for n in ns]
     assert "transformer.h.1.attn.ve_gate.weight" in muon
     assert sorted(n for ns in members.values() for n in ns) == sorted(names.values())  # each parameter once
+
 
 WORKER = """
 import sys, torch, torch.distributed as dist

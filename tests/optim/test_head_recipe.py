@@ -32,12 +32,28 @@ def test_five_steps_equal_nanochat_head(helpers):
     opt = build_optimizer(model, **helpers.HEAD_RATES, recipe="2026-07")
     assert isinstance(opt, NorMuonAdamW) and not opt.reduces_gradients
     assert [g["name"] for g in opt.param_groups] == [
-        "adamw/lm_head", "adamw/wte", "adamw/value_embeds", "adamw/resid_lambdas", "adamw/x0_lambdas",
-        "adamw/smear", "muon/1x12", "muon/16x32", "muon/32x32", "muon/32x128", "muon/128x32"]
+        "adamw/lm_head",
+        "adamw/wte",
+        "adamw/value_embeds",
+        "adamw/resid_lambdas",
+        "adamw/x0_lambdas",
+        "adamw/smear",
+        "muon/1x12",
+        "muon/16x32",
+        "muon/32x32",
+        "muon/32x128",
+        "muon/128x32",
+    ]
     s = (32 / 768) ** -0.5
     assert [g["lr"] for g in opt.param_groups[:6]] == pytest.approx([0.004 * s, 0.3 * s, 0.15 * s, 0.005, 0.5, 0.2])
-    assert [g["betas"] for g in opt.param_groups[:6]] == [(0.8, 0.96), (0.8, 0.995), (0.8, 0.995), (0.8, 0.95),
-                                                           (0.96, 0.95), (0.8, 0.95)]
+    assert [g["betas"] for g in opt.param_groups[:6]] == [
+        (0.8, 0.96),
+        (0.8, 0.995),
+        (0.8, 0.995),
+        (0.8, 0.95),
+        (0.96, 0.95),
+        (0.8, 0.95),
+    ]
     assert [g["weight_decay"] for g in opt.param_groups] == [0.01, 0.001, 0.01, 0.05, 0.0, 0.0] + [0.2] * 5
     helpers.head_steps(model, opt, grads)
     _assert_close_to(dict(model.named_parameters()), final, initial, "ours vs nanochat")
@@ -58,7 +74,8 @@ def test_g0_model_recipe_switch(helpers):
     opt = build_optimizer(model, recipe="2026-07")
     shapes = sorted({tuple(p.shape) for n, p in model.named_parameters() if n.startswith("transformer.h.")})
     assert [g["name"] for g in opt.param_groups] == ["adamw/lm_head", "adamw/wte"] + [
-        f"muon/{r}x{c}" for r, c in shapes]
+        f"muon/{r}x{c}" for r, c in shapes
+    ]
     before = helpers.flat_params(model)
     ids = helpers.batches(1, 1)[0][0]
     helpers.loss_backward(model, ids)
@@ -123,4 +140,3 @@ def test_two_gloo_processes_equal_one(helpers, tmp_path, max_grad_norm):
     assert per_rank == head_state_bytes_per_rank(muon, adamw, 2)
     assert helpers.state_bytes(opt.state_dict()) == head_state_bytes_per_rank(muon, adamw, 1)[0]
     assert max(per_rank) < 0.6 * head_state_bytes_per_rank(muon, adamw, 1)[0]
-

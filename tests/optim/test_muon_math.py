@@ -41,7 +41,8 @@ def test_batched_equals_one_at_a_time(shape):
 
 
 def test_muon_steps_match_spec_reference(helpers):
-    """Three optimizer steps on every block matrix vs the documented Muon step (docs/nanochat.md) applied one matrix at a time."""
+    """Three optimizer steps on every block matrix vs the documented Muon step (docs/nanochat.md) applied one matrix
+    at a time."""
     model = helpers.tiny_model(n_layer=2)
     ref = {n: p.detach().clone() for n, p in model.named_parameters()}
     bufs = {n: torch.zeros_like(p) for n, p in ref.items()}
@@ -117,8 +118,9 @@ def test_adamw_float32_math_for_any_param_dtype(dtype):
         ref = _reference_adamw(p0, grads, 0.01, (0.8, 0.95), 1e-10, 0.1)
         assert torch.allclose(p.double(), ref, rtol=0, atol=1e-6)
     else:  # bf16: each step is the float32 step rounded once to bf16, so stay within a few bf16 ulps
-        ref = _reference_adamw(p0.bfloat16().float(), [g.bfloat16().float() for g in grads], 0.01, (0.8, 0.95),
-                               1e-10, 0.1)
+        ref = _reference_adamw(
+            p0.bfloat16().float(), [g.bfloat16().float() for g in grads], 0.01, (0.8, 0.95), 1e-10, 0.1
+        )
         assert (p.double() - ref).abs().max() <= 4 * 2**-8 * ref.abs().max()
 
 

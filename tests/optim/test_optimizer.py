@@ -86,8 +86,20 @@ def test_load_rejects_mismatched_state(helpers):
 
 def test_group_validation():
     with pytest.raises(ValueError, match="Muon needs 2-D"):
-        MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(3))], "kind": "muon", "name": "m", "lr": 0.1,
-                    "initial_lr": 0.1, "momentum": 0.9, "nesterov": True, "ns_steps": 5}])
+        MuonAdamW(
+            [
+                {
+                    "params": [torch.nn.Parameter(torch.zeros(3))],
+                    "kind": "muon",
+                    "name": "m",
+                    "lr": 0.1,
+                    "initial_lr": 0.1,
+                    "momentum": 0.9,
+                    "nesterov": True,
+                    "ns_steps": 5,
+                }
+            ]
+        )
     with pytest.raises(ValueError, match="missing"):
         MuonAdamW([{"params": [torch.nn.Parameter(torch.zeros(3))], "kind": "adamw", "name": "a", "lr": 0.1}])
 
@@ -102,11 +114,17 @@ def test_matrix_optimizer_adamw_is_torch_adamw_on_every_parameter(helpers):
     assert set(groups) == {"adamw/matrix", "adamw/lm_head", "adamw/wte"}
     assert groups["adamw/matrix"]["lr"] == groups["adamw/matrix"]["initial_lr"] == 0.003
     named = dict(ref.named_parameters())
-    by_name = {n: groups[g]["lr"] for g, names in (("adamw/wte", ["transformer.wte.weight"]),
-                                                    ("adamw/lm_head", ["lm_head.weight"])) for n in names}
+    by_name = {
+        n: groups[g]["lr"]
+        for g, names in (("adamw/wte", ["transformer.wte.weight"]), ("adamw/lm_head", ["lm_head.weight"]))
+        for n in names
+    }
     ref_opt = torch.optim.AdamW(
-        [{"params": [p], "lr": by_name.get(n, 0.003)} for n, p in named.items()], betas=(0.8, 0.95), eps=1e-10,
-        weight_decay=0.0)
+        [{"params": [p], "lr": by_name.get(n, 0.003)} for n, p in named.items()],
+        betas=(0.8, 0.95),
+        eps=1e-10,
+        weight_decay=0.0,
+    )
     for ids in [b[0] for b in helpers.batches(3, 1)]:
         for m, o in ((model, opt), (ref, ref_opt)):
             helpers.loss_backward(m, ids)

@@ -22,8 +22,9 @@ def g0_model():
     """Our model with the shapes of the G0 model make_g0_optim.py built (its values do not matter here)."""
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 
-    return NanoChatGPTForCausalLM(NanoChatGPTConfig(sequence_len=16, vocab_size=64, n_layer=3, n_head=2, n_kv_head=1,
-                                                    n_embd=32))
+    return NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(sequence_len=16, vocab_size=64, n_layer=3, n_head=2, n_kv_head=1, n_embd=32)
+    )
 
 
 def _same_state(a, b):
@@ -49,8 +50,9 @@ def test_head_file_warm_start_continues_nanochat(helpers):
     lrs = [g["lr"] for g in warm_opt.param_groups]
     message = load_nanochat_optimizer(warm_opt, warm, HEAD_FILE)
     assert "head format" in message and [g["lr"] for g in warm_opt.param_groups] == lrs
-    for (i, st), (j, ref) in zip(sorted(warm_opt.state_dict()["state"].items()),
-                                 sorted(opt.state_dict()["state"].items())):
+    for (i, st), (j, ref) in zip(
+        sorted(warm_opt.state_dict()["state"].items()), sorted(opt.state_dict()["state"].items())
+    ):
         assert i == j and st.keys() == ref.keys()
         for k in st:
             if k == "step":
@@ -106,8 +108,11 @@ def test_bad_files_are_refused_in_one_line(tmp_path, helpers):
     optimizer left as it was."""
     model = g0_model()
     opt = build_optimizer(model, recipe="2026-07")
-    with pytest.raises(ValueError, match=r"optim_000005_rank0.pt: its optimizer groups .* a file of another model "
-                                         "or generation") as e:
+    with pytest.raises(
+        ValueError,
+        match=r"optim_000005_rank0.pt: its optimizer groups .* a file of another model "
+        "or generation",
+    ) as e:
         load_nanochat_optimizer(opt, model, HEAD_FILE)  # a G5 file, a G0 model
     assert "\n" not in str(e.value) and not opt.state
     bigger = helpers.tiny_model(vocab_size=64)  # other widths
@@ -150,6 +155,9 @@ def test_two_rank_file_sets_round_trip(helpers, tmp_path, fmt):
         assert back[n].keys() == st.keys(), n
         for k, v in st.items():
             assert v == back[n][k] if k == "step" else torch.equal(v, back[n][k]), (n, k)
-    with pytest.raises(ValueError, match=r"optim_000002_rank0.pt: nanochat wrote this optimizer state with 2 "
-                                         r"process\(es\), this run has 1: warm-start with 2"):
+    with pytest.raises(
+        ValueError,
+        match=r"optim_000002_rank0.pt: nanochat wrote this optimizer state with 2 "
+        r"process\(es\), this run has 1: warm-start with 2",
+    ):
         load_nanochat_optimizer(opt, model, tmp_path / "optim_000002_rank0.pt")

@@ -16,7 +16,8 @@ SAMPLES = [
     "日本語のテキスト、中文文本。한국어 텍스트입니다. 東京は大きい都市です。",
     "Emoji 😀👍🏽 family 👨‍👩‍👧‍👦 flag 🇫🇷 keycap 1️⃣ zwj ❤️‍🔥!!",
     "Accents: naïve café Ångström Straße ΑΒΓ αβγ Привет, мир! مرحبا بالعالم שלום עולם नमस्ते",
-    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\nprint([fib(i) for i in range(10)])\n",
+    "def fib(n):\n    if n < 2:\n        return n\n    return fib(n - 1) + fib(n - 2)\n\n"
+    "print([fib(i) for i in range(10)])\n",
     "for (int i = 0; i < n; ++i) {\n\tsum += a[i] * b[i]; // dot\n}\n#include <stdio.h>\n",
     '{"key": [1, 2, 3], "nested": {"a": null, "b": true}}\n<div class="x">&amp;</div>',
     "Punctuation!!! ??? ... --- *** ''' \"\"\" ((( ))) [[[ ]]] @@@ ### $$$ %%% ^^^ ~~~ ``` |||",
@@ -64,9 +65,9 @@ def fuzz():
 @pytest.fixture(scope="session")
 def corpus() -> list[str]:
     rng = random.Random(1)
-    return SAMPLES * 20 + fuzz_texts(seed=1, count=200) + [
-        " ".join(rng.choice(SAMPLES).split()[:8]) for _ in range(200)
-    ]
+    return (
+        SAMPLES * 20 + fuzz_texts(seed=1, count=200) + [" ".join(rng.choice(SAMPLES).split()[:8]) for _ in range(200)]
+    )
 
 
 @pytest.fixture(scope="session")

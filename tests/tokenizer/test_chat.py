@@ -50,12 +50,22 @@ CONVERSATIONS = [
         ]
     },
     # user and system content as lists of text parts (what pipelines and TRL send), joined
-    {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
-                  {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
-                  {"role": "assistant", "content": "hello"},
-                  {"role": "user", "content": [{"type": "text", "text": "and 12*34?"}]}]},
+    {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be "}, {"type": "text", "text": "brief."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "there"}]},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": [{"type": "text", "text": "and 12*34?"}]},
+        ]
+    },
     # ends with a user turn
-    {"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}, {"role": "user", "content": "c"}]},
+    {
+        "messages": [
+            {"role": "user", "content": "a"},
+            {"role": "assistant", "content": "b"},
+            {"role": "user", "content": "c"},
+        ]
+    },
 ]
 
 
@@ -121,14 +131,24 @@ def test_template_matches_renderer(tok, conv):
 
 
 def test_list_of_parts_content_renders_as_the_joined_string(tok):
-    parts = {"messages": [{"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
-                          {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]},
-                          {"role": "assistant", "content": "hello"}]}
-    plain = {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi you"},
-                          {"role": "assistant", "content": "hello"}]}
+    parts = {
+        "messages": [
+            {"role": "system", "content": [{"type": "text", "text": "Be brief."}]},
+            {"role": "user", "content": [{"type": "text", "text": "Hi "}, {"type": "text", "text": "you"}]},
+            {"role": "assistant", "content": "hello"},
+        ]
+    }
+    plain = {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi you"},
+            {"role": "assistant", "content": "hello"},
+        ]
+    }
     assert render_conversation(tok, parts) == render_conversation(tok, plain)
-    assert tok.apply_chat_template(parts["messages"], tokenize=False) == \
-        tok.apply_chat_template(plain["messages"], tokenize=False)
+    assert tok.apply_chat_template(parts["messages"], tokenize=False) == tok.apply_chat_template(
+        plain["messages"], tokenize=False
+    )
 
 
 def test_generation_prompt_matches_render_for_completion(tok):
@@ -146,8 +166,14 @@ def test_generation_prompt_matches_render_for_completion(tok):
 def test_completion_prompt_over_the_limit_is_truncated_then_opened(tok):
     # nanochat: drop the last assistant message, render the rest truncated to 2048 tokens, then <|assistant_start|>
     long_user = " ".join(f"word{i}" for i in range(3000))
-    conv = {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
-                         {"role": "user", "content": long_user}, {"role": "assistant", "content": "answer"}]}
+    conv = {
+        "messages": [
+            {"role": "user", "content": "hi"},
+            {"role": "assistant", "content": "hello"},
+            {"role": "user", "content": long_user},
+            {"role": "assistant", "content": "answer"},
+        ]
+    }
     history, _ = render_conversation(tok, {"messages": conv["messages"][:-1]}, max_tokens=None)
     assert len(history) > 2048
     prompt = render_for_completion(tok, conv)
@@ -180,7 +206,11 @@ def test_special_strings_in_text_are_plain_text(tok):
 
 def test_adjacent_text_parts_encoded_separately(tok):
     # the renderer (as nanochat) never merges across parts; the template renders one string, which may merge
-    parts = [{"type": "text", "text": "Hello wor"}, {"type": "text", "text": "ld, numbers 12"}, {"type": "text", "text": "34"}]
+    parts = [
+        {"type": "text", "text": "Hello wor"},
+        {"type": "text", "text": "ld, numbers 12"},
+        {"type": "text", "text": "34"},
+    ]
     conv = {"messages": [{"role": "user", "content": "q"}, {"role": "assistant", "content": parts}]}
     ids, mask = render_conversation(tok, conv)
     pieces = [tok.encode(p["text"], add_special_tokens=False) for p in parts]
@@ -207,20 +237,49 @@ BAD = [
     ({"messages": [{"role": "user", "content": "x"}, {"role": "user", "content": "y"}]}, "message 1 has role 'user'"),
     ({"messages": [{"role": "system", "content": "s"}]}, "system message must be followed by a user message"),
     ({"messages": [{"role": "system", "content": "s"}, {"role": "assistant", "content": "a"}]}, "followed by a user"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]}, "message 1 has role 'system'"),
-    ({"messages": [{"role": "user", "content": ["x"]}]}, "message 0 \\(user\\) content part 0: part type 'str', expected 'text'"),
-    ({"messages": [{"role": "user", "content": [{"type": "image", "url": "u"}]}]}, "part type 'image', expected 'text'"),
-    ({"messages": [{"role": "system", "content": [{"type": "text", "text": None}]}, {"role": "user", "content": "x"}]},
-     "message 0 \\(system\\) content part 0 text must be a string, got NoneType"),
+    (
+        {"messages": [{"role": "user", "content": "x"}, {"role": "system", "content": "s"}]},
+        "message 1 has role 'system'",
+    ),
+    (
+        {"messages": [{"role": "user", "content": ["x"]}]},
+        "message 0 \\(user\\) content part 0: part type 'str', expected 'text'",
+    ),
+    (
+        {"messages": [{"role": "user", "content": [{"type": "image", "url": "u"}]}]},
+        "part type 'image', expected 'text'",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "system", "content": [{"type": "text", "text": None}]},
+                {"role": "user", "content": "x"},
+            ]
+        },
+        "message 0 \\(system\\) content part 0 text must be a string, got NoneType",
+    ),
     ({"messages": [{"role": "user", "content": None}]}, "must be a string or a list of text parts, got NoneType"),
     ({"messages": [{"role": "user"}]}, "message 0 must be a dict with 'role' and 'content'"),
-    ({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}]}, "string or a list of parts"),
     (
-        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "image", "text": "i"}]}]},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": 3}]},
+        "string or a list of parts",
+    ),
+    (
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "image", "text": "i"}]},
+            ]
+        },
         "message 1 \\(assistant\\) content part 0: unknown part type 'image'",
     ),
     (
-        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "text", "text": 5}]}]},
+        {
+            "messages": [
+                {"role": "user", "content": "x"},
+                {"role": "assistant", "content": [{"type": "text", "text": 5}]},
+            ]
+        },
         "part 0 text must be a string, got int",
     ),
 ]
@@ -250,12 +309,14 @@ def test_template_rejects_bad_conversations(tok, messages, message):
         tok.apply_chat_template(messages, tokenize=False)
 
 
-
 def _reaches_template(messages) -> bool:
     # apply_chat_template refuses an empty list and non-dict messages itself, and drops keys whose value is None
     # (so the template sees {"role": "user", "content": None} as a message without content)
-    return (isinstance(messages, list) and bool(messages)
-            and all(isinstance(m, dict) and None not in m.values() for m in messages))
+    return (
+        isinstance(messages, list)
+        and bool(messages)
+        and all(isinstance(m, dict) and None not in m.values() for m in messages)
+    )
 
 
 TEMPLATE_BAD = [conv["messages"] for conv, _ in BAD if _reaches_template(conv.get("messages"))] + [
@@ -268,8 +329,11 @@ TEMPLATE_BAD = [conv["messages"] for conv, _ in BAD if _reaches_template(conv.ge
     [{"role": "user", "content": "x"}, {"role": "assistant", "content": [[1]]}],
     [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "python"}]}],
     [{"role": "user", "content": "x"}, {"role": "assistant", "content": [{"type": "text", "text": "ok"}, None]}],
-    [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"},
-     {"role": "user", "content": [{"type": "python", "text": "1"}]}],
+    [
+        {"role": "user", "content": "x"},
+        {"role": "assistant", "content": "y"},
+        {"role": "user", "content": [{"type": "python", "text": "1"}]},
+    ],
     [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}, {"role": "assistant", "content": "z"}],
 ]
 
@@ -285,7 +349,9 @@ def test_template_and_renderer_refuse_with_the_same_message(tok, messages):
 
 def test_a_none_content_is_refused_by_both(tok):
     messages = [{"role": "user", "content": None}]
-    with pytest.raises(ValueError, match="message 0 \\(user\\) content must be a string or a list of text parts, got NoneType"):
+    with pytest.raises(
+        ValueError, match="message 0 \\(user\\) content must be a string or a list of text parts, got NoneType"
+    ):
         render_conversation(tok, {"messages": messages})
     with pytest.raises(TemplateError, match="message 0 must be a dict with 'role' and 'content'"):
         tok.apply_chat_template(messages, tokenize=False)

@@ -20,19 +20,28 @@ def special_literals(path: Path) -> list[str]:
     """'file:line: text' of each string constant spelling a special token, docstrings excepted."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     docstrings = {
-        id(node.body[0].value) for node in ast.walk(tree)
-        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)) and node.body
-        and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)
+        id(node.body[0].value)
+        for node in ast.walk(tree)
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        and node.body
+        and isinstance(node.body[0], ast.Expr)
+        and isinstance(node.body[0].value, ast.Constant)
     }
-    return [f"{path}:{node.lineno}: {node.value!r}" for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-            and SPECIAL.search(node.value)]
+    return [
+        f"{path}:{node.lineno}: {node.value!r}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and id(node) not in docstrings
+        and SPECIAL.search(node.value)
+    ]
 
 
 def test_special_tokens_are_spelled_only_in_the_chat_format_module():
     home = ROOT / "src" / "nanochat_hf" / "tokenizer" / "chat_format.py"
-    files = [p for folder in ("src", "scripts", "benchmarks") for p in sorted((ROOT / folder).rglob("*.py"))
-             if p != home]
+    files = [
+        p for folder in ("src", "scripts", "benchmarks") for p in sorted((ROOT / folder).rglob("*.py")) if p != home
+    ]
     assert len(files) > 20
     assert [hit for p in files for hit in special_literals(p)] == []
     assert len(special_literals(home)) == len(chat_format.SPECIAL_TOKENS)
@@ -40,16 +49,25 @@ def test_special_tokens_are_spelled_only_in_the_chat_format_module():
 
 def test_the_checker_sees_code_but_not_docstrings(tmp_path):
     source = tmp_path / "mod.py"
-    source.write_text('"""Ends at <|assistant_end|>."""\n\n\ndef f():\n    """<|bos|> first."""\n'
-                      '    return f"{1}<|user_start|>" + "<|python_end|>"\n')
-    assert sorted(hit.split(": ", 1)[1] for hit in special_literals(source)) == ["'<|python_end|>'",
-                                                                                "'<|user_start|>'"]
+    source.write_text(
+        '"""Ends at <|assistant_end|>."""\n\n\ndef f():\n    """<|bos|> first."""\n'
+        '    return f"{1}<|user_start|>" + "<|python_end|>"\n'
+    )
+    assert sorted(hit.split(": ", 1)[1] for hit in special_literals(source)) == ["'<|python_end|>'", "'<|user_start|>'"]
 
 
 def test_special_tokens_in_nanochat_order(tok):
-    assert chat_format.SPECIAL_TOKENS == ("<|bos|>", "<|user_start|>", "<|user_end|>", "<|assistant_start|>",
-                                          "<|assistant_end|>", "<|python_start|>", "<|python_end|>",
-                                          "<|output_start|>", "<|output_end|>")
+    assert chat_format.SPECIAL_TOKENS == (
+        "<|bos|>",
+        "<|user_start|>",
+        "<|user_end|>",
+        "<|assistant_start|>",
+        "<|assistant_end|>",
+        "<|python_start|>",
+        "<|python_end|>",
+        "<|output_start|>",
+        "<|output_end|>",
+    )
     ids = special_token_ids(tok)
     assert list(ids) == list(chat_format.SPECIAL_TOKENS)
     assert (tok.bos_token, tok.eos_token, tok.pad_token) == ("<|bos|>", "<|assistant_end|>", "<|bos|>")

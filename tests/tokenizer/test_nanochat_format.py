@@ -39,8 +39,9 @@ def test_same_ids_as_tiktoken(nanochat_tokenizer_dir, tiktoken_encoding, samples
         assert tok.encode(text) == [tok.bos_token_id] + tiktoken_encoding.encode_ordinary(text), repr(text)
     # every special token, alone and inside text
     with_specials = " x".join(SPECIAL_TOKENS) + " tail <|bos|><|bos|>\n"
-    assert tok.encode(with_specials, add_special_tokens=False) == tiktoken_encoding.encode(with_specials,
-                                                                                     allowed_special="all")
+    assert tok.encode(with_specials, add_special_tokens=False) == tiktoken_encoding.encode(
+        with_specials, allowed_special="all"
+    )
     for name in SPECIAL_TOKENS:
         assert tok.convert_tokens_to_ids(name) == tiktoken_encoding.encode_single_token(name)
     assert tok.bos_token_id == tiktoken_encoding.encode_single_token("<|bos|>")
@@ -95,8 +96,11 @@ def test_save_nanochat_roundtrip(tok, tmp_path, samples):
     assert enc._pat_str == SPLIT_PATTERN and enc.n_vocab == len(tok)
     back = load_nanochat_tokenizer(tmp_path, trust_pickle=True)
     for text in samples:
-        assert enc.encode_ordinary(text) == tok.encode(text, add_special_tokens=False) == \
-            back.encode(text, add_special_tokens=False)
+        assert (
+            enc.encode_ordinary(text)
+            == tok.encode(text, add_special_tokens=False)
+            == back.encode(text, add_special_tokens=False)
+        )
         assert back.encode(text) == tok.encode(text)
     written = torch.load(tmp_path / "token_bytes.pt", weights_only=True)
     assert written.dtype == torch.int32

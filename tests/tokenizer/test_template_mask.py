@@ -35,8 +35,12 @@ def template_mask(tok, messages):
 def template_mask_before_5_24(tok, messages):
     """The mask as transformers 5.0-5.23 computed it: every token from char_to_token of a block's first character
     to char_to_token of its last (the first token holding it); 5.24 marks every token a block overlaps."""
-    (rendered,), (blocks,) = render_jinja_template(conversations=[messages], chat_template=tok.chat_template,
-                                                   return_assistant_tokens_mask=True, **tok.special_tokens_map)
+    (rendered,), (blocks,) = render_jinja_template(
+        conversations=[messages],
+        chat_template=tok.chat_template,
+        return_assistant_tokens_mask=True,
+        **tok.special_tokens_map,
+    )
     enc = tok(rendered, add_special_tokens=False)
     mask = [0] * len(enc.input_ids)
     for start_char, end_char in blocks:
@@ -81,9 +85,12 @@ def test_random_unicode_conversations_with_tool_parts(nanochat_tok):
         expected = render_conversation(nanochat_tok, conv, max_tokens=None)
         assert template_mask(nanochat_tok, conv["messages"]) == expected, conv
         if template_mask_before_5_24(nanochat_tok, conv["messages"]) != expected:  # only where case 4 differs
-            assert any(a["type"] == "text" and b["type"] == "python_output" and a["text"]
-                       for m in conv["messages"] if isinstance(m["content"], list)
-                       for a, b in zip(m["content"], m["content"][1:])), conv
+            assert any(
+                a["type"] == "text" and b["type"] == "python_output" and a["text"]
+                for m in conv["messages"]
+                if isinstance(m["content"], list)
+                for a, b in zip(m["content"], m["content"][1:])
+            ), conv
 
 
 def test_trl_assistant_only_loss_trains_on_nanochats_mask(nanochat_tok, tmp_path):
@@ -92,13 +99,29 @@ def test_trl_assistant_only_loss_trains_on_nanochats_mask(nanochat_tok, tmp_path
 
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 
-    model = NanoChatGPTForCausalLM(NanoChatGPTConfig(sequence_len=128, vocab_size=len(nanochat_tok), n_layer=1,
-                                                     n_head=2, n_kv_head=2, n_embd=64))
-    args = trl.SFTConfig(output_dir=str(tmp_path), assistant_only_loss=True, max_length=None, report_to=[],
-                         use_cpu=True, bf16=False, dataloader_num_workers=0)
+    model = NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(sequence_len=128, vocab_size=len(nanochat_tok), n_layer=1, n_head=2, n_kv_head=2, n_embd=64)
+    )
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        assistant_only_loss=True,
+        max_length=None,
+        report_to=[],
+        use_cpu=True,
+        bf16=False,
+        dataloader_num_workers=0,
+    )
     # Arrow wants one content type: strings as one text part each (the same tokens, in nanochat's format too)
-    as_parts = [[{**m, "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str)
-                  else m["content"]} for m in case["conversation"]["messages"]] for case in RENDERED]
+    as_parts = [
+        [
+            {
+                **m,
+                "content": [{"type": "text", "text": m["content"]}] if isinstance(m["content"], str) else m["content"],
+            }
+            for m in case["conversation"]["messages"]
+        ]
+        for case in RENDERED
+    ]
     data = Dataset.from_list([{"messages": messages} for messages in as_parts])
     trainer = trl.SFTTrainer(model=model, args=args, processing_class=nanochat_tok, train_dataset=data)
     for row, case in zip(trainer.train_dataset, RENDERED):

@@ -29,8 +29,9 @@ def file_counts(commit: str) -> torch.Tensor:
 
 def test_the_two_files_differ_on_the_bytes_that_are_not_utf8_alone():
     old, new = file_counts("790f3be"), file_counts("92d63d4")
-    assert (DATA / "nanochat_790f3be" / "tokenizer.pkl").read_bytes() == \
-        (DATA / "nanochat_92d63d4" / "tokenizer.pkl").read_bytes()
+    assert (DATA / "nanochat_790f3be" / "tokenizer.pkl").read_bytes() == (
+        DATA / "nanochat_92d63d4" / "tokenizer.pkl"
+    ).read_bytes()
     assert old[128:256].tolist() == [3] * 128 and new[128:256].tolist() == [1] * 128
     assert int((old != new).sum()) > 128  # and merged tokens that cut a character
 
@@ -97,9 +98,11 @@ def test_a_file_that_follows_neither_is_refused_in_one_line(tmp_path):
     counts[200] = 2
     with pytest.raises(ValueError) as e:
         load_nanochat_tokenizer(_copy(tmp_path, counts), trust_pickle=True)
-    assert str(e.value).endswith("token_bytes.pt: token 200 counts 2 bytes, which follows neither of nanochat's "
-                                 "conventions: its raw bytes are 1 (nanochat since 2ce972a), its decoded string has "
-                                 "3 UTF-8 bytes (before)")
+    assert str(e.value).endswith(
+        "token_bytes.pt: token 200 counts 2 bytes, which follows neither of nanochat's "
+        "conventions: its raw bytes are 1 (nanochat since 2ce972a), its decoded string has "
+        "3 UTF-8 bytes (before)"
+    )
     assert "\n" not in str(e.value)
 
 
@@ -110,12 +113,20 @@ def test_a_file_that_mixes_the_two_is_refused(tmp_path):
         load_nanochat_tokenizer(_copy(tmp_path, counts), trust_pickle=True)
 
 
-@pytest.mark.parametrize("counts, message", [
-    (torch.zeros(399, dtype=torch.int32), (r"expected an integer tensor of shape \(400,\) for the vocab, got "
-                                           r"torch.int32 tensor of shape \(399,\)")),
-    (torch.zeros(400), r"got torch.float32 tensor of shape \(400,\)"),
-    ([1, 2], "got list"),
-])
+@pytest.mark.parametrize(
+    "counts, message",
+    [
+        (
+            torch.zeros(399, dtype=torch.int32),
+            (
+                r"expected an integer tensor of shape \(400,\) for the vocab, got "
+                r"torch.int32 tensor of shape \(399,\)"
+            ),
+        ),
+        (torch.zeros(400), r"got torch.float32 tensor of shape \(400,\)"),
+        ([1, 2], "got list"),
+    ],
+)
 def test_a_file_of_the_wrong_shape_is_refused(tmp_path, counts, message):
     with pytest.raises(ValueError, match=message):
         load_nanochat_tokenizer(_copy(tmp_path, counts), trust_pickle=True)

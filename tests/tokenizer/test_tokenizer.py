@@ -132,7 +132,10 @@ def test_save_pretrained_roundtrip(tok, tmp_path, samples):
         "messages": [
             {"role": "system", "content": "sys"},
             {"role": "user", "content": "2+2?"},
-            {"role": "assistant", "content": [{"type": "python", "text": "2+2"}, {"type": "python_output", "text": "4"}]},
+            {
+                "role": "assistant",
+                "content": [{"type": "python", "text": "2+2"}, {"type": "python_output", "text": "4"}],
+            },
         ]
     }
     tok.save_pretrained(tmp_path)

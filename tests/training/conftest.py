@@ -25,11 +25,30 @@ MAX_BODY = 256 * 1024 * 1024
 
 # A run small enough for CI: tiny model, short sequences, a handful of steps on the demo mixture.
 TINY_ARGS = [
-    "--model_source", "demo", "--demo_depth", "2",
-    "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
-    "--eval_every", "4", "--eval_tokens", "512", "--spelling_eval_rows", "4",
-    "--report_to", "none", "--disable_tqdm", "true", "--chat_eval_tasks", "",
-    "--torch_compile", "false",  # the demo config compiles; tests stay eager (compiling costs more than they run)
+    "--model_source",
+    "demo",
+    "--demo_depth",
+    "2",
+    "--max_seq_len",
+    "64",
+    "--device_batch_size",
+    "2",
+    "--total_batch_size",
+    "256",
+    "--eval_every",
+    "4",
+    "--eval_tokens",
+    "512",
+    "--spelling_eval_rows",
+    "4",
+    "--report_to",
+    "none",
+    "--disable_tqdm",
+    "true",
+    "--chat_eval_tasks",
+    "",
+    "--torch_compile",
+    "false",  # the demo config compiles; tests stay eager (compiling costs more than they run)
 ]
 
 
@@ -92,9 +111,15 @@ def _make_handler(state: HubState):
             repo_id, kind = m.group(1), m.group(2)
             if kind == "preupload":
                 files = json.loads(body)["files"]
-                return self._json(200, {"files": [
-                    {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None} for f in files
-                ]})
+                return self._json(
+                    200,
+                    {
+                        "files": [
+                            {"path": f["path"], "uploadMode": "regular", "shouldIgnore": False, "oid": None}
+                            for f in files
+                        ]
+                    },
+                )
             with state.lock:
                 files = state.repos[repo_id]
                 for line in body.decode().splitlines():
@@ -107,11 +132,18 @@ def _make_handler(state: HubState):
                         files.pop(item["value"]["path"], None)
                     elif item["key"] not in ("header",):
                         return self._json(400, {"error": f"unsupported commit item {item['key']}"})
-                digest = hashlib.sha1(repr(sorted((k, hashlib.sha1(v).hexdigest()) for k, v in files.items()))
-                                      .encode()).hexdigest()
+                digest = hashlib.sha1(
+                    repr(sorted((k, hashlib.sha1(v).hexdigest()) for k, v in files.items())).encode()
+                ).hexdigest()
                 state.commits[repo_id] = digest
-            return self._json(200, {"commitUrl": f"http://{self.headers['Host']}/{repo_id}/commit/{digest}",
-                                    "commitOid": digest, "pullRequestUrl": None})
+            return self._json(
+                200,
+                {
+                    "commitUrl": f"http://{self.headers['Host']}/{repo_id}/commit/{digest}",
+                    "commitOid": digest,
+                    "pullRequestUrl": None,
+                },
+            )
 
         def _resolve(self, head: bool):
             self._record()
@@ -119,8 +151,11 @@ def _make_handler(state: HubState):
             tree = re.fullmatch(r"/api/models/([^/]+/[^/]+)/tree/([^/]+)/?(.*)", path)
             if tree and tree.group(1) in state.repos:  # list a folder (transformers looks for chat templates)
                 prefix = tree.group(3).rstrip("/") + "/" if tree.group(3) else ""
-                entries = [{"type": "file", "path": f, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
-                           for f, d in sorted(state.repos[tree.group(1)].items()) if f.startswith(prefix)]
+                entries = [
+                    {"type": "file", "path": f, "size": len(d), "oid": hashlib.sha1(d).hexdigest()}
+                    for f, d in sorted(state.repos[tree.group(1)].items())
+                    if f.startswith(prefix)
+                ]
                 if prefix and not entries:
                     return self._json(404, {"error": "Entry not found"}, {"X-Error-Code": "EntryNotFound"})
                 return self._json(200, entries)
@@ -129,15 +164,29 @@ def _make_handler(state: HubState):
                 return self._json(404, {"error": "Repository not found"}, {"X-Error-Code": "RepoNotFound"})
             repo_id, files = m.group(1), state.repos[m.group(1)]
             if m.group(3) is None:  # model_info
-                return self._json(200, {"id": repo_id, "sha": state.commits[repo_id], "private": False,
-                                        "siblings": [{"rfilename": f} for f in sorted(files)]})
+                return self._json(
+                    200,
+                    {
+                        "id": repo_id,
+                        "sha": state.commits[repo_id],
+                        "private": False,
+                        "siblings": [{"rfilename": f} for f in sorted(files)],
+                    },
+                )
             name = m.group(3)
             if name not in files:
-                return self._send(404, b"Entry not found", {"X-Error-Code": "EntryNotFound",
-                                                            "X-Repo-Commit": state.commits[repo_id]}, head)
+                return self._send(
+                    404,
+                    b"Entry not found",
+                    {"X-Error-Code": "EntryNotFound", "X-Repo-Commit": state.commits[repo_id]},
+                    head,
+                )
             data = files[name]
-            headers = {"X-Repo-Commit": state.commits[repo_id], "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
-                       "Content-Type": "application/octet-stream"}
+            headers = {
+                "X-Repo-Commit": state.commits[repo_id],
+                "ETag": f'"{hashlib.sha1(data).hexdigest()}"',
+                "Content-Type": "application/octet-stream",
+            }
             return self._send(200, data, headers, head)
 
         def do_HEAD(self):
@@ -166,9 +215,14 @@ def hub_server():
 
 def run_script(args: list[str], tmp_path: Path, env: dict | None = None, timeout: int = 240):
     """Run scripts/mid_train.py in a fresh single process; returns CompletedProcess."""
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-                "NANOCHAT_HF_CACHE": os.environ.get("NANOCHAT_HF_CACHE", str(Path.home() / ".cache" / "nanochat_hf")),
-                **(env or {})}
+    full_env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "HF_HUB_OFFLINE": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+        "NANOCHAT_HF_CACHE": os.environ.get("NANOCHAT_HF_CACHE", str(Path.home() / ".cache" / "nanochat_hf")),
+        **(env or {}),
+    }
     cmd = [sys.executable, str(REPO_ROOT / "scripts" / "mid_train.py"), *args]
     return subprocess.run(cmd, cwd=tmp_path, env=full_env, capture_output=True, text=True, timeout=timeout)
 

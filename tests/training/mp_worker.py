@@ -57,8 +57,9 @@ class Interleaved(MicroBatchStream):
 class WorkerTrainer(MidTrainer):
     def make_stream(self, token_ds):
         if os.environ.get("INTERLEAVE") == "1" and token_ds is self.train_dataset:
-            return Interleaved(token_ds, max_seq_len=self.args.max_seq_len,
-                               device_batch_size=self.args.device_batch_size)
+            return Interleaved(
+                token_ds, max_seq_len=self.args.max_seq_len, device_batch_size=self.args.device_batch_size
+            )
         return super().make_stream(token_ds)
 
 
@@ -74,10 +75,14 @@ class Probe(TrainerCallback):
         rank = args.process_index
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
-        save_file({n: p.detach().cpu().contiguous() for n, p in model.named_parameters()},
-                  str(out / f"params.rank{rank}.safetensors"))
-        save_file({f"{i}/{n}": g for i, step in enumerate(self.grads) for n, g in step.items()},
-                  str(out / f"grads.rank{rank}.safetensors"))
+        save_file(
+            {n: p.detach().cpu().contiguous() for n, p in model.named_parameters()},
+            str(out / f"params.rank{rank}.safetensors"),
+        )
+        save_file(
+            {f"{i}/{n}": g for i, step in enumerate(self.grads) for n, g in step.items()},
+            str(out / f"grads.rank{rank}.safetensors"),
+        )
 
 
 if __name__ == "__main__":

@@ -21,8 +21,13 @@ def _fails(argv, capsys, tmp_path, *expected):
 
 
 def test_indivisible_batch(capsys, tmp_path):
-    _fails(["--device_batch_size", "3", "--max_seq_len", "64", "--total_batch_size", "1000"], capsys, tmp_path,
-           "total_batch_size=1000", "3*64*1 = 192")
+    _fails(
+        ["--device_batch_size", "3", "--max_seq_len", "64", "--total_batch_size", "1000"],
+        capsys,
+        tmp_path,
+        "total_batch_size=1000",
+        "3*64*1 = 192",
+    )
 
 
 def test_unknown_model_source(capsys, tmp_path):
@@ -43,8 +48,9 @@ def tiny_hf_dir(tmp_path_factory):
 
     def make(vocab, with_tokenizer):
         d = tmp_path_factory.mktemp(f"hf{vocab}")
-        NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=vocab, n_layer=1, n_head=1, n_kv_head=1, n_embd=64,
-                                                 sequence_len=64)).save_pretrained(d)
+        NanoChatGPTForCausalLM(
+            NanoChatGPTConfig(vocab_size=vocab, n_layer=1, n_head=1, n_kv_head=1, n_embd=64, sequence_len=64)
+        ).save_pretrained(d)
         if with_tokenizer:
             from nanochat_hf.data import demo_tokenizer
 
@@ -81,16 +87,29 @@ def test_removed_demo_n_embd_is_refused(capsys, tmp_path):
 
 def test_compile_without_a_cpp_compiler(capsys, tmp_path, monkeypatch):
     monkeypatch.setattr(inductor_config.cpp, "cxx", (str(tmp_path / "no-such-c++"),))
-    _fails(["--torch_compile", "true", "--num_iterations", "1"], capsys, tmp_path, "torch_compile=true",
-           "C++ compiler", "--torch_compile false")
+    _fails(
+        ["--torch_compile", "true", "--num_iterations", "1"],
+        capsys,
+        tmp_path,
+        "torch_compile=true",
+        "C++ compiler",
+        "--torch_compile false",
+    )
 
 
 def test_mixture_smaller_than_one_step_is_refused_instead_of_cycled(capsys, tmp_path):
     from .conftest import TINY_ARGS
 
     mixture = tmp_path / "tiny.yaml"
-    mixture.write_text("train:\n  tasks:\n    - {task: simple_spelling, split: train, size: 2, words: demo}\n"
-                       "val:\n  tasks:\n    - {task: simple_spelling, split: test, size: 2, words: demo}\n")
-    _fails([*TINY_ARGS, "--train_mixture", str(mixture), "--val_mixture", str(mixture), "--num_iterations", "4"],
-           capsys, tmp_path, "train mixture too small", "its rows would be repeated within a step")
+    mixture.write_text(
+        "train:\n  tasks:\n    - {task: simple_spelling, split: train, size: 2, words: demo}\n"
+        "val:\n  tasks:\n    - {task: simple_spelling, split: test, size: 2, words: demo}\n"
+    )
+    _fails(
+        [*TINY_ARGS, "--train_mixture", str(mixture), "--val_mixture", str(mixture), "--num_iterations", "4"],
+        capsys,
+        tmp_path,
+        "train mixture too small",
+        "its rows would be repeated within a step",
+    )
     assert not (tmp_path / "out").exists()  # made for the run, removed with the refusal

@@ -29,8 +29,13 @@ from nanochat_hf.training.checkpoint_check import (
     save_fingerprint,
     verify_checkpoint,
 )
-from nanochat_hf.training.checkpoint_io import (DiskFullError, disk_full_as_one_line, save_optimizer_state,
-                                               save_rng_state, write_json)
+from nanochat_hf.training.checkpoint_io import (
+    DiskFullError,
+    disk_full_as_one_line,
+    save_optimizer_state,
+    save_rng_state,
+    write_json,
+)
 
 
 def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
@@ -53,7 +58,9 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
 
 
 @pytest.fixture(scope="module")
@@ -81,8 +88,10 @@ DAMAGE = {
     "missing optimizer shard": (lambda c: (c / "optimizer.rank1.safetensors").unlink(), "optimizer.rank1.safetensors"),
     "truncated optimizer shard": (lambda c: truncate(c / "optimizer.rank0.safetensors"), "optimizer.rank0.safetensors"),
     "truncated model": (lambda c: truncate(c / "model.safetensors"), "model.safetensors"),
-    "safetensors header garbage": (lambda c: (c / "rng_state.rank1.safetensors").write_bytes(b"\x10" * 64),
-                                   "rng_state.rank1.safetensors"),
+    "safetensors header garbage": (
+        lambda c: (c / "rng_state.rank1.safetensors").write_bytes(b"\x10" * 64),
+        "rng_state.rank1.safetensors",
+    ),
     "empty model file": (lambda c: (c / "model.safetensors").write_bytes(b""), "model.safetensors"),
     "bad scheduler JSON": (lambda c: (c / "scheduler.json").write_text('{"last_epoch": 2'), "scheduler.json"),
     "bad data state JSON": (lambda c: (c / "data_state.rank0.json").write_text(""), "data_state.rank0.json"),
@@ -148,23 +157,43 @@ def test_sharded_model_index_lists_required_shards(run_dir):
     ckpt = run_dir / "checkpoint-20"
     weights = ckpt / "model.safetensors"
     weights.rename(ckpt / "model-00001-of-00002.safetensors")
-    write_json(ckpt / "model.safetensors.index.json",
-               {"metadata": {}, "weight_map": {"a": "model-00001-of-00002.safetensors",
-                                               "b": "model-00002-of-00002.safetensors"}})
+    write_json(
+        ckpt / "model.safetensors.index.json",
+        {
+            "metadata": {},
+            "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
+        },
+    )
     with pytest.raises(ValueError, match=r"model-00002-of-00002.safetensors: missing"):
         verify_checkpoint(ckpt, 2)
 
 
 # ---- fingerprint --------------------------------------------------------------------------------------------------
 
+
 def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
     mixture = tmp_path / "mix.yaml"
     if not mixture.exists():
         mixture.write_text("train:\n  - smoltalk\n")
-    values = dict(seed=42, max_seq_len=64, device_batch_size=2, total_batch_size=256, num_iterations=-1,
-                  matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, init_lr_frac=1.0, weight_decay=0.0,
-                  max_grad_norm=0.0, train_mixture=str(mixture), val_mixture=None, packing="stream",
-                  completion_only_loss=False, warmdown_ratio=0.2, optimizer_recipe="2025-12")
+    values = dict(
+        seed=42,
+        max_seq_len=64,
+        device_batch_size=2,
+        total_batch_size=256,
+        num_iterations=-1,
+        matrix_lr=0.02,
+        embedding_lr=0.2,
+        unembedding_lr=0.004,
+        init_lr_frac=1.0,
+        weight_decay=0.0,
+        max_grad_norm=0.0,
+        train_mixture=str(mixture),
+        val_mixture=None,
+        packing="stream",
+        completion_only_loss=False,
+        warmdown_ratio=0.2,
+        optimizer_recipe="2025-12",
+    )
     return SimpleNamespace(**{**values, **overrides})
 
 
@@ -176,11 +205,22 @@ def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
     assert check_fingerprint(load_fingerprint(tmp_path), fp, resume_step=20) == []
 
 
-@pytest.mark.parametrize("field,new", [("seed", 43), ("max_seq_len", 128), ("device_batch_size", 4),
-                                       ("total_batch_size", 512), ("num_iterations", 100), ("weight_decay", 0.1),
-                                       ("max_grad_norm", 1.0), ("packing", "bestfit"),
-                                       ("completion_only_loss", True), ("warmdown_ratio", 0.5),
-                                       ("optimizer_recipe", "2026-07")])
+@pytest.mark.parametrize(
+    "field,new",
+    [
+        ("seed", 43),
+        ("max_seq_len", 128),
+        ("device_batch_size", 4),
+        ("total_batch_size", 512),
+        ("num_iterations", 100),
+        ("weight_decay", 0.1),
+        ("max_grad_norm", 1.0),
+        ("packing", "bestfit"),
+        ("completion_only_loss", True),
+        ("warmdown_ratio", 0.5),
+        ("optimizer_recipe", "2026-07"),
+    ],
+)
 def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, new):
     saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     current = run_fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
@@ -231,26 +271,37 @@ def test_model_config_data_format_and_code_version_on_resume(tmp_path):
     config = NanoChatGPTConfig(n_layer=2, n_head=4, n_kv_head=4, n_embd=64)
     saved = _full(tmp_path, config)
     assert saved["model_config"]["n_head"] == 4 and saved["code_version"] == code_version()
-    assert check_fingerprint(saved, _full(tmp_path, NanoChatGPTConfig(n_layer=2, n_head=4, n_kv_head=4, n_embd=64)),
-                             5) == []
-    for changed, named in (({"n_head": 2, "n_kv_head": 2}, "n_head was 4 in the checkpoint and is 2 now"),
-                           ({"n_layer": 3}, "n_layer was 2 in the checkpoint and is 3 now")):
+    assert (
+        check_fingerprint(saved, _full(tmp_path, NanoChatGPTConfig(n_layer=2, n_head=4, n_kv_head=4, n_embd=64)), 5)
+        == []
+    )
+    for changed, named in (
+        ({"n_head": 2, "n_kv_head": 2}, "n_head was 4 in the checkpoint and is 2 now"),
+        ({"n_layer": 3}, "n_layer was 2 in the checkpoint and is 3 now"),
+    ):
         other = NanoChatGPTConfig(**{"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 64, **changed})
         with pytest.raises(ValueError) as err:
             check_fingerprint(saved, _full(tmp_path, other), 5)
         assert str(err.value).startswith(f"cannot resume: the model config differs: {named}")
-    with pytest.raises(ValueError, match=r"^cannot resume: data_format was 'sha256:aaa' in the checkpoint and is "
-                                         r"'sha256:bbb' now; the chat rendering or tokenizer changed the token ids"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cannot resume: data_format was 'sha256:aaa' in the checkpoint and is "
+        r"'sha256:bbb' now; the chat rendering or tokenizer changed the token ids",
+    ):
         check_fingerprint(saved, _full(tmp_path, config, "sha256:bbb"), 5)
     # the previous release recorded neither: refused, naming what is missing and who wrote it
     previous = {k: v for k, v in saved.items() if k not in ("model_config", "data_format", "code_version")}
-    with pytest.raises(ValueError, match=r"^cannot resume: the checkpoint does not record its model config \(written "
-                                         r"by an earlier release; this is nanochat-hf"):
+    with pytest.raises(
+        ValueError,
+        match=r"^cannot resume: the checkpoint does not record its model config \(written "
+        r"by an earlier release; this is nanochat-hf",
+    ):
         check_fingerprint(previous, saved, 5)
     # another code version with everything else equal: continued, and said
     assert check_fingerprint({**saved, "code_version": "nanochat-hf 0.0.9"}, saved, 5) == [
         f"the checkpoint was written by nanochat-hf 0.0.9, this is {code_version()}: model config, data format and "
-        "run setup match, continuing"]
+        "run setup match, continuing"
+    ]
 
 
 def test_data_format_follows_the_rendering(monkeypatch):
@@ -291,16 +342,23 @@ def test_a_full_disk_is_one_line_and_undone(tmp_path):
     soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
     resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
     try:  # safetensors' own error type (SafetensorError "... (os error 27)"), and a plain OSError
-        with pytest.raises(DiskFullError) as err, disk_full_as_one_line("checkpoint x", tmp_path, 3 << 20,
-                                                                         lambda: undone.append(1)):
+        with (
+            pytest.raises(DiskFullError) as err,
+            disk_full_as_one_line("checkpoint x", tmp_path, 3 << 20, lambda: undone.append(1)),
+        ):
             save_file({"w": torch.zeros(1 << 16)}, str(tmp_path / "w.safetensors"))
         with pytest.raises(DiskFullError), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(2)):
             (tmp_path / "big").write_bytes(b"x" * (1 << 17))
     finally:
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
     message = str(err.value)
-    assert message.startswith(f"checkpoint x could not be saved in {tmp_path}: a file would exceed the file-size "
-                              "limit (ulimit -f); it needs about 3.0 MB free there (") and "\n" not in message
+    assert (
+        message.startswith(
+            f"checkpoint x could not be saved in {tmp_path}: a file would exceed the file-size "
+            "limit (ulimit -f); it needs about 3.0 MB free there ("
+        )
+        and "\n" not in message
+    )
     assert undone == [1, 2]
     with pytest.raises(ValueError, match="other"), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(3)):
         raise ValueError("other")  # any other error passes through, nothing undone

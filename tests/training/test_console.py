@@ -17,8 +17,21 @@ from nanochat_hf.training.callbacks import format_log
 
 from .conftest import REPO_ROOT, TINY_ARGS
 
-KNOBS = ("device_batch_size", "max_seq_len", "total_batch_size", "matrix_lr", "embedding_lr", "unembedding_lr",
-         "init_lr_frac", "weight_decay", "eval_every", "eval_tokens", "num_iterations", "dry_run", "dtype")
+KNOBS = (
+    "device_batch_size",
+    "max_seq_len",
+    "total_batch_size",
+    "matrix_lr",
+    "embedding_lr",
+    "unembedding_lr",
+    "init_lr_frac",
+    "weight_decay",
+    "eval_every",
+    "eval_tokens",
+    "num_iterations",
+    "dry_run",
+    "dtype",
+)
 
 
 def _help(argv: list[str]) -> str:
@@ -34,8 +47,10 @@ def test_help_hides_refused_fields_and_shows_one_default_per_knob():
         assert f"--{name} " not in text and f"[--{name} " not in text, name
     with pytest.raises(ValueError, match="learning_rate=0.1 is not used by this recipe"):
         parse_args(["--learning_rate", "0.1"])  # hidden, still refused in one line
-    assert "--resume_from_checkpoint RESUME_FROM_CHECKPOINT, --resume-from-checkpoint RESUME_FROM_CHECKPOINT true: " \
-           "continue from the newest intact checkpoint-<step>" in text
+    assert (
+        "--resume_from_checkpoint RESUME_FROM_CHECKPOINT, --resume-from-checkpoint RESUME_FROM_CHECKPOINT true: "
+        "continue from the newest intact checkpoint-<step>" in text
+    )
     for knob in KNOBS:
         entry = text.split(f"--{knob.replace('_', '-')} ")[1].split(" --")[0]  # the help after the flag's names
         assert len(entry.split()) > 3, (knob, entry)  # our own text, not just the metavar
@@ -49,8 +64,16 @@ def test_step_line_shows_warm_up_then_total_time_and_an_eta():
     class State:
         global_step, max_steps = 3, 100
 
-    logs = {"lrm": 1.0, "progress": 3.0, "loss": 2.0, "dt_ms": 5.0, "tok_per_sec": 10.0, "total_time_min": 0.0,
-            "warmup_time_min": 0.52, "eta_min": 12.34}
+    logs = {
+        "lrm": 1.0,
+        "progress": 3.0,
+        "loss": 2.0,
+        "dt_ms": 5.0,
+        "tok_per_sec": 10.0,
+        "total_time_min": 0.0,
+        "warmup_time_min": 0.52,
+        "eta_min": 12.34,
+    }
     assert format_log(logs, State).endswith("| warm-up: 0.52m | eta: 12.3m")
     State.global_step = 11
     del logs["warmup_time_min"]
@@ -69,13 +92,30 @@ def test_offline_chat_eval_task_is_skipped_and_the_report_written(tmp_path, monk
     monkeypatch.setattr(tasks, "load_dataset", offline)
     out, stdout = tmp_path / "out", io.StringIO()
     with contextlib.redirect_stdout(stdout):
-        main([*TINY_ARGS, "--num_iterations", "2", "--spelling_eval_rows", "0", "--chat_eval_tasks",
-              "ARC-Easy,SpellingBee", "--chat_eval_max_problems", "2", "--output_dir", str(out)])
+        main(
+            [
+                *TINY_ARGS,
+                "--num_iterations",
+                "2",
+                "--spelling_eval_rows",
+                "0",
+                "--chat_eval_tasks",
+                "ARC-Easy,SpellingBee",
+                "--chat_eval_max_problems",
+                "2",
+                "--output_dir",
+                str(out),
+            ]
+        )
     lines = stdout.getvalue().splitlines()
     skipped = [line for line in lines if "skipped" in line]
-    assert skipped == [("mid_train: chat eval ARC-Easy skipped: could not load allenai/ai2_arc/ARC-Easy split 'test' "
-                        "(Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)); offline? give local "
-                        "files of the same layout with data_files")]
+    assert skipped == [
+        (
+            "mid_train: chat eval ARC-Easy skipped: could not load allenai/ai2_arc/ARC-Easy split 'test' "
+            "(Couldn't reach 'allenai/ai2_arc' on the Hub (OfflineModeIsEnabled)); offline? give local "
+            "files of the same layout with data_files"
+        )
+    ]
     report = (out / "report.md").read_text()
     assert "| SpellingBee | generative |" in report and "ARC-Easy" not in report
     assert "name: SpellingBee" in (out / "README.md").read_text()
@@ -84,8 +124,14 @@ def test_offline_chat_eval_task_is_skipped_and_the_report_written(tmp_path, monk
 def _interrupt(args: list[str], tmp_path, after: str) -> subprocess.CompletedProcess:
     """Run mid_train, send SIGINT (Ctrl-C) once a stdout line contains `after`."""
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, str(REPO_ROOT / "scripts" / "mid_train.py"), *args], cwd=tmp_path,
-                            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [sys.executable, str(REPO_ROOT / "scripts" / "mid_train.py"), *args],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     seen = []
     deadline = time.monotonic() + 300
     for line in proc.stdout:
@@ -105,8 +151,10 @@ def test_ctrl_c_leaves_a_resumable_checkpoint_or_nothing(tmp_path):
     assert proc.returncode == 130, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("mid_train: interrupted at step ") and "can be resumed with --resume_from_checkpoint " \
-        "true" in last, last
+    assert (
+        last.startswith("mid_train: interrupted at step ")
+        and "can be resumed with --resume_from_checkpoint true" in last
+    ), last
     assert (out / "checkpoint-2" / "trainer_state.json").is_file() and not (out / ".tmp-save").exists()
 
     out = tmp_path / "no-checkpoints"
@@ -117,13 +165,16 @@ def test_ctrl_c_leaves_a_resumable_checkpoint_or_nothing(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize("requested, processes, load, expected", [
-    (None, 1, 0.1, 2),  # quiet 2 cores: both
-    (None, 1, 7.5, 1),  # other jobs keep the cores busy: one thread, not two spinning
-    (None, 1, 1.2, 1),  # one core's worth of other work
-    (None, 2, 0.0, 1),  # two processes share the two cores
-    (3, 1, 7.5, 3),  # asked for: as asked
-])
+@pytest.mark.parametrize(
+    "requested, processes, load, expected",
+    [
+        (None, 1, 0.1, 2),  # quiet 2 cores: both
+        (None, 1, 7.5, 1),  # other jobs keep the cores busy: one thread, not two spinning
+        (None, 1, 1.2, 1),  # one core's worth of other work
+        (None, 2, 0.0, 1),  # two processes share the two cores
+        (3, 1, 7.5, 3),  # asked for: as asked
+    ],
+)
 def test_cpu_threads_leave_busy_cores_alone(monkeypatch, requested, processes, load, expected):
     from nanochat_hf.training import device
 
@@ -145,8 +196,9 @@ def test_library_noise_is_dropped_and_the_rest_kept(caplog):
         assert not transformers.utils.logging.tqdm(range(2), desc="Loading weights").disable
         with caplog.at_level(logging.WARNING):
             logger = logging.getLogger("transformers.training_args")
-            logger.warning("The speedups for torchdynamo mostly come with GPU Ampere or higher and which is not "
-                           "detected here.")
+            logger.warning(
+                "The speedups for torchdynamo mostly come with GPU Ampere or higher and which is not detected here."
+            )
             logger.warning("something else")
         assert [r.getMessage() for r in caplog.records] == ["something else"]
         quiet_libraries(main_process=False)
@@ -167,8 +219,10 @@ def test_output_dir_refusal_says_what_it_holds_and_only_advice_that_works(tmp_pa
     (tmp_path / "checkpoint-4").mkdir()  # incomplete: no trainer_state.json, nothing to resume
     with pytest.raises(OutputDirError) as refused:
         prepare_output_dir(tmp_path, overwrite_output_dir=False, resuming=False)
-    assert str(refused.value) == (f"output_dir {tmp_path} already holds a run (report.md, 1 checkpoint-* folder): pass "
-                                  "--overwrite_output_dir true to replace it, or choose another --output_dir")
+    assert str(refused.value) == (
+        f"output_dir {tmp_path} already holds a run (report.md, 1 checkpoint-* folder): pass "
+        "--overwrite_output_dir true to replace it, or choose another --output_dir"
+    )
     (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
     with pytest.raises(OutputDirError, match="--resume_from_checkpoint true to continue it"):
         prepare_output_dir(tmp_path, overwrite_output_dir=False, resuming=False)

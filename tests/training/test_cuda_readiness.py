@@ -19,8 +19,20 @@ from nanochat_hf.training.run import build_trainer, setup, train
 pytestmark = pytest.mark.slow
 
 # bf16 matmuls are slow on CPUs without bf16 units: 2 steps of one micro-batch, one evaluation at the end
-BASE = ["--num_iterations", "2", "--save_steps", "1", "--eval_every", "0", "--total_batch_size", "128",
-        "--eval_tokens", "128", "--dtype", "bfloat16"]
+BASE = [
+    "--num_iterations",
+    "2",
+    "--save_steps",
+    "1",
+    "--eval_every",
+    "0",
+    "--total_batch_size",
+    "128",
+    "--eval_tokens",
+    "128",
+    "--dtype",
+    "bfloat16",
+]
 
 
 def _run(argv: list[str], evaluate_first: bool = False):
@@ -50,9 +62,12 @@ def runs(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("cuda_ready")
     args = [*TINY_ARGS, *BASE]
-    trainers = {dtype: _run([*args, "--embedding_dtype", dtype, "--output_dir", str(tmp / dtype)],
-                            evaluate_first=dtype == "bfloat16")
-                for dtype in ("bfloat16", "float32")}
+    trainers = {
+        dtype: _run(
+            [*args, "--embedding_dtype", dtype, "--output_dir", str(tmp / dtype)], evaluate_first=dtype == "bfloat16"
+        )
+        for dtype in ("bfloat16", "float32")
+    }
     return tmp, args, trainers
 
 

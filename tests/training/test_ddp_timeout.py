@@ -70,17 +70,32 @@ def run_pair(out: Path) -> list[dict]:
     ports = [str(free_port()), str(free_port())]
     procs = []
     for rank in range(2):
-        env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": ports[0],
-               "RANK": str(rank), "LOCAL_RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2",
-               "OMP_NUM_THREADS": "1"}
-        procs.append(subprocess.Popen([sys.executable, "-c", WORKER, str(out), ports[1]], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(REPO_ROOT / "src"),
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": ports[0],
+            "RANK": str(rank),
+            "LOCAL_RANK": str(rank),
+            "WORLD_SIZE": "2",
+            "LOCAL_WORLD_SIZE": "2",
+            "OMP_NUM_THREADS": "1",
+        }
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", WORKER, str(out), ports[1]],
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+        )
     results = []
     for proc in procs:
         stdout, stderr = proc.communicate(timeout=120)
         assert proc.returncode == 0, stderr[-3000:]
         lines = [line for line in stdout.splitlines() if line.startswith("RESULT ")]
-        results.append(json.loads(lines[0][len("RESULT "):]) if lines else None)
+        results.append(json.loads(lines[0][len("RESULT ") :]) if lines else None)
     return results
 
 

@@ -17,8 +17,9 @@ def _model():
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 
     torch.manual_seed(0)
-    model = NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=96, n_layer=2, n_head=1, n_kv_head=1, n_embd=64,
-                                                     sequence_len=16))
+    model = NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(vocab_size=96, n_layer=2, n_head=1, n_kv_head=1, n_embd=64, sequence_len=16)
+    )
     with torch.no_grad():  # no zero-initialised matrices: every parameter gets a gradient
         for p in model.parameters():
             p.normal_(0, 0.1)

@@ -24,13 +24,31 @@ def test_nanochat_checkpoint_source(tmp_path, tiny_args):
     ckpt.mkdir(parents=True)
     for step in (3, 7):  # the latest step is the default
         torch.save({k: v * (step == 7) for k, v in model.state_dict().items()}, ckpt / f"model_{step:06d}.pt")
-        (ckpt / f"meta_{step:06d}.json").write_text(json.dumps({"step": step, "model_config": config.to_nanochat_dict()}))
+        (ckpt / f"meta_{step:06d}.json").write_text(
+            json.dumps({"step": step, "model_config": config.to_nanochat_dict()})
+        )
     save_nanochat_tokenizer(tok, base / "tokenizer")
 
     out = tmp_path / "out"
-    argv = [*tiny_args, "--num_iterations", "1", "--spelling_eval_rows", "0", "--output_dir", str(out),
-            "--model_source", str(base), "--trust_pickle", "true",
-            "--matrix_lr", "0", "--embedding_lr", "0", "--unembedding_lr", "0"]  # weights stay as loaded
+    argv = [
+        *tiny_args,
+        "--num_iterations",
+        "1",
+        "--spelling_eval_rows",
+        "0",
+        "--output_dir",
+        str(out),
+        "--model_source",
+        str(base),
+        "--trust_pickle",
+        "true",
+        "--matrix_lr",
+        "0",
+        "--embedding_lr",
+        "0",
+        "--unembedding_lr",
+        "0",
+    ]  # weights stay as loaded
     metrics = main(argv)
     assert metrics["steps"] == 1
     loaded = NanoChatGPTForCausalLM.from_pretrained(out)

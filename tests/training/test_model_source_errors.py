@@ -21,8 +21,7 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
 def model_dir(tmp_path_factory) -> Path:
     path = tmp_path_factory.mktemp("hf")
     tokenizer = train_tokenizer(["spell the word apple", "what is 2 + 2?"] * 5, vocab_size=300)
-    config = NanoChatGPTConfig(vocab_size=len(tokenizer), n_layer=1, n_head=1, n_kv_head=1, n_embd=64,
-                               sequence_len=64)
+    config = NanoChatGPTConfig(vocab_size=len(tokenizer), n_layer=1, n_head=1, n_kv_head=1, n_embd=64, sequence_len=64)
     NanoChatGPTForCausalLM(config).save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
@@ -35,12 +34,18 @@ def set_config(d: Path, **changes) -> None:
 
 
 CASES = {
-    "corrupt safetensors": (lambda d: (d / "model.safetensors").write_bytes(b"\x00garbage" * 8),
-                            ["model.safetensors", "not a readable safetensors file"]),
-    "truncated safetensors": (lambda d: (d / "model.safetensors").write_bytes(
-        (d / "model.safetensors").read_bytes()[:4096]), ["model.safetensors", "not a readable safetensors file"]),
-    "config.json not JSON": (lambda d: (d / "config.json").write_text('{"model_type": '),
-                             ["config.json", "not valid JSON"]),
+    "corrupt safetensors": (
+        lambda d: (d / "model.safetensors").write_bytes(b"\x00garbage" * 8),
+        ["model.safetensors", "not a readable safetensors file"],
+    ),
+    "truncated safetensors": (
+        lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:4096]),
+        ["model.safetensors", "not a readable safetensors file"],
+    ),
+    "config.json not JSON": (
+        lambda d: (d / "config.json").write_text('{"model_type": '),
+        ["config.json", "not valid JSON"],
+    ),
     "n_layer two": (lambda d: set_config(d, n_layer="two"), ["config.json", "'n_layer'", "'two'"]),
 }
 
@@ -51,8 +56,13 @@ def test_damaged_model_source_is_one_line(case, model_dir, tmp_path):
     source = shutil.copytree(model_dir, tmp_path / "model")
     breaker(source)
     out = tmp_path / "out"
-    result = subprocess.run([sys.executable, str(SCRIPT), "--model_source", str(source), "--output_dir", str(out),
-                             "--report_to", "none"], capture_output=True, text=True, cwd=tmp_path, timeout=300)
+    result = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model_source", str(source), "--output_dir", str(out), "--report_to", "none"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=300,
+    )
     err = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-2000:]
     assert len(err) == 1 and err[0].startswith("mid_train: error: "), err

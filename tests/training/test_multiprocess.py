@@ -13,12 +13,37 @@ pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 WORKER = str(Path(__file__).with_name("mp_worker.py"))
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
-RUN = ["--model_source", "demo", "--demo_depth", "2", "--max_seq_len", "64",
-       "--device_batch_size", "2", "--total_batch_size", "256", "--num_iterations", "6", "--save_steps", "3",
-       "--eval_every", "3", "--eval_tokens", "512", "--spelling_eval_rows", "0", "--disable_tqdm", "true",
-       # same kernels (thread count) in both layouts, for bitwise-comparable math
-       "--num_threads", "1", "--chat_eval_tasks", "",
-       "--torch_compile", "false"]  # the demo config compiles; tests stay eager
+RUN = [
+    "--model_source",
+    "demo",
+    "--demo_depth",
+    "2",
+    "--max_seq_len",
+    "64",
+    "--device_batch_size",
+    "2",
+    "--total_batch_size",
+    "256",
+    "--num_iterations",
+    "6",
+    "--save_steps",
+    "3",
+    "--eval_every",
+    "3",
+    "--eval_tokens",
+    "512",
+    "--spelling_eval_rows",
+    "0",
+    "--disable_tqdm",
+    "true",
+    # same kernels (thread count) in both layouts, for bitwise-comparable math
+    "--num_threads",
+    "1",
+    "--chat_eval_tasks",
+    "",
+    "--torch_compile",
+    "false",
+]  # the demo config compiles; tests stay eager
 
 
 def _launch(tmp, out, nproc, extra=(), env=None):
@@ -28,13 +53,33 @@ def _launch(tmp, out, nproc, extra=(), env=None):
     from_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     port = 29500 + (os.getpid() % 1000) + nproc * 7
     if nproc > 1:  # accelerate's --cpu launcher needs MPI for several processes; torch.distributed.run does not
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), WORKER]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(nproc),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(port),
+            WORKER,
+        ]
     else:
         cmd = [sys.executable, WORKER]
-    proc = subprocess.run([*cmd, *RUN, "--output_dir", str(out), *extra], cwd=tmp, env=from_env,
-                          capture_output=True, text=True, timeout=240)
+    proc = subprocess.run(
+        [*cmd, *RUN, "--output_dir", str(out), *extra],
+        cwd=tmp,
+        env=from_env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -93,7 +138,6 @@ def test_resume_reproduces_logged_losses(two_proc, nproc):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
-
 @pytest.mark.parametrize("fault", ["changed_seed", "output_dir_is_a_file"])
 def test_refusals_under_two_processes_are_one_line(two_proc, fault):
     """A resume refusal (every rank finds it) and an output_dir refusal (found on rank 0, shared with rank 1):
@@ -113,10 +157,29 @@ def test_refusals_under_two_processes_are_one_line(two_proc, fault):
         extra, expected = [], "is a file"
     before = {p: p.read_bytes() for p in [out, *out.rglob("*")] if p.is_file()}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-           "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-           "--main_process_port", str(29700 + os.getpid() % 1000), str(SCRIPT), *RUN, "--output_dir", str(out),
-           "--ddp_timeout", "60", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--multi_gpu",
+        "--num_processes",
+        "2",
+        "--num_machines",
+        "1",
+        "--mixed_precision",
+        "no",
+        "--dynamo_backend",
+        "no",
+        "--main_process_port",
+        str(29700 + os.getpid() % 1000),
+        str(SCRIPT),
+        *RUN,
+        "--output_dir",
+        str(out),
+        "--ddp_timeout",
+        "60",
+        *extra,
+    ]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if line.startswith("mid_train: error: ")]
@@ -133,7 +196,9 @@ def test_clipping_two_processes_clips_as_one(tmp_path):
     clip = ["--max_grad_norm", "0.05", "--save_steps", "0"]
     _launch(tmp_path, tmp_path / "two", 2, clip)
     _launch(tmp_path, tmp_path / "one", 1, clip, env={"INTERLEAVE": "1"})
-    one, two = (json.loads((tmp_path / run / "trainer_state.json").read_text())["log_history"] for run in ("one", "two"))
+    one, two = (
+        json.loads((tmp_path / run / "trainer_state.json").read_text())["log_history"] for run in ("one", "two")
+    )
     one, two = ([(h["grad_norm"], h["train_loss_mean"]) for h in run if "lrm" in h] for run in (one, two))
     assert len(one) == len(two) == 6 and all(norm > 0.05 for norm, _ in one)  # the clipping acted at every step
     assert [n for n, _ in two] == pytest.approx([n for n, _ in one], rel=1e-5)

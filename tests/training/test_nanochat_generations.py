@@ -16,10 +16,34 @@ from safetensors.torch import load_file
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 WORKER = str(Path(__file__).with_name("mp_worker.py"))  # mid_train, writing each rank's final parameters
-RUN = ["--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256", "--num_iterations", "4",
-       "--save_steps", "2", "--eval_every", "2", "--eval_tokens", "512", "--spelling_eval_rows", "0",
-       "--disable_tqdm", "true", "--num_threads", "1", "--chat_eval_tasks", "", "--torch_compile", "false",
-       "--trust_pickle", "true"]
+RUN = [
+    "--max_seq_len",
+    "64",
+    "--device_batch_size",
+    "2",
+    "--total_batch_size",
+    "256",
+    "--num_iterations",
+    "4",
+    "--save_steps",
+    "2",
+    "--eval_every",
+    "2",
+    "--eval_tokens",
+    "512",
+    "--spelling_eval_rows",
+    "0",
+    "--disable_tqdm",
+    "true",
+    "--num_threads",
+    "1",
+    "--chat_eval_tasks",
+    "",
+    "--torch_compile",
+    "false",
+    "--trust_pickle",
+    "true",
+]
 SECRET = "hf_localtestsecret0123456789abcdef"
 
 
@@ -32,8 +56,14 @@ def write_g5_base(base: Path) -> None:
     from nanochat_hf.tokenizer import save_nanochat_tokenizer
 
     tokenizer = demo_tokenizer()
-    model_config = {"sequence_len": 512, "vocab_size": len(tokenizer), "n_layer": 2, "n_head": 2, "n_kv_head": 1,
-                    "n_embd": 64}
+    model_config = {
+        "sequence_len": 512,
+        "vocab_size": len(tokenizer),
+        "n_layer": 2,
+        "n_head": 2,
+        "n_kv_head": 1,
+        "n_embd": 64,
+    }
     config = NanoChatGPTConfig(**model_config, **BY_NAME["G5"].fields, pad_vocab_size_to=64)
     g = torch.Generator().manual_seed(0)
     offsets = {"resid_lambdas": 1.0, "x0_lambdas": 0.1, "smear_lambda": 0.3, "backout_lambda": 0.2}
@@ -61,13 +91,33 @@ def _launch(cwd: Path, out: Path, nproc: int, extra=(), env=None) -> subprocess.
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
     if nproc > 1:
         port = 29500 + (os.getpid() % 1000) + 31
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(port), WORKER]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(nproc),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(port),
+            WORKER,
+        ]
     else:
         cmd = [sys.executable, WORKER]
-    proc = subprocess.run([*cmd, *RUN, "--output_dir", str(out), *extra], cwd=cwd, env=full_env,
-                          capture_output=True, text=True, timeout=400)
+    proc = subprocess.run(
+        [*cmd, *RUN, "--output_dir", str(out), *extra],
+        cwd=cwd,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -114,16 +164,38 @@ print("LOADED", type(model).__name__, model.config.smear, out.shape[1])
 
 def test_g5_pushes_and_reloads(g5_base, tmp_path, hub_server, tiny_args, run_mid_train):
     endpoint, state = hub_server
-    env = {"HF_ENDPOINT": endpoint, "HF_HUB_OFFLINE": "0", "HF_TOKEN": SECRET, "HF_HOME": str(tmp_path / "hf"),
-           "HF_HUB_DISABLE_XET": "1"}
-    args = [*RUN, "--model_source", str(g5_base), "--num_iterations", "1", "--output_dir", str(tmp_path / "out"),
-            "--push_to_hub", "true", "--hub_model_id", "alice/g5-mid"]
+    env = {
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_OFFLINE": "0",
+        "HF_TOKEN": SECRET,
+        "HF_HOME": str(tmp_path / "hf"),
+        "HF_HUB_DISABLE_XET": "1",
+    }
+    args = [
+        *RUN,
+        "--model_source",
+        str(g5_base),
+        "--num_iterations",
+        "1",
+        "--output_dir",
+        str(tmp_path / "out"),
+        "--push_to_hub",
+        "true",
+        "--hub_model_id",
+        "alice/g5-mid",
+    ]
     proc = run_mid_train(args, tmp_path, env=env)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "model.safetensors" in state.repos["alice/g5-mid"]
     fresh = {**env, "HF_HOME": str(tmp_path / "hf2")}
     fresh.pop("HF_TOKEN")
-    load = subprocess.run([sys.executable, "-c", LOAD, "alice/g5-mid"], cwd=tmp_path, env=fresh,
-                          capture_output=True, text=True, timeout=200)
+    load = subprocess.run(
+        [sys.executable, "-c", LOAD, "alice/g5-mid"],
+        cwd=tmp_path,
+        env=fresh,
+        capture_output=True,
+        text=True,
+        timeout=200,
+    )
     assert load.returncode == 0, load.stderr[-3000:]
     assert "LOADED NanoChatGPTForCausalLM True 6" in load.stdout

@@ -115,16 +115,41 @@ def test_epoch_matches_nanochat_loop(tmp_path):
     tok = demo_tokenizer()
     torch.manual_seed(0)
     start = tmp_path / "start"
-    NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=len(tok), n_layer=2, n_head=1, n_kv_head=1, n_embd=64,
-                                             sequence_len=T)).save_pretrained(start)
+    NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(vocab_size=len(tok), n_layer=2, n_head=1, n_kv_head=1, n_embd=64, sequence_len=T)
+    ).save_pretrained(start)
     tok.save_pretrained(start)
     mixture = tmp_path / "mix.yaml"
     mixture.write_text(MIXTURE)
     out = tmp_path / "out"
-    main(["--model_source", str(start), "--train_mixture", str(mixture), "--val_mixture", str(mixture),
-          "--max_seq_len", str(T), "--device_batch_size", str(B), "--total_batch_size", str(TOTAL),
-          "--eval_every", str(EVAL_EVERY), "--eval_tokens", str(EVAL_TOKENS), "--spelling_eval_rows", "0",
-          "--dtype", "float32", "--disable_tqdm", "true", "--output_dir", str(out)])
+    main(
+        [
+            "--model_source",
+            str(start),
+            "--train_mixture",
+            str(mixture),
+            "--val_mixture",
+            str(mixture),
+            "--max_seq_len",
+            str(T),
+            "--device_batch_size",
+            str(B),
+            "--total_batch_size",
+            str(TOTAL),
+            "--eval_every",
+            str(EVAL_EVERY),
+            "--eval_tokens",
+            str(EVAL_TOKENS),
+            "--spelling_eval_rows",
+            "0",
+            "--dtype",
+            "float32",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            str(out),
+        ]
+    )
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     ours_loss = [h["loss"] for h in history if "lrm" in h]
     ours_lrm = [h["lrm"] for h in history if "lrm" in h]

@@ -26,8 +26,21 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     from nanochat_hf.conversion.optimizer_files import full_state_of_shards, read_nanochat_optimizer
 
     out = tmp_path / "run"
-    metrics = main([*tiny_args, "--num_iterations", "2", "--save_steps", "2", "--spelling_eval_rows", "0",
-                    "--optimizer_recipe", "2026-07", "--output_dir", str(out)])
+    metrics = main(
+        [
+            *tiny_args,
+            "--num_iterations",
+            "2",
+            "--save_steps",
+            "2",
+            "--spelling_eval_rows",
+            "0",
+            "--optimizer_recipe",
+            "2026-07",
+            "--output_dir",
+            str(out),
+        ]
+    )
     assert metrics["steps"] == 2 and metrics["val_bpb"] > 0
     ckpt = out / "checkpoint-2"
     assert json.loads((ckpt / "run_fingerprint.json").read_text())["optimizer_recipe"] == "2026-07"
@@ -37,8 +50,21 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     # the same run resumed with the December recipe: refused before training, nothing changed
     before = sorted(p.name for p in out.rglob("*"))
     with pytest.raises(SystemExit):
-        main([*tiny_args, "--num_iterations", "2", "--save_steps", "2", "--spelling_eval_rows", "0",
-              "--output_dir", str(out), "--resume_from_checkpoint", "true"])
+        main(
+            [
+                *tiny_args,
+                "--num_iterations",
+                "2",
+                "--save_steps",
+                "2",
+                "--spelling_eval_rows",
+                "0",
+                "--output_dir",
+                str(out),
+                "--resume_from_checkpoint",
+                "true",
+            ]
+        )
     line = _error_line(capsys)
     assert "optimizer_recipe was '2026-07' in the checkpoint and is '2025-12' now" in line, line
     assert sorted(p.name for p in out.rglob("*")) == before
@@ -54,16 +80,44 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     assert (world, fmt) == (1, "head") and written.keys() == ours.keys()
     assert all(torch.equal(written[n][k], ours[n][k]) for n in ours for k in ours[n] if k != "step")
     # then a fresh run warm-started from it
-    warm = main([*tiny_args, "--num_iterations", "1", "--spelling_eval_rows", "0", "--optimizer_recipe", "2026-07",
-                 "--model_source", str(ckpt), "--nanochat_optimizer", str(path), "--output_dir", str(tmp_path / "w")])
+    warm = main(
+        [
+            *tiny_args,
+            "--num_iterations",
+            "1",
+            "--spelling_eval_rows",
+            "0",
+            "--optimizer_recipe",
+            "2026-07",
+            "--model_source",
+            str(ckpt),
+            "--nanochat_optimizer",
+            str(path),
+            "--output_dir",
+            str(tmp_path / "w"),
+        ]
+    )
     assert warm["steps"] == 1
     assert f"optimizer warm-started from {path} (head format" in capsys.readouterr().out
 
     # a file set of another model is refused before training, in one line naming the file
     other = tmp_path / "other"
     with pytest.raises(SystemExit):
-        main([*tiny_args, "--demo_depth", "1", "--num_iterations", "1", "--optimizer_recipe", "2026-07",
-              "--nanochat_optimizer", str(path), "--output_dir", str(other)])
+        main(
+            [
+                *tiny_args,
+                "--demo_depth",
+                "1",
+                "--num_iterations",
+                "1",
+                "--optimizer_recipe",
+                "2026-07",
+                "--nanochat_optimizer",
+                str(path),
+                "--output_dir",
+                str(other),
+            ]
+        )
     assert str(path) in _error_line(capsys)
     assert not other.exists() or not any(other.iterdir())
 

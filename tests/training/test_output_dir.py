@@ -31,7 +31,9 @@ NOBODY = 65534
 
 
 def snapshot(root: Path) -> dict[str, str]:
-    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()}
+    return {
+        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest() for p in root.rglob("*") if p.is_file()
+    }
 
 
 def earlier_run(path: Path, *names: str) -> Path:
@@ -67,16 +69,18 @@ sys.stdin.read()
 def test_second_run_on_the_same_folder_is_refused_until_the_first_one_dies(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              text=True, env=env)
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(out)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+    )
     try:
         assert holder.stdout.readline() == "held\n"
         for _ in range(2):  # refused, and the refusal takes nothing from the holder
             with pytest.raises(OutputDirError) as err:
                 prepare_output_dir(out, overwrite_output_dir=True, resuming=True)
             message = str(err.value)
-            assert "\n" not in message and message.startswith(f"output_dir {out} is in use by another run (pid "
-                                                               f"{holder.pid} on ")
+            assert "\n" not in message and message.startswith(
+                f"output_dir {out} is in use by another run (pid {holder.pid} on "
+            )
             assert (out / LOCK_FILE).is_file()
     finally:
         holder.kill()  # SIGKILL: no cleanup runs, the kernel drops the lock
@@ -97,12 +101,15 @@ def test_output_dir_that_is_a_file(tmp_path):
     assert target.read_text() == "user data"
 
 
-@pytest.mark.parametrize("names,described", [
-    (("model.safetensors", "config.json"), "model.safetensors"),
-    (("report.md",), "report.md"),
-    (("checkpoint-10", "checkpoint-20"), "2 checkpoint-* folders"),
-    (("checkpoint-5",), "1 checkpoint-* folder"),
-])
+@pytest.mark.parametrize(
+    "names,described",
+    [
+        (("model.safetensors", "config.json"), "model.safetensors"),
+        (("report.md",), "report.md"),
+        (("checkpoint-10", "checkpoint-20"), "2 checkpoint-* folders"),
+        (("checkpoint-5",), "1 checkpoint-* folder"),
+    ],
+)
 def test_another_run_is_refused_unless_overwrite_or_resume(tmp_path, names, described):
     out = earlier_run(tmp_path / "out", *names)
     before = snapshot(out)
@@ -204,7 +211,9 @@ def run_as_nobody(cases: dict[str, Path], home: Path) -> dict:
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "HOME": str(home), "HF_HOME": str(home / "hf")}
     cmd, preexec = as_nobody([sys.executable, "-c", CHILD, json.dumps({k: str(v) for k, v in cases.items()})])
     try:
-        proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec)
+        proc = subprocess.run(
+            cmd, check=False, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec
+        )
     except (OSError, subprocess.SubprocessError) as e:  # the exec failed after dropping privileges
         pytest.skip(f"cannot run python as uid {NOBODY} here: {e}")
     if proc.returncode != 0 and "Permission denied" in proc.stderr and "nanochat_hf" not in proc.stderr:
@@ -233,8 +242,7 @@ def test_unwritable_dirs_refused_before_training_as_unprivileged_user(shared_tre
     os.chown(writable_in_ro, NOBODY, NOBODY)
     before = snapshot(shared_tree)
 
-    results = run_as_nobody(
-        {"locked": locked, "ro_parent": ro_parent / "new", "writable_in_ro": writable_in_ro}, home)
+    results = run_as_nobody({"locked": locked, "ro_parent": ro_parent / "new", "writable_in_ro": writable_in_ro}, home)
 
     status, message = results["locked"]
     assert status == "refused" and "\n" not in message

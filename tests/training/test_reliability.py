@@ -47,8 +47,11 @@ def _fail(argv: list[str], capsys) -> str:
 
 
 def _tree(path: Path) -> dict[str, str]:
-    return {str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
-            for p in sorted(path.rglob("*")) if p.is_file()}
+    return {
+        str(p.relative_to(path)): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(path.rglob("*"))
+        if p.is_file()
+    }
 
 
 def _losses(checkpoint: Path) -> list:
@@ -81,8 +84,14 @@ def test_chat_eval_in_console_report_and_model_card(run):
 def test_files_keep_umask_mode_and_no_pickles(run):
     _, out, _, _ = run
     files = [p for p in out.rglob("*") if p.is_file()]
-    assert {"model.safetensors", "optimizer.rank0.safetensors", "rng_state.rank0.safetensors", "report.md",
-            "run_fingerprint.json", "training_curves.png"} <= {p.name for p in files}
+    assert {
+        "model.safetensors",
+        "optimizer.rank0.safetensors",
+        "rng_state.rank0.safetensors",
+        "report.md",
+        "run_fingerprint.json",
+        "training_curves.png",
+    } <= {p.name for p in files}
     wrong = {str(p.relative_to(out)): oct(p.stat().st_mode & 0o777) for p in files if p.stat().st_mode & 0o777 != 0o664}
     assert not wrong, wrong  # umask 002 -> rw-rw-r-- (safetensors' own writer would give 0600)
     assert not [p for p in files if p.suffix in (".bin", ".pt", ".pkl")]  # no training_args.bin anywhere
@@ -133,8 +142,19 @@ def test_final_save_writes_nothing_beside_output_dir(run):
     sys.addaudithook(hook)
     guard["on"] = True
     try:
-        _run([*args, "--chat_eval_tasks", "", "--num_iterations", "2", "--save_steps", "0",
-              "--output_dir", str(parent / "out")])
+        _run(
+            [
+                *args,
+                "--chat_eval_tasks",
+                "",
+                "--num_iterations",
+                "2",
+                "--save_steps",
+                "0",
+                "--output_dir",
+                str(parent / "out"),
+            ]
+        )
     finally:
         guard["on"] = False
     assert (parent / "out" / "model.safetensors").is_file()
@@ -150,12 +170,12 @@ def test_resume_skips_a_damaged_newest_checkpoint(run, capsys):
     shard = resumed / "checkpoint-4" / "optimizer.rank0.safetensors"
     shard.write_bytes(shard.read_bytes()[:1000])  # truncated
     # an explicit path to it: one line naming the file
-    line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-4")],
-                 capsys)
+    line = _fail(
+        [*args, "--output_dir", str(resumed), "--resume_from_checkpoint", str(resumed / "checkpoint-4")], capsys
+    )
     assert "optimizer.rank0.safetensors" in line and "safetensors" in line
     # `true`: falls back to checkpoint-2, says so, and reproduces the original steps 3-4
-    _, stdout = _run([*args, "--chat_eval_tasks", "", "--output_dir", str(resumed), "--resume_from_checkpoint",
-                      "true"])
+    _, stdout = _run([*args, "--chat_eval_tasks", "", "--output_dir", str(resumed), "--resume_from_checkpoint", "true"])
     assert "skipping checkpoint-4" in stdout and "optimizer.rank0.safetensors" in stdout
     assert f"resuming from {resumed / 'checkpoint-2'}" in stdout
     assert _losses(resumed / "checkpoint-4") == _losses(out / "checkpoint-4")
@@ -172,8 +192,19 @@ def test_resume_refuses_a_changed_seed_and_applies_a_changed_lr(run, capsys):
     line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true", "--seed", "7"], capsys)
     assert "seed was 42" in line and "is 7 now" in line
     assert _tree(resumed) == before
-    _, stdout = _run([*args, "--chat_eval_tasks", "", "--output_dir", str(resumed), "--resume_from_checkpoint",
-                      "true", "--unembedding_lr", "0.008"])
+    _, stdout = _run(
+        [
+            *args,
+            "--chat_eval_tasks",
+            "",
+            "--output_dir",
+            str(resumed),
+            "--resume_from_checkpoint",
+            "true",
+            "--unembedding_lr",
+            "0.008",
+        ]
+    )
     assert "unembedding_lr changed 0.004 -> 0.008: applied from step 2" in stdout
     old, new = _losses(out / "checkpoint-4"), _losses(resumed / "checkpoint-4")
     assert new[:2] == old[:2]  # steps 1-2 come from the checkpoint
@@ -191,8 +222,11 @@ def test_resume_refuses_another_model_config_or_a_previous_release(run, capsys):
     assert "the model config differs: n_layer was 2 in the checkpoint and is 3 now" in line
     assert _tree(resumed) == before
     fingerprint = resumed / "checkpoint-2" / "run_fingerprint.json"
-    previous = {k: v for k, v in json.loads(fingerprint.read_text()).items()
-                if k not in ("model_config", "data_format", "code_version")}
+    previous = {
+        k: v
+        for k, v in json.loads(fingerprint.read_text()).items()
+        if k not in ("model_config", "data_format", "code_version")
+    }
     fingerprint.write_text(json.dumps(previous))  # as the release before this one wrote it
     before = _tree(resumed)
     line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"], capsys)
@@ -220,8 +254,10 @@ def test_full_disk_during_a_checkpoint(run, capsys):
     before = _tree(resumed)
     with _file_size_limit(1 << 20):  # the tiny model's model.safetensors is about 5.8 MB
         line = _fail([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"], capsys)
-    assert line.startswith(f"mid_train: error: checkpoint checkpoint-4 could not be saved in {resumed}: a file would "
-                           "exceed the file-size limit (ulimit -f); it needs about "), line
+    assert line.startswith(
+        f"mid_train: error: checkpoint checkpoint-4 could not be saved in {resumed}: a file would "
+        "exceed the file-size limit (ulimit -f); it needs about "
+    ), line
     assert "MB free there" in line and "what was staged is removed" in line
     assert _tree(resumed) == before and sorted(p.name for p in resumed.iterdir()) == ["checkpoint-2"]
     _run([*args, "--output_dir", str(resumed), "--resume_from_checkpoint", "true"])  # room again: resume works

@@ -32,8 +32,17 @@ def test_short_run_writes_loadable_model(tmp_path, tiny_args, run_mid_train):
     assert "4/4 [" not in proc.stdout + proc.stderr  # no training bar when the output goes to files
     assert "validation bpb:" in proc.stdout and "SimpleSpelling exact match:" in proc.stdout
     assert "sample chat:" in proc.stdout
-    for name in ("model.safetensors", "config.json", "modeling_nanochat_gpt.py", "configuration_nanochat_gpt.py",
-                 "tokenizer.json", "generation_config.json", "README.md", "report.md", "training_curves.png"):
+    for name in (
+        "model.safetensors",
+        "config.json",
+        "modeling_nanochat_gpt.py",
+        "configuration_nanochat_gpt.py",
+        "tokenizer.json",
+        "generation_config.json",
+        "README.md",
+        "report.md",
+        "training_curves.png",
+    ):
         assert (out / name).is_file(), name
     assert not list(out.glob("*.bin")) and not list(out.glob("*.pt"))
     config = json.loads((out / "config.json").read_text())
@@ -42,8 +51,14 @@ def test_short_run_writes_loadable_model(tmp_path, tiny_args, run_mid_train):
     assert "steps: 4" in card and "final validation bits per byte" in card and "from_pretrained" in card
     assert (out / "training_curves.png").read_bytes()[:4] == b"\x89PNG"
 
-    load = subprocess.run([sys.executable, "-c", LOAD, str(out)], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"})
+    load = subprocess.run(
+        [sys.executable, "-c", LOAD, str(out)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+    )
     assert load.returncode == 0, load.stderr[-3000:]
     assert "GENERATED" in load.stdout and "NanoChatGPTForCausalLM" in load.stdout
 
@@ -52,8 +67,21 @@ def test_dry_run_writes_nothing(tmp_path, tiny_args, capsys):
     from nanochat_hf.training.run import main
 
     out = tmp_path / "dry"
-    metrics = main([*tiny_args, "--num_iterations", "2", "--save_steps", "1", "--dry_run", "true",
-                    "--spelling_eval_rows", "0", "--output_dir", str(out)])
+    metrics = main(
+        [
+            *tiny_args,
+            "--num_iterations",
+            "2",
+            "--save_steps",
+            "1",
+            "--dry_run",
+            "true",
+            "--spelling_eval_rows",
+            "0",
+            "--output_dir",
+            str(out),
+        ]
+    )
     assert metrics["steps"] == 2 and metrics["val_bpb"] > 0
     assert not out.exists() or not any(out.iterdir())
 
@@ -70,8 +98,21 @@ def test_console_bar_and_lines_never_share_a_line(tmp_path, tiny_args, monkeypat
     out, err = _Terminal(), _Terminal()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)
-    main([*tiny_args, "--num_iterations", "3", "--spelling_eval_rows", "0", "--dry_run", "true",
-          "--disable_tqdm", str(not bar).lower(), "--output_dir", str(tmp_path / "o")])
+    main(
+        [
+            *tiny_args,
+            "--num_iterations",
+            "3",
+            "--spelling_eval_rows",
+            "0",
+            "--dry_run",
+            "true",
+            "--disable_tqdm",
+            str(not bar).lower(),
+            "--output_dir",
+            str(tmp_path / "o"),
+        ]
+    )
     lines = out.getvalue().splitlines()
     steps = [line for line in lines if "| lrm: " in line]
     assert len(steps) == 3 and all(line.startswith("step 0000") for line in steps)
@@ -85,8 +126,9 @@ def test_non_finite_loss_stops_the_run(tmp_path, capsys):
     from nanochat_hf.training.run import main
 
     tok = demo_tokenizer()
-    model = NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=len(tok), n_layer=1, n_head=1, n_kv_head=1,
-                                                     n_embd=64, sequence_len=64))
+    model = NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(vocab_size=len(tok), n_layer=1, n_head=1, n_kv_head=1, n_embd=64, sequence_len=64)
+    )
     with torch.no_grad():
         model.lm_head.weight[0, 0] = float("nan")
     src = tmp_path / "nan-model"
@@ -94,13 +136,35 @@ def test_non_finite_loss_stops_the_run(tmp_path, capsys):
     tok.save_pretrained(src)
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
-        main(["--model_source", str(src), "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size",
-              "128", "--num_iterations", "3", "--save_steps", "1", "--eval_every", "2", "--eval_tokens", "256",
-              "--disable_tqdm", "true", "--output_dir", str(out)])
+        main(
+            [
+                "--model_source",
+                str(src),
+                "--max_seq_len",
+                "64",
+                "--device_batch_size",
+                "2",
+                "--total_batch_size",
+                "128",
+                "--num_iterations",
+                "3",
+                "--save_steps",
+                "1",
+                "--eval_every",
+                "2",
+                "--eval_tokens",
+                "256",
+                "--disable_tqdm",
+                "true",
+                "--output_dir",
+                str(out),
+            ]
+        )
     assert exc.value.code == 1
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mid_train: error:")]
-    assert errors == ["mid_train: error: the training loss is nan at step 1 (the model diverged); no final model "
-                      "was written"]
+    assert errors == [
+        "mid_train: error: the training loss is nan at step 1 (the model diverged); no final model was written"
+    ]
     assert not (out / "model.safetensors").exists() and not list(out.glob("checkpoint-*"))
 
 
@@ -110,14 +174,34 @@ def test_best_checkpoint_is_kept_and_loaded(tmp_path, tiny_args):
     from nanochat_hf.training.run import main
 
     out = tmp_path / "out"
-    main([*tiny_args, "--num_iterations", "6", "--eval_every", "2", "--save_steps", "2", "--spelling_eval_rows", "0",
-          "--load_best_model_at_end", "true", "--metric_for_best_model", "val_bpb", "--save_total_limit", "1",
-          "--output_dir", str(out)])
+    main(
+        [
+            *tiny_args,
+            "--num_iterations",
+            "6",
+            "--eval_every",
+            "2",
+            "--save_steps",
+            "2",
+            "--spelling_eval_rows",
+            "0",
+            "--load_best_model_at_end",
+            "true",
+            "--metric_for_best_model",
+            "val_bpb",
+            "--save_total_limit",
+            "1",
+            "--output_dir",
+            str(out),
+        ]
+    )
     state = json.loads((out / "trainer_state.json").read_text())
     evals = {h["step"]: h["eval_val_bpb"] for h in state["log_history"] if "eval_val_bpb" in h and h["step"] > 0}
     best_step = min(evals, key=evals.get)
     assert state["best_model_checkpoint"] == str(out / f"checkpoint-{best_step}")
     assert (out / f"checkpoint-{best_step}" / "optimizer.rank0.safetensors").is_file()
-    final, best = load_file(str(out / "model.safetensors")), load_file(
-        str(out / f"checkpoint-{best_step}" / "model.safetensors"))
+    final, best = (
+        load_file(str(out / "model.safetensors")),
+        load_file(str(out / f"checkpoint-{best_step}" / "model.safetensors")),
+    )
     assert all(torch.equal(final[k], best[k]) for k in best)  # load_best_model_at_end: the best is the final model

@@ -12,8 +12,14 @@ from nanochat_hf.training.schedule import lr_multiplier
 
 REPO = Path(__file__).resolve().parents[2]
 SFT = str(REPO / "configs" / "sft_nanochat.yaml")
-META = {"step": 10, "model_config": {}, "max_seq_len": 64, "device_batch_size": 4, "total_batch_size": 512,
-        "user_config": {"embedding_lr": 0.3, "unembedding_lr": 0.008, "matrix_lr": 0.025, "total_batch_size": -1}}
+META = {
+    "step": 10,
+    "model_config": {},
+    "max_seq_len": 64,
+    "device_batch_size": 4,
+    "total_batch_size": 512,
+    "user_config": {"embedding_lr": 0.3, "unembedding_lr": 0.008, "matrix_lr": 0.025, "total_batch_size": -1},
+}
 
 
 def nanochat_base(tmp_path: Path, meta: dict) -> Path:
@@ -28,8 +34,19 @@ def nanochat_base(tmp_path: Path, meta: dict) -> Path:
 def test_inherits_what_is_not_given_and_says_which(tmp_path, capsys, monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     base = nanochat_base(tmp_path, META)
-    args = parse_args([SFT, "--model_source", str(base), "--matrix_lr", "0.03", "--per_device_train_batch_size", "2",
-                       "--output_dir", str(tmp_path / "out")])
+    args = parse_args(
+        [
+            SFT,
+            "--model_source",
+            str(base),
+            "--matrix_lr",
+            "0.03",
+            "--per_device_train_batch_size",
+            "2",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
     assert (args.max_seq_len, args.total_batch_size, args.embedding_lr, args.unembedding_lr) == (64, 512, 0.3, 0.008)
     assert (args.matrix_lr, args.device_batch_size, args.gradient_accumulation_steps) == (0.03, 2, 4)
     meta = base / "base_checkpoints" / "d2" / "meta_000010.json"
@@ -42,10 +59,13 @@ def test_inherits_what_is_not_given_and_says_which(tmp_path, capsys, monkeypatch
         "mid_train: matrix_lr=0.03 overrides the base checkpoint's 0.025",
     ]
     # the recipe's own settings
-    assert (args.packing, args.completion_only_loss, args.init_lr_frac, args.warmdown_ratio) == ("bestfit", True,
-                                                                                                  0.8, 0.5)
-    assert (args.eval_every, args.chatcore_every, args.eval_tokens, args.num_iterations) == (200, 200, 40 * 524288,
-                                                                                             -1)
+    assert (args.packing, args.completion_only_loss, args.init_lr_frac, args.warmdown_ratio) == (
+        "bestfit",
+        True,
+        0.8,
+        0.5,
+    )
+    assert (args.eval_every, args.chatcore_every, args.eval_tokens, args.num_iterations) == (200, 200, 40 * 524288, -1)
 
 
 def test_december_meta_and_converted_model(tmp_path, monkeypatch):
@@ -63,10 +83,13 @@ def test_december_meta_and_converted_model(tmp_path, monkeypatch):
     assert parse_args([SFT, "--model_source", str(hf)]).max_seq_len == 64
 
 
-@pytest.mark.parametrize("drop,expected", [
-    (("max_seq_len", "matrix_lr"), "meta_000010.json: no max_seq_len, matrix_lr to inherit"),
-    (("user_config",), "meta_000010.json: no embedding_lr, unembedding_lr, matrix_lr to inherit"),
-])
+@pytest.mark.parametrize(
+    "drop,expected",
+    [
+        (("max_seq_len", "matrix_lr"), "meta_000010.json: no max_seq_len, matrix_lr to inherit"),
+        (("user_config",), "meta_000010.json: no embedding_lr, unembedding_lr, matrix_lr to inherit"),
+    ],
+)
 def test_meta_without_the_fields_is_one_line(tmp_path, drop, expected):
     meta = {k: v for k, v in META.items() if k not in drop}
     if "matrix_lr" in drop:
@@ -80,33 +103,60 @@ def test_meta_without_the_fields_is_one_line(tmp_path, drop, expected):
 
 def test_nothing_to_inherit_from_is_one_line_and_all_given_needs_no_meta(monkeypatch):
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    with pytest.raises(ValueError, match=r"^inherit_from_base: model_source='demo' has no nanochat meta .* to inherit "
-                                         r"max_seq_len, device_batch_size, total_batch_size, embedding_lr, "
-                                         r"unembedding_lr, matrix_lr from; give them"):
+    with pytest.raises(
+        ValueError,
+        match=r"^inherit_from_base: model_source='demo' has no nanochat meta .* to inherit "
+        r"max_seq_len, device_batch_size, total_batch_size, embedding_lr, "
+        r"unembedding_lr, matrix_lr from; give them",
+    ):
         parse_args([SFT, "--model_source", "demo"])
-    given = ["--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256", "--embedding_lr", "0.2",
-             "--unembedding_lr", "0.004", "--matrix_lr", "0.02"]
+    given = [
+        "--max_seq_len",
+        "64",
+        "--device_batch_size",
+        "2",
+        "--total_batch_size",
+        "256",
+        "--embedding_lr",
+        "0.2",
+        "--unembedding_lr",
+        "0.004",
+        "--matrix_lr",
+        "0.02",
+    ]
     assert parse_args([SFT, "--model_source", "demo", *given]).max_seq_len == 64
 
 
 def test_demo_config_and_mixture_parse():
     args = parse_args([str(REPO / "configs" / "sft_demo.yaml")])
-    assert (args.packing, args.completion_only_loss, args.warmdown_ratio, args.init_lr_frac) == ("bestfit", True, 0.5,
-                                                                                                 0.8)
+    assert (args.packing, args.completion_only_loss, args.warmdown_ratio, args.init_lr_frac) == (
+        "bestfit",
+        True,
+        0.5,
+        0.8,
+    )
     assert not args.inherit_from_base and args.model_source == "demo"
     path = REPO / "configs" / "mixtures" / "sft_nanochat.yaml"
     seed, train, _ = read_mixture(path, "train")
     assert seed == 42 and [(t.task, t.config, t.repeat) for t in train] == [
-        ("smoltalk", None, 1), ("mmlu", "auxiliary_train", 3), ("gsm8k", "main", 4)]
+        ("smoltalk", None, 1),
+        ("mmlu", "auxiliary_train", 3),
+        ("gsm8k", "main", 4),
+    ]
     _, val, _ = read_mixture(path, "val")
-    assert [(t.task, t.split, t.stop) for t in val] == [("smoltalk", "test", None), ("mmlu", "test", 5200),
-                                                        ("gsm8k", "test", 420)]
+    assert [(t.task, t.split, t.stop) for t in val] == [
+        ("smoltalk", "test", None),
+        ("mmlu", "test", 5200),
+        ("gsm8k", "test", 420),
+    ]
 
 
 def test_bad_recipe_values_are_one_line():
-    for flags, expected in ((["--packing", "greedy"], "packing='greedy': expected stream or bestfit"),
-                            (["--warmdown_ratio", "0"], "warmdown_ratio=0.0: expected a fraction in (0, 1]"),
-                            (["--chatcore_every", "75"], "chatcore_every=75 must be a multiple of eval_every=50")):
+    for flags, expected in (
+        (["--packing", "greedy"], "packing='greedy': expected stream or bestfit"),
+        (["--warmdown_ratio", "0"], "warmdown_ratio=0.0: expected a fraction in (0, 1]"),
+        (["--chatcore_every", "75"], "chatcore_every=75 must be a multiple of eval_every=50"),
+    ):
         with pytest.raises(ValueError) as err:
             parse_args([str(REPO / "configs" / "sft_demo.yaml"), *flags])
         assert str(err.value).startswith(expected)
@@ -114,6 +164,7 @@ def test_bad_recipe_values_are_one_line():
 
 def test_december_schedule_is_bit_identical():
     """lr_multiplier is nanochat HEAD's formula; at warmdown 0.2 it is the December mid-training one, bit for bit."""
+
     def december(p):  # nanochat's mid_train.py at 790f3be
         return 1.0 if p < 0.8 else 1.0 - (p - 0.8) / 0.2
 
@@ -145,17 +196,56 @@ def test_chatcore_every_n_steps_and_at_the_end(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setattr(trainer_module, "CHATCORE_TASKS", ("SpellingBee", "ARC-Easy"))
     out, mixture = tmp_path / "out", tmp_path / "mix.yaml"
-    mixture.write_text(json.dumps({"train": {"tasks": [{"task": "simple_spelling", "size": 60, "words": "demo"}]},
-                                   "val": {"tasks": [{"task": "simple_spelling", "size": 10, "words": "demo"}]}}))
-    main([str(REPO / "configs" / "sft_demo.yaml"), "--train_mixture", str(mixture), "--val_mixture", str(mixture),
-          "--demo_depth", "1", "--max_seq_len", "64", "--device_batch_size",
-          "2", "--total_batch_size", "128", "--num_iterations", "3", "--eval_every", "2", "--eval_tokens", "128",
-          "--chatcore_every", "2", "--chatcore_max_sample", "1", "--spelling_eval_rows", "0", "--chat_eval_tasks", "",
-          "--torch_compile", "false", "--disable_tqdm", "true", "--output_dir", str(out)])
+    mixture.write_text(
+        json.dumps(
+            {
+                "train": {"tasks": [{"task": "simple_spelling", "size": 60, "words": "demo"}]},
+                "val": {"tasks": [{"task": "simple_spelling", "size": 10, "words": "demo"}]},
+            }
+        )
+    )
+    main(
+        [
+            str(REPO / "configs" / "sft_demo.yaml"),
+            "--train_mixture",
+            str(mixture),
+            "--val_mixture",
+            str(mixture),
+            "--demo_depth",
+            "1",
+            "--max_seq_len",
+            "64",
+            "--device_batch_size",
+            "2",
+            "--total_batch_size",
+            "128",
+            "--num_iterations",
+            "3",
+            "--eval_every",
+            "2",
+            "--eval_tokens",
+            "128",
+            "--chatcore_every",
+            "2",
+            "--chatcore_max_sample",
+            "1",
+            "--spelling_eval_rows",
+            "0",
+            "--chat_eval_tasks",
+            "",
+            "--torch_compile",
+            "false",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            str(out),
+        ]
+    )
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in history if "eval_chatcore" in h] == [2, 3]
     assert [h["step"] for h in history if "eval_val_bpb" in h] == [0, 2, 3]
-    assert all("eval_chatcore/SpellingBee" in h and "eval_chatcore/ARC-Easy" not in h
-               for h in history if "eval_chatcore" in h)
+    assert all(
+        "eval_chatcore/SpellingBee" in h and "eval_chatcore/ARC-Easy" not in h for h in history if "eval_chatcore" in h
+    )
     skipped = [line for line in capsys.readouterr().out.splitlines() if "ChatCORE: ARC-Easy skipped" in line]
     assert len(skipped) == 2

@@ -26,9 +26,32 @@ val:
   tasks:
     - {task: simple_spelling, split: test, size: 20, words: demo}
 """
-RUN = ["--demo_depth", "2", "--max_seq_len", "64", "--device_batch_size", "2", "--total_batch_size", "256",
-       "--save_steps", "4", "--eval_every", "4", "--eval_tokens", "512", "--spelling_eval_rows", "0",
-       "--disable_tqdm", "true", "--num_threads", "1", "--chat_eval_tasks", "", "--torch_compile", "false"]
+RUN = [
+    "--demo_depth",
+    "2",
+    "--max_seq_len",
+    "64",
+    "--device_batch_size",
+    "2",
+    "--total_batch_size",
+    "256",
+    "--save_steps",
+    "4",
+    "--eval_every",
+    "4",
+    "--eval_tokens",
+    "512",
+    "--spelling_eval_rows",
+    "0",
+    "--disable_tqdm",
+    "true",
+    "--num_threads",
+    "1",
+    "--chat_eval_tasks",
+    "",
+    "--torch_compile",
+    "false",
+]
 LOAD = """
 import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -44,14 +67,45 @@ def _launch(tmp: Path, out: Path, nproc: int, extra=()):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     cmd = [sys.executable, WORKER]
     if nproc > 1:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(29800 + os.getpid() % 1000), WORKER]
+        cmd = [
+            sys.executable,
+            "-m",
+            "accelerate.commands.launch",
+            "--multi_gpu",
+            "--num_processes",
+            str(nproc),
+            "--num_machines",
+            "1",
+            "--mixed_precision",
+            "no",
+            "--dynamo_backend",
+            "no",
+            "--main_process_port",
+            str(29800 + os.getpid() % 1000),
+            WORKER,
+        ]
     mixture = tmp / "mix.yaml"
     mixture.write_text(MIXTURE)
-    proc = subprocess.run([*cmd, str(REPO / "configs" / "sft_demo.yaml"), *RUN, "--train_mixture", str(mixture),
-                           "--val_mixture", str(mixture), "--output_dir", str(out), *extra],
-                          cwd=tmp, env=env, capture_output=True, text=True, timeout=400, check=False)
+    proc = subprocess.run(
+        [
+            *cmd,
+            str(REPO / "configs" / "sft_demo.yaml"),
+            *RUN,
+            "--train_mixture",
+            str(mixture),
+            "--val_mixture",
+            str(mixture),
+            "--output_dir",
+            str(out),
+            *extra,
+        ],
+        cwd=tmp,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=400,
+        check=False,
+    )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
 
@@ -79,8 +133,15 @@ def test_trains_one_epoch_and_loads(full_run):
     if nproc == 2:
         p0, p1 = (load_file(str(out / f"params.rank{r}.safetensors")) for r in (0, 1))
         assert all(torch.equal(p0[k], p1[k]) for k in p0)
-    load = subprocess.run([sys.executable, "-c", LOAD, str(out)], cwd=tmp, capture_output=True, text=True,
-                          timeout=120, env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"}, check=False)
+    load = subprocess.run(
+        [sys.executable, "-c", LOAD, str(out)],
+        cwd=tmp,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
     assert load.returncode == 0 and "GENERATED" in load.stdout, load.stderr[-3000:]
 
 

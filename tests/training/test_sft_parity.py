@@ -26,8 +26,11 @@ _spec.loader.exec_module(ref)
 @pytest.fixture(scope="module")
 def setup():
     conv = [ref.conversation(i) for i in range(REFERENCE["N"] + REFERENCE["V"])]
-    rows = {"input_ids": [c for c, _ in conv], "labels": [[t if m else -100 for t, m in zip(c, k)] for c, k in conv],
-            "num_tokens": [len(c) for c, _ in conv]}
+    rows = {
+        "input_ids": [c for c, _ in conv],
+        "labels": [[t if m else -100 for t, m in zip(c, k)] for c, k in conv],
+        "num_tokens": [len(c) for c, _ in conv],
+    }
     ds = Dataset.from_dict(rows)
     train, val = ds.select(range(REFERENCE["N"])), ds.select(range(REFERENCE["N"], len(ds)))
     model = NanoChatGPTForCausalLM(NanoChatGPTConfig(**REFERENCE["config"]))
@@ -73,17 +76,60 @@ def test_epoch_trajectory_equals_nanochat_chat_sft(setup, tmp_path):
         ref.weights(model.state_dict())
     B, T = REFERENCE["B"], REFERENCE["T"]
     lr = TRAJECTORY["lr"]
-    args = parse_args(["--model_source", "demo", "--max_seq_len", str(T), "--device_batch_size", str(B),
-                       "--total_batch_size", str(B * T), "--num_iterations", "-1", "--packing", "bestfit",
-                       "--init_lr_frac", str(TRAJECTORY["init_lr_frac"]),
-                       "--warmdown_ratio", str(TRAJECTORY["warmdown_ratio"]), "--embedding_lr", str(lr["embedding_lr"]),
-                       "--unembedding_lr", str(lr["unembedding_lr"]), "--matrix_lr", str(lr["matrix_lr"]),
-                       "--weight_decay", "0", "--optimizer_recipe", "2026-07", "--eval_every", "-1",
-                       "--eval_tokens", str(REFERENCE["eval_steps"] * B * T), "--torch_compile", "false",
-                       "--dtype", "float32", "--dry_run", "true", "--report_to", "none", "--disable_tqdm", "true",
-                       "--output_dir", str(tmp_path / "out")])
-    trainer = Trainer(model=model, args=args, processing_class=demo_tokenizer(), train_dataset=train,
-                      eval_dataset=val, token_bytes=ref.token_bytes())
+    args = parse_args(
+        [
+            "--model_source",
+            "demo",
+            "--max_seq_len",
+            str(T),
+            "--device_batch_size",
+            str(B),
+            "--total_batch_size",
+            str(B * T),
+            "--num_iterations",
+            "-1",
+            "--packing",
+            "bestfit",
+            "--init_lr_frac",
+            str(TRAJECTORY["init_lr_frac"]),
+            "--warmdown_ratio",
+            str(TRAJECTORY["warmdown_ratio"]),
+            "--embedding_lr",
+            str(lr["embedding_lr"]),
+            "--unembedding_lr",
+            str(lr["unembedding_lr"]),
+            "--matrix_lr",
+            str(lr["matrix_lr"]),
+            "--weight_decay",
+            "0",
+            "--optimizer_recipe",
+            "2026-07",
+            "--eval_every",
+            "-1",
+            "--eval_tokens",
+            str(REFERENCE["eval_steps"] * B * T),
+            "--torch_compile",
+            "false",
+            "--dtype",
+            "float32",
+            "--dry_run",
+            "true",
+            "--report_to",
+            "none",
+            "--disable_tqdm",
+            "true",
+            "--output_dir",
+            str(tmp_path / "out"),
+        ]
+    )
+    trainer = Trainer(
+        model=model,
+        args=args,
+        processing_class=demo_tokenizer(),
+        train_dataset=train,
+        eval_dataset=val,
+        token_bytes=ref.token_bytes(),
+    )
     bpb0 = trainer.evaluate()["eval_val_bpb"]
     trainer.train()
     bpb1 = trainer.evaluate()["eval_val_bpb"]

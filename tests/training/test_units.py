@@ -11,7 +11,6 @@ import torch
 import yaml
 
 from nanochat_hf.training.arguments import DEMO_CONFIG, MidTrainingArguments, parse_args
-from nanochat_hf.training.schedule import lr_multiplier, muon_momentum, nanochat_scheduler, steps_progress
 from nanochat_hf.training.checkpoint_io import (
     load_optimizer_state,
     load_rng_state,
@@ -19,12 +18,15 @@ from nanochat_hf.training.checkpoint_io import (
     save_rng_state,
 )
 from nanochat_hf.training.evaluation import ExactMatch, evaluate_bpb
+from nanochat_hf.training.schedule import lr_multiplier, muon_momentum, nanochat_scheduler, steps_progress
 
 
 def test_yaml_then_cli_override(tmp_path):
     cfg = tmp_path / "c.yaml"
-    cfg.write_text("model_source: demo\ndevice_batch_size: 4\nmax_seq_len: 128\ntotal_batch_size: 2048\n"
-                   "matrix_lr: 0.01\neval_every: 7\nnum_iterations: 12\n")
+    cfg.write_text(
+        "model_source: demo\ndevice_batch_size: 4\nmax_seq_len: 128\ntotal_batch_size: 2048\n"
+        "matrix_lr: 0.01\neval_every: 7\nnum_iterations: 12\n"
+    )
     args = parse_args([str(cfg), "--device_batch_size", "2"])
     assert (args.device_batch_size, args.max_seq_len, args.matrix_lr) == (2, 128, 0.01)
     assert args.gradient_accumulation_steps == 2048 // (2 * 128)
@@ -73,19 +75,22 @@ def test_the_issue_example_gives_what_was_asked_or_says_why_not():
     assert parse_args(["--model_source", "demo", "--eval_steps", "5"]).eval_steps == 5
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--max_steps", "5", "--num_iterations", "6"], "num_iterations=6 and max_steps=5 conflict"),
-    (["--device_batch_size", "4", "--per_device_train_batch_size", "2"], "device_batch_size=4 and per_device"),
-    (["--eval_every", "3", "--eval_steps", "4"], "eval_every=3 and eval_steps=4 conflict"),
-    (["--bf16", "true", "--dtype", "float32"], "dtype=float32 and bf16=True conflict"),
-    (["--gradient_accumulation_steps", "3"], "gradient_accumulation_steps=3 conflicts with total_batch_size"),
-    (["--per_device_eval_batch_size", "3"], "validation uses device_batch_size"),
-    (["--optim", "adamw_torch"], "optim=adamw_torch is not used"),
-    (["--warmup_steps", "10"], "no LR warm-up"),
-    (["--adam_beta2", "0.99"], "(0.8, 0.95)"),
-    (["--num_train_epochs", "2"], "use num_iterations"),
-    (["--dataloader_num_workers", "2"], "main process"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--max_steps", "5", "--num_iterations", "6"], "num_iterations=6 and max_steps=5 conflict"),
+        (["--device_batch_size", "4", "--per_device_train_batch_size", "2"], "device_batch_size=4 and per_device"),
+        (["--eval_every", "3", "--eval_steps", "4"], "eval_every=3 and eval_steps=4 conflict"),
+        (["--bf16", "true", "--dtype", "float32"], "dtype=float32 and bf16=True conflict"),
+        (["--gradient_accumulation_steps", "3"], "gradient_accumulation_steps=3 conflicts with total_batch_size"),
+        (["--per_device_eval_batch_size", "3"], "validation uses device_batch_size"),
+        (["--optim", "adamw_torch"], "optim=adamw_torch is not used"),
+        (["--warmup_steps", "10"], "no LR warm-up"),
+        (["--adam_beta2", "0.99"], "(0.8, 0.95)"),
+        (["--num_train_epochs", "2"], "use num_iterations"),
+        (["--dataloader_num_workers", "2"], "main process"),
+    ],
+)
 def test_conflicts_and_unused_fields_are_refused(argv, message):
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
         parse_args(argv)
@@ -94,8 +99,17 @@ def test_conflicts_and_unused_fields_are_refused(argv, message):
 def test_demo_defaults_with_or_without_model_source_demo_and_no_side_effects():
     threads = torch.get_num_threads()
     plain, demo = parse_args([]), parse_args(["--model_source", "demo"])
-    for name in ("max_seq_len", "device_batch_size", "total_batch_size", "eval_every", "eval_tokens", "demo_depth",
-                 "gradient_accumulation_steps", "per_device_train_batch_size", "eval_steps"):
+    for name in (
+        "max_seq_len",
+        "device_batch_size",
+        "total_batch_size",
+        "eval_every",
+        "eval_tokens",
+        "demo_depth",
+        "gradient_accumulation_steps",
+        "per_device_train_batch_size",
+        "eval_steps",
+    ):
         assert getattr(plain, name) == getattr(demo, name), name
     assert (demo.device_batch_size, demo.max_seq_len) == (8, 256)
     # the demo runs nanochat's chat eval on SpellingBee (offline); the library default runs none
@@ -153,8 +167,9 @@ def test_stream_progress_is_nanochats_cursor(world, grad_accum):
 
     rng = random.Random(world * 10 + grad_accum)
     lengths = [rng.randint(3, 40) for _ in range(101)]
-    ds = Dataset.from_dict({"input_ids": [[1] * n for n in lengths], "labels": [[1] * n for n in lengths],
-                            "num_tokens": lengths})
+    ds = Dataset.from_dict(
+        {"input_ids": [[1] * n for n in lengths], "labels": [[1] * n for n in lengths], "num_tokens": lengths}
+    )
     stream = PackedStream(ds, max_seq_len=8, device_batch_size=2, rank=world - 1, world_size=world)
     steps = stream.epoch_steps(grad_accum) + 2  # into the next epoch, where the max keeps the pre-wrap value
     expected = _reference_progress(lengths, world, grad_accum, 17, steps)
@@ -191,8 +206,8 @@ def test_exact_match_metric():
 
 
 def test_optimizer_state_roundtrip(tmp_path):
-    from nanochat_hf.optim import build_optimizer
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+    from nanochat_hf.optim import build_optimizer
 
     model = NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=64, n_layer=1, n_head=1, n_kv_head=1, n_embd=64))
     opt = build_optimizer(model)
@@ -202,8 +217,9 @@ def test_optimizer_state_roundtrip(tmp_path):
     save_optimizer_state(sd, tmp_path / "o.safetensors")
     back = load_optimizer_state(tmp_path / "o.safetensors")
     assert back["param_groups"] == sd["param_groups"]
-    assert {k: v for k, v in back.items() if k not in ("state", "param_groups")} == \
-        {k: v for k, v in sd.items() if k not in ("state", "param_groups")}
+    assert {k: v for k, v in back.items() if k not in ("state", "param_groups")} == {
+        k: v for k, v in sd.items() if k not in ("state", "param_groups")
+    }
     for pid, st in sd["state"].items():
         for key, value in st.items():
             got = back["state"][pid][key]

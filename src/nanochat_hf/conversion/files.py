@@ -32,18 +32,21 @@ def check_positive_ints(fields: dict, required: tuple[str, ...], optional: tuple
             raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
 
 
-def check_state_dict(state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], weights: Path,
-                     config_source: Path) -> None:
+def check_state_dict(
+    state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], weights: Path, config_source: Path
+) -> None:
     """Raise a one-line ValueError naming `weights` if its keys or shapes are not `expected` (the tensors of the
     config read from `config_source`)."""
     missing = [k for k in expected if k not in state_dict]
     unexpected = sorted(state_dict.keys() - expected.keys())
     if missing:
-        raise ValueError(f"{weights}: missing {len(missing)} tensor(s) {config_source.name} implies, e.g. "
-                         f"{missing[0]!r}")
+        raise ValueError(
+            f"{weights}: missing {len(missing)} tensor(s) {config_source.name} implies, e.g. {missing[0]!r}"
+        )
     if unexpected:
-        raise ValueError(f"{weights}: {len(unexpected)} tensor(s) {config_source.name} does not imply, e.g. "
-                         f"{unexpected[0]!r}")
+        raise ValueError(
+            f"{weights}: {len(unexpected)} tensor(s) {config_source.name} does not imply, e.g. {unexpected[0]!r}"
+        )
     for key, shape in expected.items():
         got = tuple(state_dict[key].shape)
         if got != shape:
@@ -61,8 +64,14 @@ def common_dtype(state_dict: dict[str, torch.Tensor]) -> torch.dtype:
 def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
     if dtype is None or isinstance(dtype, torch.dtype):
         return dtype
-    allowed = {"bfloat16": torch.bfloat16, "bf16": torch.bfloat16, "float32": torch.float32, "fp32": torch.float32,
-               "float16": torch.float16, "fp16": torch.float16}
+    allowed = {
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in allowed:
         raise ValueError(f"dtype must be one of {sorted(allowed)}, got {dtype!r}")
     return allowed[dtype]
@@ -89,11 +98,15 @@ def check_output(output: Path, sources: list[Path], overwrite: bool, may_hold_ot
         return
     for source in sources:
         if relation := _relation(output, source):
-            raise FileExistsError(f"{output}: --output {relation} the source {source}; choose another directory "
-                                  "(or pass --overwrite to add the converted files there; source files are kept)")
+            raise FileExistsError(
+                f"{output}: --output {relation} the source {source}; choose another directory "
+                "(or pass --overwrite to add the converted files there; source files are kept)"
+            )
     if not may_hold_other_files and output.is_dir() and any(output.iterdir()):
-        raise FileExistsError(f"{output}: --output is not empty; choose a new directory (or pass --overwrite to "
-                              "replace the files this command writes; other files are kept)")
+        raise FileExistsError(
+            f"{output}: --output is not empty; choose a new directory (or pass --overwrite to "
+            "replace the files this command writes; other files are kept)"
+        )
 
 
 def files_in(*directories: Path) -> list[Path]:

@@ -56,13 +56,24 @@ GENERATIONS = (
 )
 BY_NAME = {g.name: g for g in GENERATIONS}
 # the fields that tell generations apart (G0's values are the config defaults); ve_gate_* only with value_embeddings
-_GENERATION_FIELDS = ("residual_lambdas", "value_embeddings", "ve_gate_channels", "ve_gate_scale", "qk_scale",
-                      "rope_theta", "smear", "backout", "final_logit_softcapping")
+_GENERATION_FIELDS = (
+    "residual_lambdas",
+    "value_embeddings",
+    "ve_gate_channels",
+    "ve_gate_scale",
+    "qk_scale",
+    "rope_theta",
+    "smear",
+    "backout",
+    "final_logit_softcapping",
+)
 
 # every tensor name any generation writes ({i}: a layer); anything else is refused
-_KNOWN_KEYS = re.compile(r"transformer\.wte\.weight|lm_head\.weight|resid_lambdas|x0_lambdas|smear_gate\.weight|"
-                         r"smear_lambda|backout_lambda|value_embeds\.\d+\.weight|"
-                         r"transformer\.h\.\d+\.(attn\.(c_q|c_k|c_v|c_proj|ve_gate)|mlp\.(c_fc|c_proj))\.weight")
+_KNOWN_KEYS = re.compile(
+    r"transformer\.wte\.weight|lm_head\.weight|resid_lambdas|x0_lambdas|smear_gate\.weight|"
+    r"smear_lambda|backout_lambda|value_embeds\.\d+\.weight|"
+    r"transformer\.h\.\d+\.(attn\.(c_q|c_k|c_v|c_proj|ve_gate)|mlp\.(c_fc|c_proj))\.weight"
+)
 _VE_KEY = re.compile(r"value_embeds\.(\d+)\.weight")
 _GATE_KEY = re.compile(r"transformer\.h\.(\d+)\.attn\.ve_gate\.weight")
 _SMEAR_KEYS = ("smear_gate.weight", "smear_lambda", "backout_lambda")
@@ -93,8 +104,14 @@ def nanochat_shapes(config: NanoChatGPTConfig) -> dict[str, tuple[int, ...]]:
     ve_layers = config.value_embedding_layers
     for i in range(n_layer):
         p = f"transformer.h.{i}."
-        shapes.update({p + "attn.c_q.weight": (d, d), p + "attn.c_k.weight": (kv, d), p + "attn.c_v.weight": (kv, d),
-                       p + "attn.c_proj.weight": (d, d)})
+        shapes.update(
+            {
+                p + "attn.c_q.weight": (d, d),
+                p + "attn.c_k.weight": (kv, d),
+                p + "attn.c_v.weight": (kv, d),
+                p + "attn.c_proj.weight": (d, d),
+            }
+        )
         if i in ve_layers:
             shapes[p + "attn.ve_gate.weight"] = (config.n_kv_head, config.ve_gate_channels)
         shapes.update({p + "mlp.c_fc.weight": (4 * d, d), p + "mlp.c_proj.weight": (d, 4 * d)})
@@ -110,8 +127,9 @@ def hf_names(config: NanoChatGPTConfig) -> dict[str, str]:
     parameter that nanochat's GPT holds beside ``transformer`` (resid_lambdas, value_embeds.<i>, smear_gate...)."""
     with torch.device("meta"):
         ours = set(NanoChatGPTForCausalLM(config).state_dict())
-    return {k: f"transformer.{k}" if k not in ours and f"transformer.{k}" in ours else k
-            for k in nanochat_shapes(config)}
+    return {
+        k: f"transformer.{k}" if k not in ours and f"transformer.{k}" in ours else k for k in nanochat_shapes(config)
+    }
 
 
 def nanochat_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
@@ -123,8 +141,10 @@ def nanochat_dtype(key: str, dtype: torch.dtype) -> torch.dtype:
 
 # ------------------------------------------------------------------------------------- sliding windows
 
-def layer_windows(generation: Generation, pattern: str, sequence_len: int, n_layer: int
-                  ) -> tuple[list[str], int | None]:
+
+def layer_windows(
+    generation: Generation, pattern: str, sequence_len: int, n_layer: int
+) -> tuple[list[str], int | None]:
     """(layer_types, sliding_window) for nanochat's ``window_pattern``: the pattern tiled over the layers, the last
     layer always "L"; an "S" layer sees its short window plus itself (FlashAttention's ``window_size=(w, 0)``). A
     short window reaching across the whole context (small sequence_len) is full attention there."""
@@ -140,13 +160,16 @@ def layer_windows(generation: Generation, pattern: str, sequence_len: int, n_lay
 
 def _check_pattern(pattern: object, where: str) -> str:
     if not isinstance(pattern, str) or not pattern or not set(pattern.upper()) <= {"S", "L"}:
-        raise ValueError(f"{where}: model_config.window_pattern must be a non-empty string of S and L (nanochat's "
-                         f"short and long windows), got {pattern!r}")
+        raise ValueError(
+            f"{where}: model_config.window_pattern must be a non-empty string of S and L (nanochat's "
+            f"short and long windows), got {pattern!r}"
+        )
     return pattern
 
 
-def window_pattern_of(config: NanoChatGPTConfig, generation: Generation, preferred: str | None,
-                      config_path: Path) -> str:
+def window_pattern_of(
+    config: NanoChatGPTConfig, generation: Generation, preferred: str | None, config_path: Path
+) -> str:
     """A ``window_pattern`` under which nanochat's loader builds the layers of `config`: `preferred` (the source
     meta's) when it does, else the shortest that does. One-line ValueError when none can (a window nanochat
     would not compute for this sequence_len)."""
@@ -154,20 +177,28 @@ def window_pattern_of(config: NanoChatGPTConfig, generation: Generation, preferr
     if "sliding_attention" in types:
         short = generation.short_window(seq)
         if window - 1 >= seq:
-            raise ValueError(f"{config_path}: sliding_window {window} is larger than sequence_len {seq}: nanochat's "
-                             f"short window is {short} keys before the query for this sequence_len")
+            raise ValueError(
+                f"{config_path}: sliding_window {window} is larger than sequence_len {seq}: nanochat's "
+                f"short window is {short} keys before the query for this sequence_len"
+            )
         if window != short + 1:
-            raise ValueError(f"{config_path}: sliding_window {window} is not nanochat's {generation.name} short window "
-                             f"for sequence_len {seq} ({short} keys before the query, sliding_window {short + 1})")
+            raise ValueError(
+                f"{config_path}: sliding_window {window} is not nanochat's {generation.name} short window "
+                f"for sequence_len {seq} ({short} keys before the query, sliding_window {short + 1})"
+            )
         if types[-1] != "full_attention":
-            raise ValueError(f"{config_path}: layer_types ends with 'sliding_attention'; nanochat's last layer "
-                             f"always attends to the whole context")
-    candidates = ([preferred] if preferred else []) + ["".join("S" if t == "sliding_attention" else "L" for t in
-                                                               types[:n]) for n in range(1, len(types) + 1)]
+            raise ValueError(
+                f"{config_path}: layer_types ends with 'sliding_attention'; nanochat's last layer "
+                f"always attends to the whole context"
+            )
+    candidates = ([preferred] if preferred else []) + [
+        "".join("S" if t == "sliding_attention" else "L" for t in types[:n]) for n in range(1, len(types) + 1)
+    ]
     return next(p for p in candidates if layer_windows(generation, p, seq, config.n_layer)[0] == types)
 
 
 # ------------------------------------------------------------------------------------- nanochat -> config
+
 
 def _parent_pattern(checkpoint_dir: Path, model_config: dict) -> tuple[str, Path] | None:
     """window_pattern of the base checkpoint a mid/SFT/RL checkpoint was trained from
@@ -189,10 +220,15 @@ def _parent_pattern(checkpoint_dir: Path, model_config: dict) -> tuple[str, Path
 def _generation_of_keys(keys: set[str], shapes: dict[str, tuple[int, ...]], model_path: Path) -> Generation:
     unknown = sorted(k for k in keys if not _KNOWN_KEYS.fullmatch(k))
     if unknown:
-        hint = (" (the bigram/engram experiment of nanochat 59e36cc..74554be, reverted before any release)"
-                if any(k.startswith("bigram") for k in unknown) else "")
-        raise ValueError(f"{model_path}: tensor(s) of no nanochat model generation G0-G5: {', '.join(unknown[:6])}"
-                         f"{' ...' if len(unknown) > 6 else ''}{hint}")
+        hint = (
+            " (the bigram/engram experiment of nanochat 59e36cc..74554be, reverted before any release)"
+            if any(k.startswith("bigram") for k in unknown)
+            else ""
+        )
+        raise ValueError(
+            f"{model_path}: tensor(s) of no nanochat model generation G0-G5: {', '.join(unknown[:6])}"
+            f"{' ...' if len(unknown) > 6 else ''}{hint}"
+        )
     lambdas = [k for k in ("resid_lambdas", "x0_lambdas") if k in keys]
     smear = [k for k in _SMEAR_KEYS if k in keys]
     ve = sorted(k for k in keys if _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k))
@@ -200,12 +236,16 @@ def _generation_of_keys(keys: set[str], shapes: dict[str, tuple[int, ...]], mode
         other = "x0_lambdas" if lambdas[0] == "resid_lambdas" else "resid_lambdas"
         raise ValueError(f"{model_path}: has {lambdas[0]} but not {other} (nanochat writes both from aa530cd on)")
     if smear and len(smear) < len(_SMEAR_KEYS):
-        raise ValueError(f"{model_path}: has {smear[0]} but not {next(k for k in _SMEAR_KEYS if k not in keys)} "
-                         "(nanochat writes smear_gate, smear_lambda and backout_lambda together from a825e63 on)")
+        raise ValueError(
+            f"{model_path}: has {smear[0]} but not {next(k for k in _SMEAR_KEYS if k not in keys)} "
+            "(nanochat writes smear_gate, smear_lambda and backout_lambda together from a825e63 on)"
+        )
     later = smear[:1] or ve[:1]
     if later and not lambdas:
-        raise ValueError(f"{model_path}: has {later[0]} but no resid_lambdas/x0_lambdas: no nanochat generation has "
-                         "one without the other")
+        raise ValueError(
+            f"{model_path}: has {later[0]} but no resid_lambdas/x0_lambdas: no nanochat generation has "
+            "one without the other"
+        )
     if smear and not ve:
         raise ValueError(f"{model_path}: has {smear[0]} (G5) but no value_embeds.*: G5 models have value embeddings")
     if not ve:
@@ -215,8 +255,10 @@ def _generation_of_keys(keys: set[str], shapes: dict[str, tuple[int, ...]], mode
     if gate is None:
         raise ValueError(f"{model_path}: has {ve[0]} but no transformer.h.<i>.attn.ve_gate.weight (G3 on)")
     if widths not in ({32}, {12}):
-        raise ValueError(f"{model_path}: {gate} has shape {tuple(shapes[gate])}: nanochat's ve_gate reads 32 "
-                         "channels (G3, a91743c) or 12 (G4 6ed7d1d, G5 a825e63)")
+        raise ValueError(
+            f"{model_path}: {gate} has shape {tuple(shapes[gate])}: nanochat's ve_gate reads 32 "
+            "channels (G3, a91743c) or 12 (G4 6ed7d1d, G5 a825e63)"
+        )
     if smear:
         if widths == {32}:
             raise ValueError(f"{model_path}: {gate} reads 32 channels (G3) but {smear[0]} is G5's (12 channels)")
@@ -236,8 +278,9 @@ def model_config_of(meta: dict, meta_path: Path) -> dict:
     return model_config
 
 
-def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: Path, meta_path: Path
-           ) -> NanoChatGPTConfig:
+def detect(
+    state_dict: dict[str, torch.Tensor], model_config: dict, model_path: Path, meta_path: Path
+) -> NanoChatGPTConfig:
     """Our config of a nanochat checkpoint (keys without ``_orig_mod.``), from its tensor names
     and meta's `model_config` (checked by ``model_config_of``); the window pattern from the meta, else from the
     parent base checkpoint's meta, else "L" (as nanochat's own loader assumes) with a one-line warning. Raises a
@@ -249,19 +292,28 @@ def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: 
     if pattern is not None:
         _check_pattern(pattern, str(meta_path))
         if generation.name == "G0":
-            raise ValueError(f"{meta_path}: model_config.window_pattern is set but {model_path.name} has no "
-                             "resid_lambdas/x0_lambdas: nanochat writes window_pattern only for models that have "
-                             "them (fbc1484 on)")
+            raise ValueError(
+                f"{meta_path}: model_config.window_pattern is set but {model_path.name} has no "
+                "resid_lambdas/x0_lambdas: nanochat writes window_pattern only for models that have "
+                "them (fbc1484 on)"
+            )
     elif generation.name != "G0":
         found = _parent_pattern(model_path.parent, model_config)
         if found:
             pattern = found[0]
-            logger.warning("%s: no model_config.window_pattern; using %r from the parent base checkpoint %s",
-                           meta_path, pattern, found[1])
+            logger.warning(
+                "%s: no model_config.window_pattern; using %r from the parent base checkpoint %s",
+                meta_path,
+                pattern,
+                found[1],
+            )
         elif not (generation.name == "G1" and model_path.parent.parent.name == "base_checkpoints"):
             pattern = "L"  # (a G1 base checkpoint without one predates windows: nothing to assume)
-            logger.warning("%s: no model_config.window_pattern and no parent base checkpoint meta with one: assumed "
-                           "'L' (every layer attends to the whole context), as nanochat's own loader does", meta_path)
+            logger.warning(
+                "%s: no model_config.window_pattern and no parent base checkpoint meta with one: assumed "
+                "'L' (every layer attends to the whole context), as nanochat's own loader does",
+                meta_path,
+            )
     if generation.name == "G1" and pattern is not None:
         generation = BY_NAME["G2"]  # G1's keys, and a window pattern: G2 (the same model when the pattern is "L")
     seq, n_layer = model_config["sequence_len"], model_config["n_layer"]
@@ -270,21 +322,32 @@ def detect(state_dict: dict[str, torch.Tensor], model_config: dict, model_path: 
     vocab = model_config["vocab_size"]
     pad = PAD_VOCAB_SIZE_TO if generation.name != "G0" or rows != vocab else 1  # G0 before bc51da8: unpadded
     try:
-        config = NanoChatGPTConfig(**{k: model_config[k] for k in NANOCHAT_CONFIG_KEYS}, **generation.fields,
-                                   pad_vocab_size_to=pad, layer_types=layer_types, sliding_window=sliding_window)
+        config = NanoChatGPTConfig(
+            **{k: model_config[k] for k in NANOCHAT_CONFIG_KEYS},
+            **generation.fields,
+            pad_vocab_size_to=pad,
+            layer_types=layer_types,
+            sliding_window=sliding_window,
+        )
     except ValueError as e:
         raise ValueError(f"{meta_path}: {e}") from None
     ve_layers = sorted(int(m.group(1)) for k in state_dict if (m := _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k)))
     wrong = [i for i in ve_layers if i not in config.value_embedding_layers]
     if wrong:
-        key = next(k for k in state_dict if (m := _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k))
-                   and int(m.group(1)) == wrong[0])
-        raise ValueError(f"{model_path}: {key} is on layer {wrong[0]}, but nanochat puts value embeddings on layers "
-                         f"{config.value_embedding_layers} of {n_layer} (i % 2 == (n_layer - 1) % 2)")
+        key = next(
+            k
+            for k in state_dict
+            if (m := _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k)) and int(m.group(1)) == wrong[0]
+        )
+        raise ValueError(
+            f"{model_path}: {key} is on layer {wrong[0]}, but nanochat puts value embeddings on layers "
+            f"{config.value_embedding_layers} of {n_layer} (i % 2 == (n_layer - 1) % 2)"
+        )
     return config
 
 
 # ------------------------------------------------------------------------------------- config -> nanochat
+
 
 def generation_of(config: NanoChatGPTConfig, config_path: Path) -> Generation:
     """The nanochat generation whose model `config` describes (G1 for G1's fields without a sliding layer: the
@@ -300,13 +363,17 @@ def generation_of(config: NanoChatGPTConfig, config_path: Path) -> Generation:
             break  # G0 with sliding layers
         padded = -(-config.vocab_size // PAD_VOCAB_SIZE_TO) * PAD_VOCAB_SIZE_TO
         if config.padded_vocab_size != padded and (generation.name != "G0" or config.pad_vocab_size_to != 1):
-            raise ValueError(f"{config_path}: pad_vocab_size_to {config.pad_vocab_size_to}: nanochat pads the "
-                             f"vocabulary to a multiple of {PAD_VOCAB_SIZE_TO} ({generation.name})")
+            raise ValueError(
+                f"{config_path}: pad_vocab_size_to {config.pad_vocab_size_to}: nanochat pads the "
+                f"vocabulary to a multiple of {PAD_VOCAB_SIZE_TO} ({generation.name})"
+            )
         return generation
     g0 = _generation_fields(GENERATIONS[0])
     differ = ", ".join(f"{k}={v!r}" for k, v in fields.items() if v != g0.get(k)) or "none"
-    raise ValueError(f"{config_path}: no nanochat generation (G0-G5) has these fields: {differ}"
-                     f"{', sliding layers' if windowed else ''}")
+    raise ValueError(
+        f"{config_path}: no nanochat generation (G0-G5) has these fields: {differ}"
+        f"{', sliding layers' if windowed else ''}"
+    )
 
 
 def meta_model_config(config: NanoChatGPTConfig, window_pattern: str | None) -> dict:

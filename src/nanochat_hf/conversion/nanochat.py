@@ -40,13 +40,18 @@ from .generations import (
 from .native import config_from_native, native_to_nanochat_names
 from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
 
-SOURCE_FOLDERS = {"base": "base_checkpoints", "mid": "mid_checkpoints", "sft": "chatsft_checkpoints",
-                  "rl": "chatrl_checkpoints"}
+SOURCE_FOLDERS = {
+    "base": "base_checkpoints",
+    "mid": "mid_checkpoints",
+    "sft": "chatsft_checkpoints",
+    "rl": "chatrl_checkpoints",
+}
 NANOCHAT_META_FILE = "nanochat_meta.json"  # the source meta, kept beside a converted model (step, user_config...)
 _MODEL_FILE = re.compile(r"model_(\d+)\.pt")
 
 
 # ---------------------------------------------------------------- locating and reading nanochat checkpoints
+
 
 def available_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
     checkpoint_dir = Path(checkpoint_dir)
@@ -55,8 +60,12 @@ def available_steps(checkpoint_dir: str | os.PathLike) -> list[int]:
     return sorted(int(m.group(1)) for p in checkpoint_dir.iterdir() if (m := _MODEL_FILE.fullmatch(p.name)))
 
 
-def find_nanochat_checkpoint(base_dir: str | os.PathLike | None = None, source: str = "base",
-                             model_tag: str | None = None, step: int | None = None) -> tuple[Path, int]:
+def find_nanochat_checkpoint(
+    base_dir: str | os.PathLike | None = None,
+    source: str = "base",
+    model_tag: str | None = None,
+    step: int | None = None,
+) -> tuple[Path, int]:
     """(checkpoint_dir, step) in nanochat's layout: ``<base>/<source>_checkpoints/<tag>/model_<step:06d>.pt``.
 
     Defaults as nanochat: base ``$NANOCHAT_BASE_DIR`` or ``~/.cache/nanochat``, the largest ``d<N>`` model tag
@@ -88,8 +97,9 @@ def nanochat_tokenizer_dir(checkpoint_dir: str | os.PathLike) -> Path:
     return Path(checkpoint_dir).resolve().parent.parent / "tokenizer"
 
 
-def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None = None
-                             ) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig, dict, int]:
+def read_nanochat_checkpoint(
+    checkpoint_dir: str | os.PathLike, step: int | None = None
+) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig, dict, int]:
     """(state_dict without ``_orig_mod.``, config, meta, step), validated: the keys are those of one nanochat
     generation (G0-G5), and fit meta's config; tensors keep their stored dtypes."""
     checkpoint_dir = Path(checkpoint_dir)
@@ -108,8 +118,10 @@ def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None
     try:
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 -- any failure here means a corrupt or foreign file
-        raise ValueError(f"{model_path}: cannot be read by torch.load(weights_only=True) ({type(e).__name__}: "
-                         f"{str(e).splitlines()[0] if str(e) else ''})") from None
+        raise ValueError(
+            f"{model_path}: cannot be read by torch.load(weights_only=True) ({type(e).__name__}: "
+            f"{str(e).splitlines()[0] if str(e) else ''})"
+        ) from None
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
         raise ValueError(f"{model_path}: expected a state dict of tensors, got {type(state_dict).__name__}")
     state_dict = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
@@ -121,8 +133,10 @@ def read_nanochat_checkpoint(checkpoint_dir: str | os.PathLike, step: int | None
 def _load_tokenizer(tokenizer_dir: str | os.PathLike, config: NanoChatGPTConfig, trust_pickle: bool):
     tokenizer = load_nanochat_tokenizer(tokenizer_dir, trust_pickle=trust_pickle)
     if len(tokenizer) != config.vocab_size:
-        raise ValueError(f"{Path(tokenizer_dir) / 'tokenizer.pkl'}: tokenizer has {len(tokenizer)} tokens but the "
-                         f"model's vocab_size is {config.vocab_size}")
+        raise ValueError(
+            f"{Path(tokenizer_dir) / 'tokenizer.pkl'}: tokenizer has {len(tokenizer)} tokens but the "
+            f"model's vocab_size is {config.vocab_size}"
+        )
     tokenizer.model_max_length = config.sequence_len  # saved beside the model: its context length
     return tokenizer
 
@@ -132,15 +146,21 @@ def _set_special_ids(config: NanoChatGPTConfig, tokenizer: PreTrainedTokenizerBa
     config.bos_token_id = tokenizer.convert_tokens_to_ids(BOS_TOKEN)
     config.eos_token_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     config.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else config.bos_token_id
-    return GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id,
-                            pad_token_id=config.pad_token_id)
+    return GenerationConfig(
+        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id
+    )
 
 
 # ---------------------------------------------------------------- nanochat -> Hugging Face
 
-def load_from_nanochat(checkpoint_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike, step: int | None = None,
-                       trust_pickle: bool = False, dtype: str | torch.dtype | None = torch.float32
-                       ) -> tuple[NanoChatGPTForCausalLM, PreTrainedTokenizerBase]:
+
+def load_from_nanochat(
+    checkpoint_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    step: int | None = None,
+    trust_pickle: bool = False,
+    dtype: str | torch.dtype | None = torch.float32,
+) -> tuple[NanoChatGPTForCausalLM, PreTrainedTokenizerBase]:
     """A nanochat checkpoint as an in-memory (model, tokenizer); weights cast to `dtype` (None: as stored, or
     float32 when mixed)."""
     state_dict, config, _, _ = read_nanochat_checkpoint(checkpoint_dir, step)
@@ -155,9 +175,15 @@ def load_from_nanochat(checkpoint_dir: str | os.PathLike, tokenizer_dir: str | o
     return model.eval(), tokenizer  # eval mode, as from_pretrained returns it
 
 
-def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLike, tokenizer_dir: str | os.PathLike,
-                  step: int | None = None, dtype: str | torch.dtype | None = None, trust_pickle: bool = False,
-                  overwrite: bool = False) -> Path:
+def from_nanochat(
+    checkpoint_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    tokenizer_dir: str | os.PathLike,
+    step: int | None = None,
+    dtype: str | torch.dtype | None = None,
+    trust_pickle: bool = False,
+    overwrite: bool = False,
+) -> Path:
     """Convert a nanochat checkpoint + tokenizer to a Hugging Face directory (safetensors, config with auto_map and
     code files, tokenizer with chat template, generation config). `dtype` None keeps the stored dtypes.
 
@@ -183,6 +209,7 @@ def from_nanochat(checkpoint_dir: str | os.PathLike, output_dir: str | os.PathLi
 
 
 # ---------------------------------------------------------------- Hugging Face -> nanochat
+
 
 def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     """All tensors of a Hugging Face directory (model.safetensors, or shards listed in the index)."""
@@ -217,15 +244,21 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
     raw = read_json(config_path)
     model_type = raw.get("model_type")
     if model_type == NanoChatGPTConfig.model_type:
-        check_positive_ints(raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",),
-                            str(config_path))
+        check_positive_ints(
+            raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",), str(config_path)
+        )
     elif model_type == "nanochat":
-        check_positive_ints(raw, ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
-                            ("num_key_value_heads", "max_position_embeddings", "intermediate_size"), str(config_path))
+        check_positive_ints(
+            raw,
+            ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
+            ("num_key_value_heads", "max_position_embeddings", "intermediate_size"),
+            str(config_path),
+        )
     try:
         if model_type == NanoChatGPTConfig.model_type:
             config = NanoChatGPTConfig.from_dict(
-                {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")})
+                {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")}
+            )
         elif model_type == "nanochat":
             config = config_from_native(raw)
         else:
@@ -251,8 +284,13 @@ def _default_step(model_dir: Path) -> int:
     return 0
 
 
-def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, step: int | None = None,
-                tokenizer_output_dir: str | os.PathLike | None = None, overwrite: bool = False) -> Path:
+def to_nanochat(
+    model_dir: str | os.PathLike,
+    output_dir: str | os.PathLike,
+    step: int | None = None,
+    tokenizer_output_dir: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> Path:
     """Write ``model_<step:06d>.pt`` + ``meta_<step:06d>.json`` into `output_dir` (other files there are kept), and
     the tokenizer as nanochat's ``tokenizer.pkl`` + ``token_bytes.pt`` into `tokenizer_output_dir` (default: where
     nanochat reads it, ``<base>/tokenizer`` for an `output_dir` ``<base>/<source>_checkpoints/<tag>``).
@@ -266,9 +304,11 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     has_tokenizer = (model_dir / "tokenizer.json").is_file()
     if has_tokenizer and tokenizer_output_dir is None and not output_dir.resolve().parent.name.endswith("_checkpoints"):
-        raise ValueError(f"{output_dir}: --output is not a nanochat checkpoint folder <base>/<source>_checkpoints/<tag>"
-                         " (nanochat reads the tokenizer from <base>/tokenizer): write there, or pass "
-                         "--tokenizer-output DIR")
+        raise ValueError(
+            f"{output_dir}: --output is not a nanochat checkpoint folder <base>/<source>_checkpoints/<tag>"
+            " (nanochat reads the tokenizer from <base>/tokenizer): write there, or pass "
+            "--tokenizer-output DIR"
+        )
     tokenizer_dir = nanochat_tokenizer_dir(output_dir) if tokenizer_output_dir is None else Path(tokenizer_output_dir)
     check_output(output_dir, [model_dir], overwrite, may_hold_other_files=True)
     check_output(tokenizer_dir, [model_dir], overwrite, may_hold_other_files=True)
@@ -288,16 +328,26 @@ def to_nanochat(model_dir: str | os.PathLike, output_dir: str | os.PathLike, ste
         except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
             raise ValueError(f"{model_dir / 'tokenizer.json'}: cannot be loaded ({_first_line(e)})") from None
         if len(tokenizer) != config.vocab_size:
-            raise ValueError(f"{model_dir / 'tokenizer.json'}: tokenizer has {len(tokenizer)} tokens but the "
-                             f"model's vocab_size is {config.vocab_size}")
+            raise ValueError(
+                f"{model_dir / 'tokenizer.json'}: tokenizer has {len(tokenizer)} tokens but the "
+                f"model's vocab_size is {config.vocab_size}"
+            )
     # The checkpoint names are checked now, before any work; the tokenizer files when they are written (the same
     # tokenizer written again for another step is byte-identical, and left as it is).
     shards = checkpoint_shards(model_dir)  # a trainer checkpoint: its optimizer as nanochat's optim_*.pt files too
-    existing = [p for p in (output_dir / f"model_{step:06d}.pt", output_dir / f"meta_{step:06d}.json",
-                            *output_dir.glob(f"optim_{step:06d}_rank*.pt")) if p.exists()]
+    existing = [
+        p
+        for p in (
+            output_dir / f"model_{step:06d}.pt",
+            output_dir / f"meta_{step:06d}.json",
+            *output_dir.glob(f"optim_{step:06d}_rank*.pt"),
+        )
+        if p.exists()
+    ]
     if existing and not overwrite:
-        raise FileExistsError(f"{existing[0]}: already exists (pass --overwrite to replace it, or choose another "
-                              "--output / --step)")
+        raise FileExistsError(
+            f"{existing[0]}: already exists (pass --overwrite to replace it, or choose another --output / --step)"
+        )
     nanochat_state = {k: state_dict[k].to(nanochat_dtype(k, state_dict[k].dtype)) for k in nanochat_shapes(config)}
     meta = {**source_meta, "step": step, "model_config": meta_model_config(config, pattern)}
     protect = files_in(model_dir)

@@ -43,8 +43,10 @@ _NAME_MAP = [
 ]
 _PADDED = ("transformer.wte.weight", "lm_head.weight")
 # files of a model directory that carry over unchanged (tokenizer, chat template, generation settings)
-_CARRIED_FILES = re.compile(r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|"
-                            r"generation_config\.json")
+_CARRIED_FILES = re.compile(
+    r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|"
+    r"generation_config\.json"
+)
 
 
 def _rename(state_dict: dict[str, torch.Tensor], pairs: list[tuple[str, str]]) -> dict[str, torch.Tensor]:
@@ -68,13 +70,24 @@ def native_to_nanochat_names(state_dict: dict[str, torch.Tensor]) -> dict[str, t
 def native_config(config: NanoChatGPTConfig):
     """transformers' NanoChatConfig with the same architecture and the eps that keeps outputs equal."""
     return NanoChatConfig(
-        vocab_size=config.vocab_size, hidden_size=config.n_embd, intermediate_size=4 * config.n_embd,
-        num_hidden_layers=config.n_layer, num_attention_heads=config.n_head, num_key_value_heads=config.n_kv_head,
-        max_position_embeddings=config.sequence_len, hidden_act="relu2", rms_norm_eps=NATIVE_RMS_NORM_EPS,
+        vocab_size=config.vocab_size,
+        hidden_size=config.n_embd,
+        intermediate_size=4 * config.n_embd,
+        num_hidden_layers=config.n_layer,
+        num_attention_heads=config.n_head,
+        num_key_value_heads=config.n_kv_head,
+        max_position_embeddings=config.sequence_len,
+        hidden_act="relu2",
+        rms_norm_eps=NATIVE_RMS_NORM_EPS,
         rope_parameters={"rope_type": "default", "rope_theta": config.rope_theta},
-        final_logit_softcapping=config.final_logit_softcapping, attention_bias=False, tie_word_embeddings=False,
-        bos_token_id=config.bos_token_id, eos_token_id=config.eos_token_id, pad_token_id=config.pad_token_id,
-        architectures=["NanoChatForCausalLM"], dtype=config.dtype,
+        final_logit_softcapping=config.final_logit_softcapping,
+        attention_bias=False,
+        tie_word_embeddings=False,
+        bos_token_id=config.bos_token_id,
+        eos_token_id=config.eos_token_id,
+        pad_token_id=config.pad_token_id,
+        architectures=["NanoChatForCausalLM"],
+        dtype=config.dtype,
     )
 
 
@@ -84,12 +97,19 @@ def config_from_native(raw: dict) -> NanoChatGPTConfig:
         raise ValueError(f"intermediate_size {raw.get('intermediate_size')} is not 4 * hidden_size")
     rope = raw.get("rope_parameters") or {}
     return NanoChatGPTConfig(
-        vocab_size=raw["vocab_size"], n_embd=raw["hidden_size"], n_layer=raw["num_hidden_layers"],
-        n_head=raw["num_attention_heads"], n_kv_head=raw.get("num_key_value_heads") or raw["num_attention_heads"],
-        sequence_len=raw.get("max_position_embeddings", 2048), rope_theta=rope.get("rope_theta", 10000.0),
-        final_logit_softcapping=raw.get("final_logit_softcapping") or 15.0, rotary_dtype="float32",
-        bos_token_id=raw.get("bos_token_id"), eos_token_id=raw.get("eos_token_id"),
-        pad_token_id=raw.get("pad_token_id"), dtype=raw.get("dtype"),
+        vocab_size=raw["vocab_size"],
+        n_embd=raw["hidden_size"],
+        n_layer=raw["num_hidden_layers"],
+        n_head=raw["num_attention_heads"],
+        n_kv_head=raw.get("num_key_value_heads") or raw["num_attention_heads"],
+        sequence_len=raw.get("max_position_embeddings", 2048),
+        rope_theta=rope.get("rope_theta", 10000.0),
+        final_logit_softcapping=raw.get("final_logit_softcapping") or 15.0,
+        rotary_dtype="float32",
+        bos_token_id=raw.get("bos_token_id"),
+        eos_token_id=raw.get("eos_token_id"),
+        pad_token_id=raw.get("pad_token_id"),
+        dtype=raw.get("dtype"),
     )
 
 
@@ -99,14 +119,23 @@ def check_native_exportable(config: NanoChatGPTConfig, config_path: Path) -> Non
     generation = generation_of(config, config_path)
     if generation.name == "G0":
         return
-    lacks = [what for present, what in (
-        (config.residual_lambdas, "per-layer resid/x0 lambdas"),
-        ("sliding_attention" in config.layer_types, "sliding-window layers"),
-        (config.value_embeddings, "value embeddings with their gates"), (config.qk_scale != 1.0, "a q/k scale"),
-        (config.smear, "smear"), (config.backout, "backout")) if present]
-    raise ValueError(f"{config_path}: a nanochat {generation.name} model: transformers' NanoChatForCausalLM has no "
-                     f"{', '.join(lacks)}, so only December 2025 (G0) models export to it; this one loads with "
-                     "trust_remote_code=True")
+    lacks = [
+        what
+        for present, what in (
+            (config.residual_lambdas, "per-layer resid/x0 lambdas"),
+            ("sliding_attention" in config.layer_types, "sliding-window layers"),
+            (config.value_embeddings, "value embeddings with their gates"),
+            (config.qk_scale != 1.0, "a q/k scale"),
+            (config.smear, "smear"),
+            (config.backout, "backout"),
+        )
+        if present
+    ]
+    raise ValueError(
+        f"{config_path}: a nanochat {generation.name} model: transformers' NanoChatForCausalLM has no "
+        f"{', '.join(lacks)}, so only December 2025 (G0) models export to it; this one loads with "
+        "trust_remote_code=True"
+    )
 
 
 def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overwrite: bool = False) -> Path:
@@ -124,8 +153,11 @@ def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overw
     # rows nanochat pads the vocabulary with (bc51da8) are never looked up and their logits are cropped: drop them
     state_dict = {k: v[: config.vocab_size] if k in _PADDED else v for k, v in state_dict.items()}
     with staged_dir(output_dir, overwrite, protect=files_in(model_dir)) as tmp:
-        save_file({k: v.contiguous() for k, v in nanochat_to_native_names(state_dict).items()},
-                  tmp / "model.safetensors", metadata={"format": "pt"})
+        save_file(
+            {k: v.contiguous() for k, v in nanochat_to_native_names(state_dict).items()},
+            tmp / "model.safetensors",
+            metadata={"format": "pt"},
+        )
         native.save_pretrained(tmp)
         for path in model_dir.iterdir():
             if path.is_file() and _CARRIED_FILES.fullmatch(path.name):

@@ -43,12 +43,17 @@ def rank_files(path: str | Path) -> list[Path]:
         raise ValueError(f"{path}: not a nanochat optimizer file name (expected optim_<step>_rank<r>.pt)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
-    found = {int(FILE_PATTERN.fullmatch(p.name).group(2)): p
-             for p in path.parent.glob(f"optim_{match.group(1)}_rank*.pt") if FILE_PATTERN.fullmatch(p.name)}
+    found = {
+        int(FILE_PATTERN.fullmatch(p.name).group(2)): p
+        for p in path.parent.glob(f"optim_{match.group(1)}_rank*.pt")
+        if FILE_PATTERN.fullmatch(p.name)
+    }
     missing = sorted(set(range(max(found) + 1)) - set(found))
     if missing:
-        raise ValueError(f"{path.parent / f'optim_{match.group(1)}_rank{missing[0]}.pt'}: missing (found ranks "
-                         f"{sorted(found)}; nanochat writes one file per rank 0..W-1)")
+        raise ValueError(
+            f"{path.parent / f'optim_{match.group(1)}_rank{missing[0]}.pt'}: missing (found ranks "
+            f"{sorted(found)}; nanochat writes one file per rank 0..W-1)"
+        )
     return [found[r] for r in sorted(found)]
 
 
@@ -79,16 +84,23 @@ def _g0_layout(model: torch.nn.Module, world: int) -> tuple[list[str], list[list
     size in the iteration order of the Python set nanochat built (ints: the same in every process); several:
     `DistMuon` groups by sorted shape."""
     named = [(_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
-    unknown = [n for n, _ in named if n not in ("lm_head.weight", "transformer.wte.weight")
-               and not n.startswith("transformer.h.")]
+    unknown = [
+        n
+        for n, _ in named
+        if n not in ("lm_head.weight", "transformer.wte.weight") and not n.startswith("transformer.h.")
+    ]
     if unknown:
-        raise ValueError(f"parameter {unknown[0]!r}: a G0-era optimizer file has no state for it (G0 models have "
-                         "only transformer.h.*, transformer.wte.weight and lm_head.weight)")
+        raise ValueError(
+            f"parameter {unknown[0]!r}: a G0-era optimizer file has no state for it (G0 models have "
+            "only transformer.h.*, transformer.wte.weight and lm_head.weight)"
+        )
     matrices = [(n, p) for n, p in named if n.startswith("transformer.h.")]
     if world == 1:
         groups = [[n for n, p in matrices if p.numel() == size] for size in {p.numel() for _, p in matrices}]
     else:
-        groups = [[n for n, p in matrices if tuple(p.shape) == s] for s in sorted({tuple(p.shape) for _, p in matrices})]
+        groups = [
+            [n for n, p in matrices if tuple(p.shape) == s] for s in sorted({tuple(p.shape) for _, p in matrices})
+        ]
     return ["lm_head.weight", "transformer.wte.weight"], groups
 
 
@@ -97,15 +109,19 @@ def _check_groups(path: Path, saved: list[dict], expected: list[tuple[str, list[
     got = [(g.get("kind", "muon" if "momentum" in g else "adamw"), len(g["params"])) for g in saved]
     want = [(kind, len(names)) for kind, names in expected]
     if got != want:
-        raise ValueError(f"{path}: its optimizer groups (kind, parameters) {got} do not match this model's {want}: "
-                         "a file of another model or generation")
+        raise ValueError(
+            f"{path}: its optimizer groups (kind, parameters) {got} do not match this model's {want}: "
+            "a file of another model or generation"
+        )
 
 
 def _cat_rows(path: Path, pieces: list[Tensor], shape: tuple[int, ...], name: str) -> Tensor:
     full = torch.cat([p.float() for p in pieces]) if len(pieces) > 1 else pieces[0].float()
     if tuple(full.shape) != shape:
-        raise ValueError(f"{path}: state of {name} has shape {tuple(full.shape)} across {len(pieces)} rank files, "
-                         f"the model's parameter has {shape}: a file of another model or world size")
+        raise ValueError(
+            f"{path}: state of {name} has shape {tuple(full.shape)} across {len(pieces)} rank files, "
+            f"the model's parameter has {shape}: a file of another model or world size"
+        )
     return full
 
 
@@ -139,20 +155,28 @@ def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[F
             if kind == "muon" and group and all(states):
                 for key in ("momentum_buffer", "second_momentum_buffer"):
                     stack = torch.cat([st[key].float() for st in states])[: len(group)]
-                    if stack.shape[0] != len(group) or (key == "momentum_buffer" and stack.shape[1:] != shapes[group[0]]):
-                        raise ValueError(f"{files[0]}: {key} of the {shapes[group[0]]} matrices has shape "
-                                         f"{tuple(states[0][key].shape)}: a file of another model or world size")
+                    if stack.shape[0] != len(group) or (
+                        key == "momentum_buffer" and stack.shape[1:] != shapes[group[0]]
+                    ):
+                        raise ValueError(
+                            f"{files[0]}: {key} of the {shapes[group[0]]} matrices has shape "
+                            f"{tuple(states[0][key].shape)}: a file of another model or world size"
+                        )
                     for n, v in zip(group, stack):
                         full.setdefault(n, {})[key] = v.clone()
             index += len(group)
         return full, world, "head"
     if not all(isinstance(d, list) and len(d) == 2 for d in data):
-        raise ValueError(f"{files[0]}: neither nanochat format (a MuonAdamW state_dict, or the G0-era list "
-                         "[AdamW state_dict, Muon state_dict])")
+        raise ValueError(
+            f"{files[0]}: neither nanochat format (a MuonAdamW state_dict, or the G0-era list "
+            "[AdamW state_dict, Muon state_dict])"
+        )
     sharded = ["zero_buffer" in g for g in data[0][1]["param_groups"]]
     if any(sharded) != (world > 1):
-        raise ValueError(f"{files[0]}: written by {'several processes' if any(sharded) else 'one process'} but the "
-                         f"folder holds {world} rank file(s): a file set of another world size")
+        raise ValueError(
+            f"{files[0]}: written by {'several processes' if any(sharded) else 'one process'} but the "
+            f"folder holds {world} rank file(s): a file set of another world size"
+        )
     adamw_names, muon_groups = _g0_layout(model, world)
     for f, d in zip(files, data):
         _check_groups(f, d[0]["param_groups"], [("adamw", [n]) for n in adamw_names])
@@ -184,8 +208,10 @@ def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullStat
                     continue
                 whole = isinstance(optimizer, NorMuonAdamW) and optimizer._replicated(p)
                 _, start, end = (0, 0, p.shape[0]) if whole else optimizer._rows(p)
-                optimizer.state[p] = {"step": st["step"], **{k: st[k][start:end].to(p.device, torch.float32).clone()
-                                                           for k in ("exp_avg", "exp_avg_sq")}}
+                optimizer.state[p] = {
+                    "step": st["step"],
+                    **{k: st[k][start:end].to(p.device, torch.float32).clone() for k in ("exp_avg", "exp_avg_sq")},
+                }
         elif isinstance(optimizer, NorMuonAdamW):
             if not any(names[id(p)] in full for p in params):
                 continue
@@ -208,8 +234,10 @@ def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullStat
 
 def check_world_size(path: str | Path, world: int, ours: int) -> None:
     if world != ours:
-        raise ValueError(f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
-                         f"{ours}: warm-start with {world} (its state is sharded per rank)")
+        raise ValueError(
+            f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
+            f"{ours}: warm-start with {world} (its state is sharded per rank)"
+        )
 
 
 def load_nanochat_optimizer(optimizer: MuonAdamW, model: torch.nn.Module, path: str | Path) -> str:
@@ -236,7 +264,7 @@ def full_state_of_shards(model: torch.nn.Module, recipe: str, shards: list[dict[
             if group["kind"] == "muon" and recipe != "2025-12":  # the stack's state on its first parameter
                 st = sd["state"].get(index)
                 k = -(-len(params) // world)
-                for j, q in enumerate(params[r * k:(r + 1) * k] if st is not None else []):
+                for j, q in enumerate(params[r * k : (r + 1) * k] if st is not None else []):
                     full[names[id(q)]] = {key: st[key][j].float() for key in st}
                 continue
             for i, p in enumerate(params):
@@ -259,8 +287,14 @@ def full_state_of_shards(model: torch.nn.Module, recipe: str, shards: list[dict[
     return full
 
 
-def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str,
-                   dtypes: dict[str, torch.dtype], groups: list[dict[str, Any]]) -> list[Any]:
+def nanochat_files(
+    model: torch.nn.Module,
+    full: FullState,
+    world: int,
+    fmt: str,
+    dtypes: dict[str, torch.dtype],
+    groups: list[dict[str, Any]],
+) -> list[Any]:
     """One object per rank as nanochat saves it, in format "head" or "g0"; state tensors in the dtype of the
     parameter in nanochat's model file (``dtypes``); ``groups``: our optimizer's param groups (hyperparameters)."""
     shapes = {_key(n): tuple(p.shape) for n, p in model.named_parameters()}
@@ -269,10 +303,12 @@ def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str
     def part(n: str, t: Tensor, r: int, whole: bool) -> Tensor:
         if not whole:
             if shapes[n][0] % world:
-                raise ValueError(f"{n}: {shapes[n][0]} rows do not split over {world} processes, which nanochat's "
-                                 "sharded AdamW needs")
+                raise ValueError(
+                    f"{n}: {shapes[n][0]} rows do not split over {world} processes, which nanochat's "
+                    "sharded AdamW needs"
+                )
             k = shapes[n][0] // world
-            t = t[r * k:(r + 1) * k]
+            t = t[r * k : (r + 1) * k]
         return t.to(dtypes[n]).clone()
 
     def adamw_state(n: str, r: int, whole: bool, step: Any) -> dict[str, Any]:
@@ -288,8 +324,17 @@ def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str
                 index += len(names)
                 if kind == "adamw":
                     g = hyper.get(f"adamw/{ADAMW_GROUPS[gi][0]}", {"lr": 0.0, "initial_lr": 0.0})
-                    pgroups.append({"kind": "adamw", "params": ids, "lr": g["lr"], "betas": ADAMW_GROUPS[gi][2],
-                                    "eps": 1e-10, "weight_decay": ADAMW_GROUPS[gi][3], "initial_lr": g["initial_lr"]})
+                    pgroups.append(
+                        {
+                            "kind": "adamw",
+                            "params": ids,
+                            "lr": g["lr"],
+                            "betas": ADAMW_GROUPS[gi][2],
+                            "eps": 1e-10,
+                            "weight_decay": ADAMW_GROUPS[gi][3],
+                            "initial_lr": g["initial_lr"],
+                        }
+                    )
                     for i, n in zip(ids, names):
                         if n in full:
                             whole = world == 1 or torch.Size(shapes[n]).numel() < SMALL_NUMEL
@@ -297,16 +342,27 @@ def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str
                     continue
                 rows, cols = shapes[names[0]]
                 g = hyper[f"muon/{rows}x{cols}"]
-                pgroups.append({"kind": "muon", "params": ids, "lr": g["lr"], "momentum": g["momentum"],
-                                "ns_steps": g["ns_steps"], "beta2": g.get("beta2", 0.9),
-                                "weight_decay": g["weight_decay"], "initial_lr": g["initial_lr"]})
+                pgroups.append(
+                    {
+                        "kind": "muon",
+                        "params": ids,
+                        "lr": g["lr"],
+                        "momentum": g["momentum"],
+                        "ns_steps": g["ns_steps"],
+                        "beta2": g.get("beta2", 0.9),
+                        "weight_decay": g["weight_decay"],
+                        "initial_lr": g["initial_lr"],
+                    }
+                )
                 if names[0] in full:
                     k = -(-len(names) // world)
                     st = {}
-                    for key, shape in (("momentum_buffer", (rows, cols)),
-                                       ("second_momentum_buffer", (rows, 1) if rows >= cols else (1, cols))):
+                    for key, shape in (
+                        ("momentum_buffer", (rows, cols)),
+                        ("second_momentum_buffer", (rows, 1) if rows >= cols else (1, cols)),
+                    ):
                         st[key] = torch.zeros((k, *shape), dtype=dtypes[names[0]])
-                        for j, n in enumerate(names[r * k:(r + 1) * k]):
+                        for j, n in enumerate(names[r * k : (r + 1) * k]):
                             if key in full[n]:  # a December state has no second moment: zeros, as a fresh one
                                 st[key][j] = full[n][key].reshape(shape)
                     state[ids[0]] = st
@@ -318,8 +374,16 @@ def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str
         astate, apg = {}, []
         for i, n in enumerate(adamw_names):
             g = hyper.get("adamw/" + ("lm_head" if i == 0 else "wte"), {"lr": 0.0, "initial_lr": 0.0})
-            apg.append({"params": [i], "lr": g["lr"], "betas": g.get("betas", (0.8, 0.95)), "eps": g.get("eps", 1e-10),
-                        "weight_decay": g.get("weight_decay", 0.0), "initial_lr": g["initial_lr"]})
+            apg.append(
+                {
+                    "params": [i],
+                    "lr": g["lr"],
+                    "betas": g.get("betas", (0.8, 0.95)),
+                    "eps": g.get("eps", 1e-10),
+                    "weight_decay": g.get("weight_decay", 0.0),
+                    "initial_lr": g["initial_lr"],
+                }
+            )
             if n in full:  # torch's fused AdamW keeps a float32 step tensor, DistAdamW an int64 one
                 step = torch.tensor(float(full[n]["step"])) if world == 1 else torch.tensor(full[n]["step"])
                 astate[i] = adamw_state(n, r, world == 1, step)
@@ -327,8 +391,14 @@ def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str
         for group in muon_groups:
             ids = list(range(index, index + len(group)))
             index += len(group)
-            entry = {"params": ids, "lr": muon["lr"], "momentum": muon["momentum"], "nesterov": True, "ns_steps": 5,
-                     "initial_lr": muon["initial_lr"]}
+            entry = {
+                "params": ids,
+                "lr": muon["lr"],
+                "momentum": muon["momentum"],
+                "nesterov": True,
+                "ns_steps": 5,
+                "initial_lr": muon["initial_lr"],
+            }
             if world > 1:  # DistMuon keeps it in its groups (and needs it back when loading)
                 entry["zero_buffer"] = torch.zeros(shapes[group[0]], dtype=dtypes[group[0]])
             mpg.append(entry)
@@ -339,13 +409,20 @@ def nanochat_files(model: torch.nn.Module, full: FullState, world: int, fmt: str
     return out
 
 
-def write_nanochat_optimizer(model: torch.nn.Module, recipe: str, shards: list[dict[str, Any]], directory: Path,
-                             step: int, dtypes: dict[str, torch.dtype]) -> list[Path]:
+def write_nanochat_optimizer(
+    model: torch.nn.Module,
+    recipe: str,
+    shards: list[dict[str, Any]],
+    directory: Path,
+    step: int,
+    dtypes: dict[str, torch.dtype],
+) -> list[Path]:
     """Our per-rank optimizer states (one recipe) as nanochat's ``optim_<step>_rank<r>.pt`` files in ``directory``:
     HEAD format for recipe 2026-07, G0-era format for 2025-12."""
     full = full_state_of_shards(model, recipe, shards)
-    objects = nanochat_files(model, full, len(shards), "g0" if recipe == "2025-12" else "head", dtypes,
-                             shards[0]["param_groups"])
+    objects = nanochat_files(
+        model, full, len(shards), "g0" if recipe == "2025-12" else "head", dtypes, shards[0]["param_groups"]
+    )
     paths = []
     for r, obj in enumerate(objects):
         paths.append(directory / f"optim_{step:06d}_rank{r}.pt")
@@ -365,5 +442,6 @@ def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | Non
         return None
     fingerprint = model_dir / FINGERPRINT_FILE
     recipe = (read_json(fingerprint) if fingerprint.is_file() else {}).get(
-        "optimizer_recipe", FINGERPRINT_DEFAULTS["optimizer_recipe"])
+        "optimizer_recipe", FINGERPRINT_DEFAULTS["optimizer_recipe"]
+    )
     return recipe, [load_optimizer_state(p) for p in paths]

@@ -50,8 +50,10 @@ def rows_cut_message(token_ds: Dataset, max_seq_len: int) -> str | None:
     cut = np.flatnonzero(lengths > cap)
     if not len(cut):
         return None
-    return (f"{len(cut)} of {len(lengths)} conversations are longer than a row of max_seq_len+1 = {cap} tokens "
-            f"and are cut to it (first: row {int(cut[0])}, {int(lengths[cut[0]])} tokens)")
+    return (
+        f"{len(cut)} of {len(lengths)} conversations are longer than a row of max_seq_len+1 = {cap} tokens "
+        f"and are cut to it (first: row {int(cut[0])}, {int(lengths[cut[0]])} tokens)"
+    )
 
 
 class _BestFit:
@@ -61,8 +63,9 @@ class _BestFit:
     counter), buffer (conversation indices in fetch order), seq (fetches so far: orders equal lengths).
     """
 
-    def __init__(self, lengths: np.ndarray, row_capacity: int, rank: int, world_size: int,
-                 buffer_size: int = BUFFER_SIZE):
+    def __init__(
+        self, lengths: np.ndarray, row_capacity: int, rank: int, world_size: int, buffer_size: int = BUFFER_SIZE
+    ):
         self.lengths = np.minimum(lengths, row_capacity)  # longer ones are cut to a row
         self.n, self.cap, self.world_size, self.buffer_size = len(lengths), row_capacity, world_size, buffer_size
         self.cursor, self.consumed, self.seq = rank, rank, 0
@@ -70,8 +73,13 @@ class _BestFit:
 
     def state_dict(self) -> dict:
         order = sorted(self._keys, key=lambda k: -k[1])
-        return {"cursor": self.cursor, "consumed": self.consumed, "seq": self.seq,
-                "buffer": [int(k[2]) for k in order], "buffer_seq": [int(-k[1]) for k in order]}
+        return {
+            "cursor": self.cursor,
+            "consumed": self.consumed,
+            "seq": self.seq,
+            "buffer": [int(k[2]) for k in order],
+            "buffer_seq": [int(-k[1]) for k in order],
+        }
 
     def load_state_dict(self, state: dict) -> None:
         self.cursor, self.consumed, self.seq = state["cursor"], state["consumed"], state["seq"]
@@ -104,17 +112,28 @@ class BestFitStream(MicroBatchStream):
     ``epoch_steps(G)`` and ``lr_progress(step, G)`` are nanochat's end of epoch and schedule progress.
     """
 
-    def __init__(self, token_ds: Dataset, max_seq_len: int, device_batch_size: int, bos_token_id: int,
-                 rank: int = 0, world_size: int = 1, buffer_size: int = BUFFER_SIZE):
+    def __init__(
+        self,
+        token_ds: Dataset,
+        max_seq_len: int,
+        device_batch_size: int,
+        bos_token_id: int,
+        rank: int = 0,
+        world_size: int = 1,
+        buffer_size: int = BUFFER_SIZE,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if max_seq_len < 1 or device_batch_size < 1:
-            raise ValueError(f"max_seq_len and device_batch_size must be >= 1, "
-                             f"got {max_seq_len} and {device_batch_size}")
+            raise ValueError(
+                f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}"
+            )
         missing = {"input_ids", "labels"} - set(token_ds.column_names)
         if missing:
-            raise ValueError(f"BestFitStream needs a tokenized dataset (tokenize_conversations): "
-                             f"no column {', '.join(sorted(missing))}")
+            raise ValueError(
+                f"BestFitStream needs a tokenized dataset (tokenize_conversations): "
+                f"no column {', '.join(sorted(missing))}"
+            )
         if len(token_ds) < world_size:
             raise ValueError(f"BestFitStream: {len(token_ds)} conversations for {world_size} processes")
         self.ds = token_ds.with_format("arrow")
@@ -166,16 +185,29 @@ class BestFitStream(MicroBatchStream):
 
     # ---- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"micro_batches": self.micro_batches, **self._packer.state_dict(), "max_seq_len": self.T,
-                "device_batch_size": self.B, "rank": self.rank, "world_size": self.world_size,
-                "conversations": len(self._lengths)}
+        return {
+            "micro_batches": self.micro_batches,
+            **self._packer.state_dict(),
+            "max_seq_len": self.T,
+            "device_batch_size": self.B,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "conversations": len(self._lengths),
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("max_seq_len", self.T), ("device_batch_size", self.B), ("rank", self.rank),
-                          ("world_size", self.world_size), ("conversations", len(self._lengths))):
+        for key, mine in (
+            ("max_seq_len", self.T),
+            ("device_batch_size", self.B),
+            ("rank", self.rank),
+            ("world_size", self.world_size),
+            ("conversations", len(self._lengths)),
+        ):
             if state.get(key) != mine:
-                raise ValueError(f"data state does not match this stream: {key}={state.get(key)} in the saved state, "
-                                 f"{mine} here (same data and batch settings are needed to resume)")
+                raise ValueError(
+                    f"data state does not match this stream: {key}={state.get(key)} in the saved state, "
+                    f"{mine} here (same data and batch settings are needed to resume)"
+                )
         if not isinstance(state.get("micro_batches"), int) or state["micro_batches"] < 0:
             raise ValueError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
         self._packer.load_state_dict(state)
@@ -200,9 +232,9 @@ class BestFitStream(MicroBatchStream):
             for b, row in enumerate(rows):
                 at = 0
                 for _ in row:
-                    conv = flat_ids[k][:self.cap]
-                    ids[b, at:at + len(conv)] = conv
-                    labels[b, at:at + len(conv)] = flat_labels[k][:self.cap]
+                    conv = flat_ids[k][: self.cap]
+                    ids[b, at : at + len(conv)] = conv
+                    labels[b, at : at + len(conv)] = flat_labels[k][: self.cap]
                     at += len(conv)
                     k += 1
             self.micro_batches += 1

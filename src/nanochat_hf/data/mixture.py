@@ -34,8 +34,18 @@ from typing import Any
 import yaml
 from datasets import Dataset, concatenate_datasets
 
-from .tasks import (FILE_TASKS, HUB_TASKS, SYNTHETIC_TASKS, TASK_NAMES, WORD_TASKS, TaskSpec, canonical_task_name,
-                    check_data_file, identity_file, load_task)
+from .tasks import (
+    FILE_TASKS,
+    HUB_TASKS,
+    SYNTHETIC_TASKS,
+    TASK_NAMES,
+    WORD_TASKS,
+    TaskSpec,
+    canonical_task_name,
+    check_data_file,
+    identity_file,
+    load_task,
+)
 from .words import WORD_LISTS
 
 logger = logging.getLogger("nanochat_hf.data")
@@ -48,23 +58,32 @@ TASK_KEYS = {f.name for f in dataclasses.fields(TaskSpec)}
 # tasks draw from the small `demo` word list (words.py), so held-out rows ask for words the tiny model has seen.
 DEMO_MIXTURE: dict[str, Any] = {
     "name": "offline demo mixture",
-    "train": {"seed": DEFAULT_SEED, "tasks": [
-        {"task": "simple_spelling", "split": "train", "size": 8000, "words": "demo"},
-        {"task": "spelling_bee", "split": "train", "size": 3000, "words": "demo"},
-        {"task": "arithmetic", "split": "train", "size": 3000},
-        {"task": "multiple_choice", "split": "train", "size": 3000},
-        {"task": "demo_identity", "repeat": 8},
-    ]},
-    "val": {"seed": DEFAULT_SEED, "tasks": [
-        {"task": "simple_spelling", "split": "test", "size": 100, "words": "demo"},
-        {"task": "spelling_bee", "split": "test", "size": 100, "words": "demo"},
-        {"task": "arithmetic", "split": "test", "size": 100},
-        {"task": "multiple_choice", "split": "test", "size": 100},
-    ]},
+    "train": {
+        "seed": DEFAULT_SEED,
+        "tasks": [
+            {"task": "simple_spelling", "split": "train", "size": 8000, "words": "demo"},
+            {"task": "spelling_bee", "split": "train", "size": 3000, "words": "demo"},
+            {"task": "arithmetic", "split": "train", "size": 3000},
+            {"task": "multiple_choice", "split": "train", "size": 3000},
+            {"task": "demo_identity", "repeat": 8},
+        ],
+    },
+    "val": {
+        "seed": DEFAULT_SEED,
+        "tasks": [
+            {"task": "simple_spelling", "split": "test", "size": 100, "words": "demo"},
+            {"task": "spelling_bee", "split": "test", "size": 100, "words": "demo"},
+            {"task": "arithmetic", "split": "test", "size": 100},
+            {"task": "multiple_choice", "split": "test", "size": 100},
+        ],
+    },
     # held-out SimpleSpelling rows (test seeds, disjoint from val's) for exact-match accuracy
-    "spelling_eval": {"seed": DEFAULT_SEED, "tasks": [
-        {"task": "simple_spelling", "split": "test", "start": 1000, "size": 1200, "words": "demo"},
-    ]},
+    "spelling_eval": {
+        "seed": DEFAULT_SEED,
+        "tasks": [
+            {"task": "simple_spelling", "split": "test", "start": 1000, "size": 1200, "words": "demo"},
+        ],
+    },
 }
 
 
@@ -128,16 +147,18 @@ def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSp
     return spec
 
 
-def parse_mixture(config: dict, split: str = "train", source: str = "<mixture>",
-                  base: Path | None = None) -> tuple[int, list[TaskSpec]]:
+def parse_mixture(
+    config: dict, split: str = "train", source: str = "<mixture>", base: Path | None = None
+) -> tuple[int, list[TaskSpec]]:
     """Validate a mixture mapping (already read from YAML); returns (seed, task specs). Raises on any error."""
     if not isinstance(config, dict):
         raise ValueError(f"{source}: a mixture must be a mapping with 'tasks', got {type(config).__name__}")
     if "tasks" not in config:  # keyed by split
         if split not in config or split in MIXTURE_KEYS:
             splits = sorted(k for k in config if k not in MIXTURE_KEYS)
-            raise ValueError(f"{source}: no 'tasks' and no split {split!r} "
-                             f"(splits in file: {', '.join(splits) or 'none'})")
+            raise ValueError(
+                f"{source}: no 'tasks' and no split {split!r} (splits in file: {', '.join(splits) or 'none'})"
+            )
         config, source = config[split], f"{source} [{split}]"
         if not isinstance(config, dict) or "tasks" not in config:
             raise ValueError(f"{source}: each split must be a mapping with 'tasks'")
@@ -174,8 +195,13 @@ def read_mixture(path: str | os.PathLike | None, split: str = "train") -> tuple[
     return seed, specs, str(path)
 
 
-def load_mixture(path: str | os.PathLike | None = None, split: str = "train", strict: bool = False,
-                 cache_dir: str | None = None, num_proc: int | None = None) -> Dataset:
+def load_mixture(
+    path: str | os.PathLike | None = None,
+    split: str = "train",
+    strict: bool = False,
+    cache_dir: str | None = None,
+    num_proc: int | None = None,
+) -> Dataset:
     """Load a mixture of conversations: a Dataset with columns ``conversation`` (JSON of nanochat's
     ``{"messages": [...]}``; decode with ``nanochat_hf.data.loads(row)``) and ``task``.
 
@@ -185,8 +211,11 @@ def load_mixture(path: str | os.PathLike | None = None, split: str = "train", st
     """
     seed, specs, name = read_mixture(path, split)
     if path is None:
-        logger.info("No mixture given: using the offline demo mixture (synthetic tasks + shipped identity "
-                    "file, no download), split %s", split)
+        logger.info(
+            "No mixture given: using the offline demo mixture (synthetic tasks + shipped identity "
+            "file, no download), split %s",
+            split,
+        )
     parts, skipped = [], []
     for spec in specs:
         result = load_task(spec, cache_dir=cache_dir, num_proc=num_proc)
@@ -200,8 +229,13 @@ def load_mixture(path: str | os.PathLike | None = None, split: str = "train", st
         for label, *_ in skipped:
             counts[label] = counts.get(label, 0) + 1
         first = "; ".join(f"{t} ({s}) row {r}: {why}" for t, s, r, why in skipped[:5])
-        logger.warning("%s: skipped %d malformed row(s) (%s); first: %s", name, len(skipped),
-                       ", ".join(f"{t}: {n}" for t, n in counts.items()), first)
+        logger.warning(
+            "%s: skipped %d malformed row(s) (%s); first: %s",
+            name,
+            len(skipped),
+            ", ".join(f"{t}: {n}" for t, n in counts.items()),
+            first,
+        )
     ds = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     if len(ds) == 0:
         raise ValueError(f"{name} [{split}]: empty mixture (no valid conversation in any task)")

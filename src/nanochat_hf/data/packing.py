@@ -97,17 +97,27 @@ class PackedStream(MicroBatchStream):
     Do not iterate it from DataLoader worker processes (the position lives in this object).
     """
 
-    def __init__(self, token_ds: Dataset, max_seq_len: int, device_batch_size: int, rank: int = 0,
-                 world_size: int = 1, chunk_size: int = 1024):
+    def __init__(
+        self,
+        token_ds: Dataset,
+        max_seq_len: int,
+        device_batch_size: int,
+        rank: int = 0,
+        world_size: int = 1,
+        chunk_size: int = 1024,
+    ):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
         if max_seq_len < 1 or device_batch_size < 1:
-            raise ValueError(f"max_seq_len and device_batch_size must be >= 1, "
-                             f"got {max_seq_len} and {device_batch_size}")
+            raise ValueError(
+                f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}"
+            )
         missing = {"input_ids", "labels"} - set(token_ds.column_names)
         if missing:
-            raise ValueError(f"PackedStream needs a tokenized dataset (tokenize_conversations): "
-                             f"no column {', '.join(sorted(missing))}")
+            raise ValueError(
+                f"PackedStream needs a tokenized dataset (tokenize_conversations): "
+                f"no column {', '.join(sorted(missing))}"
+            )
         if len(token_ds) < world_size:
             raise ValueError(f"PackedStream: {len(token_ds)} conversations for {world_size} processes")
         self.ds = token_ds.with_format("arrow")
@@ -155,7 +165,7 @@ class PackedStream(MicroBatchStream):
         """
         steps = []
         for r in range(self.world_size):
-            share = self._lengths[r::self.world_size]
+            share = self._lengths[r :: self.world_size]
             first_to_wrap = int(share[:-1].sum()) // self.tokens_per_batch + 1  # M
             steps.append((first_to_wrap - 2) // grad_accum + 1)
         return min(steps)
@@ -172,16 +182,29 @@ class PackedStream(MicroBatchStream):
 
     # ---- state ------------------------------------------------------------------------------------------
     def state_dict(self) -> dict:
-        return {"micro_batches": self.micro_batches, "epoch": self.epoch, "max_seq_len": self.T,
-                "device_batch_size": self.B, "rank": self.rank, "world_size": self.world_size,
-                "num_micro_batches": self._num}
+        return {
+            "micro_batches": self.micro_batches,
+            "epoch": self.epoch,
+            "max_seq_len": self.T,
+            "device_batch_size": self.B,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "num_micro_batches": self._num,
+        }
 
     def load_state_dict(self, state: dict) -> None:
-        for key, mine in (("max_seq_len", self.T), ("device_batch_size", self.B), ("rank", self.rank),
-                          ("world_size", self.world_size), ("num_micro_batches", self._num)):
+        for key, mine in (
+            ("max_seq_len", self.T),
+            ("device_batch_size", self.B),
+            ("rank", self.rank),
+            ("world_size", self.world_size),
+            ("num_micro_batches", self._num),
+        ):
             if key in state and state[key] != mine:
-                raise ValueError(f"data state does not match this stream: {key}={state[key]} in the saved state, "
-                                 f"{mine} here (same data and batch settings are needed to resume)")
+                raise ValueError(
+                    f"data state does not match this stream: {key}={state[key]} in the saved state, "
+                    f"{mine} here (same data and batch settings are needed to resume)"
+                )
         if not isinstance(state.get("micro_batches"), int) or state["micro_batches"] < 0:
             raise ValueError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
         self.micro_batches = state["micro_batches"]
@@ -220,8 +243,10 @@ class PackedStream(MicroBatchStream):
             positions = np.arange(k, k + self.chunk_size) % seq.period
             table = self.ds.data.table.take(pa.array(self._rows_of(seq.index[positions])))
             k += self.chunk_size
-            yield (pc.list_flatten(table["input_ids"]).to_numpy().astype(np.int64),
-                   pc.list_flatten(table["labels"]).to_numpy().astype(np.int64))
+            yield (
+                pc.list_flatten(table["input_ids"]).to_numpy().astype(np.int64),
+                pc.list_flatten(table["labels"]).to_numpy().astype(np.int64),
+            )
 
     def _rows_of(self, indices: np.ndarray) -> np.ndarray:
         """Dataset row numbers of logical indices (a dataset made by select/shuffle has an indices mapping)."""

@@ -28,10 +28,12 @@ def row_seed(index: int, split: str) -> int:
 def simple_spelling(index: int, split: str, words: str = "full") -> dict:
     rng = random.Random(row_seed(index, split))
     word = rng.choice(shuffled_word_list(words))  # the list shuffled once with seed 42, as nanochat
-    return {"messages": [
-        {"role": "user", "content": f"Spell the word: {word}"},
-        {"role": "assistant", "content": f"{word}:{','.join(word)}"},
-    ]}
+    return {
+        "messages": [
+            {"role": "user", "content": f"Spell the word: {word}"},
+            {"role": "assistant", "content": f"{word}:{','.join(word)}"},
+        ]
+    }
 
 
 # "How many <letter> in <word>" in several phrasings and languages ({l} = letter, {w} = word).
@@ -87,21 +89,50 @@ def spelling_bee(index: int, split: str, words: str = "full") -> dict:
         + "\n".join(lines)
         + f"\n\nThat makes {count}.\n\nA second check with Python:\n\n"
     )
-    return {"messages": [
-        {"role": "user", "content": prompt},
-        {"role": "assistant", "content": [
-            {"type": "text", "text": manual},
-            {"type": "python", "text": f"'{word}'.count('{letter}')"},
-            {"type": "python_output", "text": str(count)},
-            {"type": "text", "text": f"\n\nPython agrees: {count}.\n\nMy final answer is:\n\n#### {count}"},
-        ]},
-    ]}
+    return {
+        "messages": [
+            {"role": "user", "content": prompt},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": manual},
+                    {"type": "python", "text": f"'{word}'.count('{letter}')"},
+                    {"type": "python_output", "text": str(count)},
+                    {"type": "text", "text": f"\n\nPython agrees: {count}.\n\nMy final answer is:\n\n#### {count}"},
+                ],
+            },
+        ]
+    }
 
 
 # ---------------------------------------------------------------- arithmetic word problems (GSM8K rows)
 
-_NAMES = ("Ava", "Ben", "Chloe", "Diego", "Emma", "Farid", "Grace", "Hugo", "Isla", "Jon", "Kira", "Liam",
-          "Maya", "Noah", "Olga", "Priya", "Quinn", "Rosa", "Sam", "Tariq", "Uma", "Vera", "Wen", "Yusuf")
+_NAMES = (
+    "Ava",
+    "Ben",
+    "Chloe",
+    "Diego",
+    "Emma",
+    "Farid",
+    "Grace",
+    "Hugo",
+    "Isla",
+    "Jon",
+    "Kira",
+    "Liam",
+    "Maya",
+    "Noah",
+    "Olga",
+    "Priya",
+    "Quinn",
+    "Rosa",
+    "Sam",
+    "Tariq",
+    "Uma",
+    "Vera",
+    "Wen",
+    "Yusuf",
+)
 _ITEMS = ("apples", "stickers", "marbles", "pencils", "cookies", "stamps", "shells", "books", "cards", "eggs")
 
 
@@ -116,25 +147,37 @@ def arithmetic_row(index: int, split: str) -> dict:
     kind = rng.randrange(5)
     if kind == 0:
         a, b, c = rng.randint(2, 60), rng.randint(2, 9), rng.randint(2, 12)
-        q = (f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack. "
-             f"How many {item} does {name} have now?")
-        steps = [f"The packs hold {_calc(f'{b}*{c}', b * c)} {item}.",
-                 f"{name} now has {_calc(f'{a}+{b * c}', a + b * c)} {item}."]
+        q = (
+            f"{name} has {a} {item}. {name} buys {b} packs with {c} {item} in each pack. "
+            f"How many {item} does {name} have now?"
+        )
+        steps = [
+            f"The packs hold {_calc(f'{b}*{c}', b * c)} {item}.",
+            f"{name} now has {_calc(f'{a}+{b * c}', a + b * c)} {item}.",
+        ]
         result = a + b * c
     elif kind == 1:
         price, n = rng.randint(2, 20), rng.randint(2, 8)
         bill = rng.choice([x for x in (50, 100, 200) if x > price * n])
-        q = (f"A shop sells notebooks for ${price} each. {name} buys {n} notebooks and pays with a "
-             f"${bill} bill. How much change does {name} get?")
-        steps = [f"The notebooks cost {_calc(f'{n}*{price}', n * price)} dollars.",
-                 f"The change is {_calc(f'{bill}-{n * price}', bill - n * price)} dollars."]
+        q = (
+            f"A shop sells notebooks for ${price} each. {name} buys {n} notebooks and pays with a "
+            f"${bill} bill. How much change does {name} get?"
+        )
+        steps = [
+            f"The notebooks cost {_calc(f'{n}*{price}', n * price)} dollars.",
+            f"The change is {_calc(f'{bill}-{n * price}', bill - n * price)} dollars.",
+        ]
         result = bill - n * price
     elif kind == 2:
         per_day, days, extra = rng.randint(5, 40), rng.randint(2, 9), rng.randint(1, 30)
-        q = (f"{name} reads {per_day} pages a day for {days} days and then {extra} pages on the last day. "
-             f"How many pages does {name} read in total?")
-        steps = [f"In {days} days {name} reads {_calc(f'{per_day}*{days}', per_day * days)} pages.",
-                 f"In total that is {_calc(f'{per_day * days}+{extra}', per_day * days + extra)} pages."]
+        q = (
+            f"{name} reads {per_day} pages a day for {days} days and then {extra} pages on the last day. "
+            f"How many pages does {name} read in total?"
+        )
+        steps = [
+            f"In {days} days {name} reads {_calc(f'{per_day}*{days}', per_day * days)} pages.",
+            f"In total that is {_calc(f'{per_day * days}+{extra}', per_day * days + extra)} pages.",
+        ]
         result = per_day * days + extra
     elif kind == 3:
         friends, each = rng.randint(2, 9), rng.randint(2, 15)
@@ -145,24 +188,43 @@ def arithmetic_row(index: int, split: str) -> dict:
     else:
         rows, per_row = rng.randint(3, 20), rng.randint(4, 15)
         taken = rng.randint(1, rows * per_row - 1)
-        q = (f"A hall has {rows} rows of {per_row} chairs. {taken} chairs are taken. "
-             f"How many chairs are free?")
-        steps = [f"The hall has {_calc(f'{rows}*{per_row}', rows * per_row)} chairs.",
-                 f"Free chairs: {_calc(f'{rows * per_row}-{taken}', rows * per_row - taken)}."]
+        q = f"A hall has {rows} rows of {per_row} chairs. {taken} chairs are taken. How many chairs are free?"
+        steps = [
+            f"The hall has {_calc(f'{rows}*{per_row}', rows * per_row)} chairs.",
+            f"Free chairs: {_calc(f'{rows * per_row}-{taken}', rows * per_row - taken)}.",
+        ]
         result = rows * per_row - taken
     return {"question": q, "answer": "\n".join(steps) + f"\n#### {result}"}
 
 
 # ---------------------------------------------------------------- multiple choice (MMLU rows)
 
-_CAPITALS = {"France": "Paris", "Japan": "Tokyo", "Italy": "Rome", "Spain": "Madrid", "Germany": "Berlin",
-             "Canada": "Ottawa", "Egypt": "Cairo", "Kenya": "Nairobi", "Peru": "Lima", "Norway": "Oslo",
-             "Greece": "Athens", "India": "New Delhi", "Chile": "Santiago", "Poland": "Warsaw",
-             "Portugal": "Lisbon", "Australia": "Canberra", "Ireland": "Dublin", "Austria": "Vienna"}
-_KINDS = {"fruit": ("apple", "banana", "cherry", "grape", "mango", "pear", "plum", "peach"),
-          "animal": ("horse", "tiger", "rabbit", "eagle", "whale", "mouse", "zebra", "camel"),
-          "color": ("red", "blue", "green", "yellow", "purple", "orange", "black", "white"),
-          "tool": ("hammer", "wrench", "saw", "drill", "chisel", "pliers", "shovel", "rake")}
+_CAPITALS = {
+    "France": "Paris",
+    "Japan": "Tokyo",
+    "Italy": "Rome",
+    "Spain": "Madrid",
+    "Germany": "Berlin",
+    "Canada": "Ottawa",
+    "Egypt": "Cairo",
+    "Kenya": "Nairobi",
+    "Peru": "Lima",
+    "Norway": "Oslo",
+    "Greece": "Athens",
+    "India": "New Delhi",
+    "Chile": "Santiago",
+    "Poland": "Warsaw",
+    "Portugal": "Lisbon",
+    "Australia": "Canberra",
+    "Ireland": "Dublin",
+    "Austria": "Vienna",
+}
+_KINDS = {
+    "fruit": ("apple", "banana", "cherry", "grape", "mango", "pear", "plum", "peach"),
+    "animal": ("horse", "tiger", "rabbit", "eagle", "whale", "mouse", "zebra", "camel"),
+    "color": ("red", "blue", "green", "yellow", "purple", "orange", "black", "white"),
+    "tool": ("hammer", "wrench", "saw", "drill", "chisel", "pliers", "shovel", "rake"),
+}
 
 
 def _numbers_around(rng: random.Random, answer: int, spread: int) -> list[int]:
@@ -181,8 +243,11 @@ def multiple_choice_row(index: int, split: str) -> dict:
         op = rng.choice("+-*")
         answer = a + b if op == "+" else a - b if op == "-" else a * b
         question, correct = f"What is {a} {op} {b}?", str(answer)
-        choices = [str(x) for x in _numbers_around(rng, answer, 12)] if op != "-" else \
-            [str(x) for x in {answer, answer + 1, answer - 2, answer + 10}]
+        choices = (
+            [str(x) for x in _numbers_around(rng, answer, 12)]
+            if op != "-"
+            else [str(x) for x in {answer, answer + 1, answer - 2, answer + 10}]
+        )
     elif kind == 1:
         i = rng.randrange(25)
         letter = string.ascii_lowercase[i]

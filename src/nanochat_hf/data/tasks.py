@@ -63,8 +63,9 @@ def check_data_file(path: str, where: str) -> None:
         json.loads(first)
     except (ValueError, UnicodeDecodeError) as e:
         reason = f"{e.msg} at column {e.colno}" if isinstance(e, json.JSONDecodeError) else "not UTF-8"
-        raise DataLoadError(f"{where}: data file {path} line {number} is not JSON ({reason}); expected one JSON "
-                            "object per line") from None
+        raise DataLoadError(
+            f"{where}: data file {path} line {number} is not JSON ({reason}); expected one JSON object per line"
+        ) from None
 
 
 # ---------------------------------------------------------------- row -> conversation
@@ -83,10 +84,12 @@ def mmlu_conversation(row: dict) -> dict:
         raise ValueError("question must be a string and choices a list of strings")
     if not isinstance(answer, int) or not 0 <= answer < len(choices):
         raise ValueError(f"answer {answer!r} is not an index into {len(choices)} choices")
-    return {"messages": [
-        {"role": "user", "content": render_mc(question, choices)},
-        {"role": "assistant", "content": LETTERS[answer]},
-    ]}
+    return {
+        "messages": [
+            {"role": "user", "content": render_mc(question, choices)},
+            {"role": "assistant", "content": LETTERS[answer]},
+        ]
+    }
 
 
 _CALC = re.compile(r"<<([^>]+)>>")
@@ -101,7 +104,7 @@ def gsm8k_parts(answer: str) -> list[dict]:
     parts: list[dict] = []
     pos = 0
     for m in _CALC.finditer(answer):
-        parts.append({"type": "text", "text": answer[pos:m.start()]})
+        parts.append({"type": "text", "text": answer[pos : m.start()]})
         expr, _, result = m.group(1).rpartition("=")
         if not _:  # no '=': the whole annotation is the expression
             expr, result = m.group(1), ""
@@ -118,8 +121,7 @@ def gsm8k_conversation(row: dict) -> dict:
         raise ValueError("question and answer must be strings")
     if "#### " not in answer:
         raise ValueError("answer has no final '#### ' line")
-    return {"messages": [{"role": "user", "content": question},
-                         {"role": "assistant", "content": gsm8k_parts(answer)}]}
+    return {"messages": [{"role": "user", "content": question}, {"role": "assistant", "content": gsm8k_parts(answer)}]}
 
 
 def smoltalk_conversation(row: dict) -> dict:
@@ -232,7 +234,7 @@ def _split_errors(ds: Dataset, source_rows: list[int]) -> tuple[Dataset, list[tu
 
 
 def _slice(n: int, spec: TaskSpec) -> range:
-    return range(n)[spec.start:spec.stop]
+    return range(n)[spec.start : spec.stop]
 
 
 def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> TaskResult:
@@ -244,8 +246,9 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
             ds = load_dataset(builder, data_files={spec.split: spec.data_files}, split=spec.split, cache_dir=cache_dir)
         except (DatasetsError, ValueError, OSError) as e:
             cause = e.__cause__ or e  # datasets wraps the parser's error
-            raise DataLoadError(f"task {spec.label}: data file(s) {source} cannot be read as {builder} "
-                                f"({_first_line(cause)})") from None
+            raise DataLoadError(
+                f"task {spec.label}: data file(s) {source} cannot be read as {builder} ({_first_line(cause)})"
+            ) from None
         if len(ds) == 0:
             raise DataLoadError(f"task {spec.label}: data file(s) {source} hold no rows")
     else:
@@ -259,10 +262,13 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
                 raise DataLoadError(
                     f"task {spec.label}: hub dataset {source} is not in the local cache and offline mode is on "
                     "(HF_HUB_OFFLINE / HF_DATASETS_OFFLINE); give a local copy with `data_files:` (json / jsonl / "
-                    "parquet files in the dataset's column layout)") from None
-            raise DataLoadError(f"task {spec.label}: could not load {source} split {spec.split!r} "
-                                f"({_first_line(e)}); offline? point `data_files` at local files of the same "
-                                "layout") from None
+                    "parquet files in the dataset's column layout)"
+                ) from None
+            raise DataLoadError(
+                f"task {spec.label}: could not load {source} split {spec.split!r} "
+                f"({_first_line(e)}); offline? point `data_files` at local files of the same "
+                "layout"
+            ) from None
     # Shuffle first, then slice: start/stop then pick nanochat's rows. The source row numbers ride along (an
     # in-memory column, the files are not rewritten) so that skipped rows can be named as they are in the file.
     ds = ds.add_column(_SOURCE_ROW, range(len(ds))).shuffle(seed=HUB_SHUFFLE_SEED)
@@ -272,8 +278,16 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
     source_rows = ds[_SOURCE_ROW]
     # cached under a key of the rows and the converting code (this module and the conversation checks)
     fingerprint = cache_key(ds._fingerprint, spec.task, sys.modules[__name__], conversation_module, chat_format)
-    ds = ds.map(_convert_batch, batched=True, fn_kwargs={"task": spec.task}, remove_columns=ds.column_names,
-                features=_ROW_FEATURES, num_proc=num_proc, new_fingerprint=fingerprint, desc=f"Converting {spec.label}")
+    ds = ds.map(
+        _convert_batch,
+        batched=True,
+        fn_kwargs={"task": spec.task},
+        remove_columns=ds.column_names,
+        features=_ROW_FEATURES,
+        num_proc=num_proc,
+        new_fingerprint=fingerprint,
+        desc=f"Converting {spec.label}",
+    )
     ds, bad = _split_errors(ds, source_rows)
     return TaskResult(ds, source, bad)
 

@@ -12,12 +12,14 @@ from .. import tokenizer as tokenizer_package
 from ..paths import cache_key
 from .conversation import loads
 
-TOKENIZED_FEATURES = Features({
-    "input_ids": Sequence(Value("int32")),
-    "labels": Sequence(Value("int32")),
-    "num_tokens": Value("int32"),
-    "task": Value("string"),
-})
+TOKENIZED_FEATURES = Features(
+    {
+        "input_ids": Sequence(Value("int32")),
+        "labels": Sequence(Value("int32")),
+        "num_tokens": Value("int32"),
+        "task": Value("string"),
+    }
+)
 
 
 def _tokenize_batch(batch: dict, tokenizer, max_tokens: int, assistant_only: bool) -> dict:
@@ -32,16 +34,28 @@ def _tokenize_batch(batch: dict, tokenizer, max_tokens: int, assistant_only: boo
 
 def _fingerprint(ds: Dataset, tokenizer, max_tokens: int, assistant_only: bool) -> str:
     """Depends on the data, the tokenizer's content, the options and the rendering code, nothing else."""
-    return cache_key(ds._fingerprint, tokenizer.backend_tokenizer.to_str(), repr(max_tokens), repr(assistant_only),
-                     tokenizer_package, _tokenize_batch)
+    return cache_key(
+        ds._fingerprint,
+        tokenizer.backend_tokenizer.to_str(),
+        repr(max_tokens),
+        repr(assistant_only),
+        tokenizer_package,
+        _tokenize_batch,
+    )
 
 
 def default_cache_dir() -> Path:
     return Path(datasets.config.HF_DATASETS_CACHE) / "nanochat_hf"
 
 
-def tokenize_conversations(ds: Dataset, tokenizer, max_tokens: int = 2048, assistant_only: bool = False,
-                           num_proc: int | None = None, cache_dir: str | os.PathLike | None = None) -> Dataset:
+def tokenize_conversations(
+    ds: Dataset,
+    tokenizer,
+    max_tokens: int = 2048,
+    assistant_only: bool = False,
+    num_proc: int | None = None,
+    cache_dir: str | os.PathLike | None = None,
+) -> Dataset:
     """Render every conversation of a mixture (``load_mixture``) to columns input_ids, labels, num_tokens, task.
 
     labels == input_ids (nanochat mid-training trains on every token), or -100 where the renderer's mask is 0

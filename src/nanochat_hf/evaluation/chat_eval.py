@@ -75,7 +75,7 @@ def categorical_outcomes(model, tokenizer, problems: list[Problem], batch_size: 
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.bos_token_id
     outcomes = []
     for start in range(0, len(problems), batch_size):
-        batch = problems[start:start + batch_size]
+        batch = problems[start : start + batch_size]
         prompts = [render_for_completion(tokenizer, {"messages": p.messages}) for p in batch]
         ids, mask = _left_pad(prompts, pad, device)
         logits = model(input_ids=ids, attention_mask=mask, logits_to_keep=1).logits[:, -1].float()
@@ -85,15 +85,24 @@ def categorical_outcomes(model, tokenizer, problems: list[Problem], batch_size: 
     return outcomes
 
 
-def generative_replies(model, tokenizer, problems: list[Problem], batch_size: int = 8, max_new_tokens: int = 512,
-                       temperature: float = 0.0, top_k: int | None = 50, seed: int | None = None) -> list[str]:
+def generative_replies(
+    model,
+    tokenizer,
+    problems: list[Problem],
+    batch_size: int = 8,
+    max_new_tokens: int = 512,
+    temperature: float = 0.0,
+    top_k: int | None = 50,
+    seed: int | None = None,
+) -> list[str]:
     """Per problem: the whole decoded completion, tool blocks included, as nanochat's chat_eval scores it."""
     replies = []
     for start in range(0, len(problems), batch_size):
-        batch = problems[start:start + batch_size]
+        batch = problems[start : start + batch_size]
         prompts = [render_for_completion(tokenizer, {"messages": p.messages}) for p in batch]
-        for tokens in generate_tokens(model, tokenizer, prompts, max_new_tokens, temperature, top_k,
-                                      None if seed is None else seed + start):
+        for tokens in generate_tokens(
+            model, tokenizer, prompts, max_new_tokens, temperature, top_k, None if seed is None else seed + start
+        ):
             replies.append(decode_completion(tokenizer, tokens))
     return replies
 
@@ -101,9 +110,17 @@ def generative_replies(model, tokenizer, problems: list[Problem], batch_size: in
 # ---------------------------------------------------------------- one task, all tasks
 
 
-def evaluate_task(model, tokenizer, task: EvalTask, problems: list[Problem], batch_size: int = 8,
-                  max_new_tokens: int = 512, temperature: float = 0.0, top_k: int | None = 50,
-                  seed: int | None = None) -> TaskScore:
+def evaluate_task(
+    model,
+    tokenizer,
+    task: EvalTask,
+    problems: list[Problem],
+    batch_size: int = 8,
+    max_new_tokens: int = 512,
+    temperature: float = 0.0,
+    top_k: int | None = 50,
+    seed: int | None = None,
+) -> TaskScore:
     """Score `problems` of `task`; under several processes each takes a strided share, outcomes are gathered.
     The main process shows its share's progress (`nanochat_hf.progress`)."""
     state = PartialState()
@@ -113,27 +130,43 @@ def evaluate_task(model, tokenizer, task: EvalTask, problems: list[Problem], bat
     desc = f"chat eval {task.name}" + (f" (this process's share of {len(problems)})" if state.num_processes > 1 else "")
     with Progress(desc, len(share), "problems", enabled=state.is_main_process) as progress:
         for start in range(0, len(share), batch_size):  # the batches the two modes would make themselves
-            batch = share[start:start + batch_size]
+            batch = share[start : start + batch_size]
             if task.mode == "categorical":
                 outcomes += categorical_outcomes(model, tokenizer, batch, batch_size)
             else:
-                replies = generative_replies(model, tokenizer, batch, batch_size, max_new_tokens, temperature, top_k,
-                                             None if seed is None else seed + start)
+                replies = generative_replies(
+                    model,
+                    tokenizer,
+                    batch,
+                    batch_size,
+                    max_new_tokens,
+                    temperature,
+                    top_k,
+                    None if seed is None else seed + start,
+                )
                 outcomes += [task.check(p, r) for p, r in zip(batch, replies)]
             progress.update(len(batch))
     pairs = list(zip(mine, outcomes))
     if state.num_processes > 1:
         pairs = gather_object(pairs)
     correct = sum(ok for _, ok in pairs)
-    return TaskScore(task.name, task.mode, correct / len(problems) if problems else 0.0, task.baseline,
-                     len(problems))
+    return TaskScore(task.name, task.mode, correct / len(problems) if problems else 0.0, task.baseline, len(problems))
 
 
-def run_chat_eval(model, tokenizer, tasks: list[str] | None = None, max_problems: int | None = None,
-                  batch_size: int = 8, max_new_tokens: int = 512, temperature: float = 0.0,
-                  top_k: int | None = 50, seed: int | None = None,
-                  data_files: dict[str, list[str]] | None = None, cache_dir: str | None = None,
-                  skip_unavailable: Callable[[str, str], None] | None = None) -> list[TaskScore]:
+def run_chat_eval(
+    model,
+    tokenizer,
+    tasks: list[str] | None = None,
+    max_problems: int | None = None,
+    batch_size: int = 8,
+    max_new_tokens: int = 512,
+    temperature: float = 0.0,
+    top_k: int | None = 50,
+    seed: int | None = None,
+    data_files: dict[str, list[str]] | None = None,
+    cache_dir: str | None = None,
+    skip_unavailable: Callable[[str, str], None] | None = None,
+) -> list[TaskScore]:
     """nanochat's chat evaluation of `model` (the bare causal LM, on its device) on `tasks` (default: all six).
 
     `data_files` maps a task name to local files in its hub layout (for offline runs). Returns one TaskScore
@@ -156,8 +189,9 @@ def run_chat_eval(model, tokenizer, tasks: list[str] | None = None, max_problems
                     raise
                 skip_unavailable(name, " ".join(str(e).split()))
                 continue
-            scores.append(evaluate_task(model, tokenizer, task, problems, batch_size, max_new_tokens, temperature,
-                                        top_k, seed))
+            scores.append(
+                evaluate_task(model, tokenizer, task, problems, batch_size, max_new_tokens, temperature, top_k, seed)
+            )
         return scores
     finally:
         model.train(was_training)
@@ -169,8 +203,9 @@ def run_chat_eval(model, tokenizer, tasks: list[str] | None = None, max_problems
 def results_table(scores: list[TaskScore]) -> str:
     """Markdown table (task, mode, accuracy, baseline, centered, n) and the ChatCORE line."""
     lines = ["| task | mode | accuracy | baseline | centered | n |", "|---|---|---|---|---|---|"]
-    lines += [f"| {s.task} | {s.mode} | {s.accuracy:.4f} | {s.baseline:.2f} | {s.centered:.4f} | {s.n} |"
-              for s in scores]
+    lines += [
+        f"| {s.task} | {s.mode} | {s.accuracy:.4f} | {s.baseline:.2f} | {s.centered:.4f} | {s.n} |" for s in scores
+    ]
     core = chatcore(scores)
     if core is not None:
         partial = "" if len(scores) == len(EVAL_TASKS) else f" (over {len(scores)} of {len(EVAL_TASKS)} tasks)"
@@ -201,10 +236,18 @@ def model_index_results(scores: list[TaskScore]) -> list[EvalResult]:
     results = []
     for s in scores:
         task = EVAL_TASKS[s.task]
-        results.append(EvalResult(
-            task_type="text-generation", dataset_type=task.dataset or "nanochat-hf/spelling-bee",
-            dataset_name=s.task, dataset_config=task.config, dataset_split=task.split, metric_type="accuracy",
-            metric_name=f"{s.mode} accuracy ({s.n} problems)", metric_value=round(s.accuracy, 4)))
+        results.append(
+            EvalResult(
+                task_type="text-generation",
+                dataset_type=task.dataset or "nanochat-hf/spelling-bee",
+                dataset_name=s.task,
+                dataset_config=task.config,
+                dataset_split=task.split,
+                metric_type="accuracy",
+                metric_name=f"{s.mode} accuracy ({s.n} problems)",
+                metric_value=round(s.accuracy, 4),
+            )
+        )
     return results
 
 
@@ -223,15 +266,19 @@ class ChatCORE(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
         return evaluate.MetricInfo(
             description="Mean over tasks of (accuracy - baseline) / (1 - baseline), nanochat's ChatCORE.",
-            citation="", inputs_description="correct: 0/1 per problem; task: its chat-eval task name",
-            features=datasets.Features({"correct": datasets.Value("int8"), "task": datasets.Value("string")}))
+            citation="",
+            inputs_description="correct: 0/1 per problem; task: its chat-eval task name",
+            features=datasets.Features({"correct": datasets.Value("int8"), "task": datasets.Value("string")}),
+        )
 
     def _compute(self, correct: list[int], task: list[str]) -> dict:
         totals: dict[str, list[int]] = {}
         for ok, name in zip(correct, task):
             totals.setdefault(task_by_name(name).name, []).append(int(ok))
-        scores = [TaskScore(name, EVAL_TASKS[name].mode, sum(v) / len(v), EVAL_TASKS[name].baseline, len(v))
-                  for name, v in totals.items()]
+        scores = [
+            TaskScore(name, EVAL_TASKS[name].mode, sum(v) / len(v), EVAL_TASKS[name].baseline, len(v))
+            for name, v in totals.items()
+        ]
         return {"chatcore": chatcore(scores), **{f"{s.task}/accuracy": s.accuracy for s in scores}}
 
 

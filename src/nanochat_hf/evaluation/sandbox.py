@@ -23,8 +23,14 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-MECHANISMS = ("network namespace", "PID namespace", "read-only filesystem", "private /proc", "unprivileged uid",
-              "process limit")
+MECHANISMS = (
+    "network namespace",
+    "PID namespace",
+    "read-only filesystem",
+    "private /proc",
+    "unprivileged uid",
+    "process limit",
+)
 _LAUNCHER = str(Path(__file__).with_name("sandbox_launch.py"))
 _GRACE_SECONDS = 10  # the evaluator's deadline on the launcher, past the program's own
 
@@ -47,8 +53,9 @@ class RunResult:
     held: tuple[str, ...] = field(default=(), compare=False)  # the MECHANISMS that held for this run
 
 
-def run_program(program: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 16,
-                max_processes: int = 4) -> RunResult:
+def run_program(
+    program: str, timeout: float = 10.0, memory_mb: int = 1024, max_file_mb: int = 16, max_processes: int = 4
+) -> RunResult:
     """Run `program` (Python source) in the sandbox; passed means it exited 0 within `timeout` seconds.
 
     `memory_mb` is for all its processes together: each of the at most `max_processes` gets an equal share
@@ -56,14 +63,31 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 1024, max_
     workdir = tempfile.mkdtemp(prefix="nanochat_hf_sandbox_")
     try:
         Path(workdir, "program.py").write_text(program, encoding="utf-8")
-        cfg = {"workdir": os.path.realpath(workdir), "timeout": timeout, "cpu_seconds": int(timeout) + 1,
-               "memory_bytes": (memory_mb << 20) // max_processes, "file_bytes": max_file_mb << 20,
-               "max_processes": max_processes, "prelude": _PRELUDE,
-               "env": {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": workdir, "TMPDIR": workdir,
-                       "PYTHONHASHSEED": "0", "PYTHONDONTWRITEBYTECODE": "1"}}
-        launcher = subprocess.Popen([sys.executable, "-I", _LAUNCHER, json.dumps(cfg)], cwd=workdir,
-                                    env={"PATH": cfg["env"]["PATH"]}, stdin=subprocess.DEVNULL,
-                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        cfg = {
+            "workdir": os.path.realpath(workdir),
+            "timeout": timeout,
+            "cpu_seconds": int(timeout) + 1,
+            "memory_bytes": (memory_mb << 20) // max_processes,
+            "file_bytes": max_file_mb << 20,
+            "max_processes": max_processes,
+            "prelude": _PRELUDE,
+            "env": {
+                "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+                "HOME": workdir,
+                "TMPDIR": workdir,
+                "PYTHONHASHSEED": "0",
+                "PYTHONDONTWRITEBYTECODE": "1",
+            },
+        }
+        launcher = subprocess.Popen(
+            [sys.executable, "-I", _LAUNCHER, json.dumps(cfg)],
+            cwd=workdir,
+            env={"PATH": cfg["env"]["PATH"]},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+        )
         try:
             out, err = launcher.communicate(timeout=timeout + _GRACE_SECONDS)
         except subprocess.TimeoutExpired:
@@ -86,8 +110,9 @@ def run_program(program: str, timeout: float = 10.0, memory_mb: int = 1024, max_
         text = stderr.read_bytes()[-4096:].decode("utf-8", "replace") if stderr.is_file() else ""
         text += err.decode("utf-8", "replace")  # the launcher's, if the program could not start
         lines = text.strip().splitlines()
-        return RunResult(False, f"failed (exit {report['returncode']})" + (f": {lines[-1][:200]}" if lines else ""),
-                         held)
+        return RunResult(
+            False, f"failed (exit {report['returncode']})" + (f": {lines[-1][:200]}" if lines else ""), held
+        )
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
 

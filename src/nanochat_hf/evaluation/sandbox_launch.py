@@ -30,8 +30,13 @@ import signal
 import stat
 import sys
 
-CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = 0x20000, 0x8000000, 0x10000000, 0x20000000, \
-    0x40000000
+CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
+    0x20000,
+    0x8000000,
+    0x10000000,
+    0x20000000,
+    0x40000000,
+)
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 KEPT_MOUNT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096  # nosuid, nodev, noexec, noatime, nodiratime, relatime (= ST_*)
 PR_SET_PDEATHSIG = 1
@@ -49,7 +54,9 @@ def _libc(name: str, *args) -> None:
 
 
 def _mount(source, target: str, fstype, flags: int, data=None) -> None:
-    enc = (lambda s: None if s is None else s.encode())
+    def enc(s):
+        return None if s is None else s.encode()
+
     _libc("mount", enc(source), target.encode(), enc(fstype), ctypes.c_ulong(flags), enc(data))
 
 
@@ -59,8 +66,9 @@ def _others_can_enter(path: str) -> bool:
 
 
 def _expose(paths: list) -> list:
-    """As root, for the unprivileged uid: a folder above one of `paths` that others cannot enter (pyenv under /root, 0700) is
-    covered by an empty tmpfs that holds only those paths (bound in). Returns the paths now mounted this way."""
+    """As root, for the unprivileged uid: a folder above one of `paths` that others cannot enter (pyenv under /root,
+    0700) is covered by an empty tmpfs that holds only those paths (bound in). Returns the paths now mounted this
+    way."""
     plan = []
     for path in paths:
         parts = path.strip("/").split("/")
@@ -151,8 +159,12 @@ def _program(cfg: dict, root: bool, namespaces: bool, report_fd: int, uid: int) 
     except OSError:
         pass
     os.chdir(workdir)
-    for limit, value in ((resource.RLIMIT_CPU, cfg["cpu_seconds"]), (resource.RLIMIT_AS, cfg["memory_bytes"]),
-                         (resource.RLIMIT_FSIZE, cfg["file_bytes"]), (resource.RLIMIT_CORE, 0)):
+    for limit, value in (
+        (resource.RLIMIT_CPU, cfg["cpu_seconds"]),
+        (resource.RLIMIT_AS, cfg["memory_bytes"]),
+        (resource.RLIMIT_FSIZE, cfg["file_bytes"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(limit, (value, value))
     os.write(report_fd, json.dumps(held).encode())
     os.close(report_fd)

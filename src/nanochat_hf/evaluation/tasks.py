@@ -10,8 +10,8 @@ completion (tool blocks included), as nanochat's chat_eval.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from datasets import load_dataset
 from datasets.exceptions import DatasetsError
@@ -51,14 +51,17 @@ def arc_problem(row: dict) -> Problem:
     texts, labels = row["choices"]["text"], row["choices"]["label"]
     if row["answerKey"] not in labels:
         raise ValueError(f"answerKey {row['answerKey']!r} is not one of the labels {labels}")
-    letters = LETTERS[:len(texts)]  # labels "1".."4" are shown as A..D too (one answer-token format)
-    return Problem([{"role": "user", "content": render_mc(row["question"], texts)}],
-                   letters[labels.index(row["answerKey"])], letters)
+    letters = LETTERS[: len(texts)]  # labels "1".."4" are shown as A..D too (one answer-token format)
+    return Problem(
+        [{"role": "user", "content": render_mc(row["question"], texts)}],
+        letters[labels.index(row["answerKey"])],
+        letters,
+    )
 
 
 def mmlu_problem(row: dict) -> Problem:
     user, assistant = mmlu_conversation(row)["messages"]
-    return Problem([user], assistant["content"], LETTERS[:len(row["choices"])])
+    return Problem([user], assistant["content"], LETTERS[: len(row["choices"])])
 
 
 _FINAL_NUMBER = re.compile(r"#### (-?[0-9.,]+)")
@@ -83,8 +86,11 @@ def humaneval_problem(row: dict) -> Problem:
     for key in ("task_id", "prompt", "test", "entry_point"):
         if not isinstance(row.get(key), str):
             raise ValueError(f"HumanEval row lacks a string {key!r}")
-    return Problem([{"role": "user", "content": row["prompt"]}], row["task_id"],
-                   program={"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]})
+    return Problem(
+        [{"role": "user", "content": row["prompt"]}],
+        row["task_id"],
+        program={"prompt": row["prompt"], "test": row["test"], "entry_point": row["entry_point"]},
+    )
 
 
 def spelling_bee_problem(index: int) -> Problem:
@@ -121,14 +127,17 @@ def check_humaneval(problem: Problem, reply: str) -> bool:
     return run_program(humaneval_program(problem, reply)).passed
 
 
-EVAL_TASKS = {t.name: t for t in (
-    EvalTask("ARC-Easy", "categorical", 0.25, arc_problem, "allenai/ai2_arc", "ARC-Easy"),
-    EvalTask("ARC-Challenge", "categorical", 0.25, arc_problem, "allenai/ai2_arc", "ARC-Challenge"),
-    EvalTask("MMLU", "categorical", 0.25, mmlu_problem, "cais/mmlu", "all"),
-    EvalTask("GSM8K", "generative", 0.0, gsm8k_problem, "openai/gsm8k", "main", check=check_final_number),
-    EvalTask("HumanEval", "generative", 0.0, humaneval_problem, "openai/openai_humaneval", check=check_humaneval),
-    EvalTask("SpellingBee", "generative", 0.0, None, check=check_final_number),
-)}
+EVAL_TASKS = {
+    t.name: t
+    for t in (
+        EvalTask("ARC-Easy", "categorical", 0.25, arc_problem, "allenai/ai2_arc", "ARC-Easy"),
+        EvalTask("ARC-Challenge", "categorical", 0.25, arc_problem, "allenai/ai2_arc", "ARC-Challenge"),
+        EvalTask("MMLU", "categorical", 0.25, mmlu_problem, "cais/mmlu", "all"),
+        EvalTask("GSM8K", "generative", 0.0, gsm8k_problem, "openai/gsm8k", "main", check=check_final_number),
+        EvalTask("HumanEval", "generative", 0.0, humaneval_problem, "openai/openai_humaneval", check=check_humaneval),
+        EvalTask("SpellingBee", "generative", 0.0, None, check=check_final_number),
+    )
+}
 
 
 def task_by_name(name: str) -> EvalTask:
@@ -139,8 +148,9 @@ def task_by_name(name: str) -> EvalTask:
     raise ValueError(f"unknown chat-eval task {name!r}; expected one of {', '.join(EVAL_TASKS)}")
 
 
-def load_problems(task: EvalTask, data_files: list[str] | None = None, max_problems: int | None = None,
-                  cache_dir: str | None = None) -> list[Problem]:
+def load_problems(
+    task: EvalTask, data_files: list[str] | None = None, max_problems: int | None = None, cache_dir: str | None = None
+) -> list[Problem]:
     """The task's problems: shuffled with seed 42 right after loading, then the first `max_problems`."""
     if task.dataset is None:  # SpellingBee: synthetic test seeds
         n = SPELLING_BEE_SIZE if max_problems is None else min(max_problems, SPELLING_BEE_SIZE)
@@ -152,19 +162,21 @@ def load_problems(task: EvalTask, data_files: list[str] | None = None, max_probl
         for path in data_files:
             check_data_file(path, task.name)
         try:
-            ds = load_dataset(builder, data_files={task.split: list(data_files)}, split=task.split,
-                              cache_dir=cache_dir)
+            ds = load_dataset(builder, data_files={task.split: list(data_files)}, split=task.split, cache_dir=cache_dir)
         except (DatasetsError, ValueError, OSError) as e:
             first = str(e.__cause__ or e).strip().splitlines() or [type(e).__name__]
-            raise DataLoadError(f"{task.name}: data file(s) {source} cannot be read as {builder} ({first[0]})") \
-                from None
+            raise DataLoadError(
+                f"{task.name}: data file(s) {source} cannot be read as {builder} ({first[0]})"
+            ) from None
     else:
         source = f"{task.dataset}/{task.config}" if task.config else task.dataset
         try:
             ds = load_dataset(task.dataset, task.config, split=task.split, cache_dir=cache_dir)
         except (DatasetsError, ConnectionError, OSError) as e:
-            raise DataLoadError(f"{task.name}: could not load {source} split {task.split!r} ({e}); offline? "
-                                f"give local files of the same layout with data_files") from None
+            raise DataLoadError(
+                f"{task.name}: could not load {source} split {task.split!r} ({e}); offline? "
+                f"give local files of the same layout with data_files"
+            ) from None
     ds = ds.shuffle(seed=42)
     if max_problems is not None:
         ds = ds.select(range(min(max_problems, len(ds))))

@@ -8,5 +8,10 @@ from .modeling_nanochat_gpt import (
     NanoChatGPTPreTrainedModel,
 )
 
-__all__ = ["NanoChatGPTConfig", "NanoChatGPTForCausalLM", "NanoChatGPTForSequenceClassification",
-           "NanoChatGPTModel", "NanoChatGPTPreTrainedModel"]
+__all__ = [
+    "NanoChatGPTConfig",
+    "NanoChatGPTForCausalLM",
+    "NanoChatGPTForSequenceClassification",
+    "NanoChatGPTModel",
+    "NanoChatGPTPreTrainedModel",
+]

@@ -100,17 +100,23 @@ class NanoChatGPTConfig(PretrainedConfig):
         if self.layer_types is None:  # transformers' mask helpers read layer_types whenever the attribute exists
             self.layer_types = ["full_attention"] * self.n_layer
         if len(self.layer_types) != self.n_layer or not set(self.layer_types) <= set(LAYER_TYPES):
-            raise ValueError(f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layer} layers, "
-                             f"got {self.layer_types!r}")
+            raise ValueError(
+                f"layer_types must list one of {LAYER_TYPES} for each of the {self.n_layer} layers, "
+                f"got {self.layer_types!r}"
+            )
         if self.value_embeddings and not 0 < self.ve_gate_channels <= self.n_embd:
-            raise ValueError(f"ve_gate_channels must be between 1 and n_embd ({self.n_embd}), "
-                             f"got {self.ve_gate_channels}")
+            raise ValueError(
+                f"ve_gate_channels must be between 1 and n_embd ({self.n_embd}), got {self.ve_gate_channels}"
+            )
         if self.smear and self.n_embd < 24:
-            raise ValueError(f"smear reads the first 24 channels of the embedding: n_embd must be at least 24, "
-                             f"got {self.n_embd}")
+            raise ValueError(
+                f"smear reads the first 24 channels of the embedding: n_embd must be at least 24, got {self.n_embd}"
+            )
         if "sliding_attention" in self.layer_types and (self.sliding_window is None or self.sliding_window < 1):
-            raise ValueError(f"sliding_window must be a positive number of keys when a layer is "
-                             f"'sliding_attention', got {self.sliding_window!r}")
+            raise ValueError(
+                f"sliding_window must be a positive number of keys when a layer is "
+                f"'sliding_attention', got {self.sliding_window!r}"
+            )
 
     @property
     def head_dim(self) -> int:
@@ -133,8 +139,9 @@ class NanoChatGPTConfig(PretrainedConfig):
         """nanochat's depth dial: d layers, 64*d wide, ceil(64*d/128) heads (d20 -> 20 layers, 1280 wide, 10 heads)."""
         n_head = math.ceil(64 * depth / 128)
         kwargs.setdefault("n_kv_head", n_head)
-        return cls(sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head,
-                   n_embd=64 * depth, **kwargs)
+        return cls(
+            sequence_len=sequence_len, vocab_size=vocab_size, n_layer=depth, n_head=n_head, n_embd=64 * depth, **kwargs
+        )
 
     def to_nanochat_dict(self) -> dict:
         """The ``model_config`` block of a nanochat ``meta_<step>.json``."""

@@ -48,12 +48,13 @@ def rotary_cos_sin(config: NanoChatGPTConfig, position_ids: torch.Tensor) -> tup
     Full width, with the sign of the rotation folded into sin (``cat(cos, cos)``, ``cat(sin, -sin)``): built once
     per forward, they make each of the 2 * n_layer rotations a roll, two products and a sum (see ``apply_rotary``)."""
     hd = config.head_dim
-    inv_freq = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32,
-                                                          device=position_ids.device) / hd))
+    inv_freq = 1.0 / (
+        config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.float32, device=position_ids.device) / hd)
+    )
     angles = position_ids.to(torch.float32)[..., None] * inv_freq
     angles = torch.cat((angles, angles), dim=-1)
     sin = angles.sin()
-    sin[..., hd // 2:].neg_()
+    sin[..., hd // 2 :].neg_()
     dtype = getattr(torch, config.rotary_dtype)
     return angles.cos().to(dtype), sin.to(dtype)
 
@@ -66,8 +67,16 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
     return (x * cos + x.roll(x.size(-1) // 2, dims=-1) * sin).to(x.dtype)
 
 
-def eager_attention_forward(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                            attention_mask: torch.Tensor | None, scaling: float, dropout: float = 0.0, **kwargs):
+def eager_attention_forward(
+    module: nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    scaling: float,
+    dropout: float = 0.0,
+    **kwargs,
+):
     """Plain matmul-softmax attention (``attn_implementation="eager"``), returns (B, T, H, hd) and the weights."""
     n_rep = module.num_key_value_groups
     key, value = key.repeat_interleave(n_rep, dim=1), value.repeat_interleave(n_rep, dim=1)
@@ -92,7 +101,7 @@ class NanoChatGPTAttention(nn.Module):
         self.layer_idx = layer_idx
         self.n_head, self.n_kv_head, self.head_dim = config.n_head, config.n_kv_head, config.head_dim
         self.num_key_value_groups = config.n_head // config.n_kv_head  # read by transformers' attention functions
-        self.scaling = self.head_dim ** -0.5
+        self.scaling = self.head_dim**-0.5
         self.is_causal = True
         self.c_q = nn.Linear(config.n_embd, self.n_head * self.head_dim, bias=False)
         self.c_k = nn.Linear(config.n_embd, self.n_kv_head * self.head_dim, bias=False)
@@ -107,9 +116,15 @@ class NanoChatGPTAttention(nn.Module):
             self.ve_gate = nn.Linear(config.ve_gate_channels, self.n_kv_head, bias=False)
             self.ve_gate.small_uniform_init = True
 
-    def forward(self, x: torch.Tensor, cos_sin: tuple[torch.Tensor, torch.Tensor],
-                attention_mask: torch.Tensor | None, past_key_values: Cache | None, ve: torch.Tensor | None = None,
-                **kwargs) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos_sin: tuple[torch.Tensor, torch.Tensor],
+        attention_mask: torch.Tensor | None,
+        past_key_values: Cache | None,
+        ve: torch.Tensor | None = None,
+        **kwargs,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Returns the output and the attention weights (None unless the eager implementation computed them).
         ``ve``: this layer's value embedding of the input tokens, (B, T, n_kv_head * head_dim), or None."""
         B, T, _ = x.shape
@@ -117,7 +132,7 @@ class NanoChatGPTAttention(nn.Module):
         k = self.c_k(x).view(B, T, self.n_kv_head, self.head_dim).transpose(1, 2)
         v = self.c_v(x).view(B, T, self.n_kv_head, self.head_dim)
         if ve is not None:  # nanochat's order: the gated value embedding is added before RoPE and QK-norm
-            gate = self.config.ve_gate_scale * torch.sigmoid(self.ve_gate(x[..., :self.config.ve_gate_channels]))
+            gate = self.config.ve_gate_scale * torch.sigmoid(self.ve_gate(x[..., : self.config.ve_gate_channels]))
             v = v + gate.unsqueeze(-1) * ve.view(B, T, self.n_kv_head, self.head_dim)
         v = v.transpose(1, 2)
         q, k = apply_rotary(q, *cos_sin), apply_rotary(k, *cos_sin)
@@ -127,8 +142,17 @@ class NanoChatGPTAttention(nn.Module):
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, self.layer_idx)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
-        y, weights = attention(self, q, k, v, attention_mask, dropout=0.0, scaling=self.scaling,
-                               sliding_window=self.sliding_window, **kwargs)
+        y, weights = attention(
+            self,
+            q,
+            k,
+            v,
+            attention_mask,
+            dropout=0.0,
+            scaling=self.scaling,
+            sliding_window=self.sliding_window,
+            **kwargs,
+        )
         return self.c_proj(y.reshape(B, T, -1)), weights
 
 
@@ -150,8 +174,9 @@ class NanoChatGPTBlock(GradientCheckpointingLayer):
         self.attn = NanoChatGPTAttention(config, layer_idx)
         self.mlp = NanoChatGPTMLP(config)
 
-    def forward(self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, ve=None,
-                **kwargs) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, ve=None, **kwargs
+    ) -> torch.Tensor:
         x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, ve, **kwargs)[0]
         return x + self.mlp(rms_norm(x))
 
@@ -187,10 +212,15 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
         # transformers writes only the saved class into the remote-code auto_map; name every class of this file so
         # AutoModel / AutoModelForSequenceClassification load any saved directory too (the files are the same)
         if self._auto_class is not None:
-            heads = {"AutoModel": "NanoChatGPTModel", "AutoModelForCausalLM": "NanoChatGPTForCausalLM",
-                     "AutoModelForSequenceClassification": "NanoChatGPTForSequenceClassification"}
-            self.config.auto_map = {**(getattr(self.config, "auto_map", None) or {}),
-                                    **{auto: f"modeling_nanochat_gpt.{name}" for auto, name in heads.items()}}
+            heads = {
+                "AutoModel": "NanoChatGPTModel",
+                "AutoModelForCausalLM": "NanoChatGPTForCausalLM",
+                "AutoModelForSequenceClassification": "NanoChatGPTForSequenceClassification",
+            }
+            self.config.auto_map = {
+                **(getattr(self.config, "auto_map", None) or {}),
+                **{auto: f"modeling_nanochat_gpt.{name}" for auto, name in heads.items()},
+            }
         return super().save_pretrained(save_directory, *args, **kwargs)
 
     @torch.no_grad()
@@ -203,7 +233,7 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
                 init.zeros_(module.weight)
             else:
                 fan_out, fan_in = module.weight.shape
-                std = fan_in ** -0.5 * min(1.0, (fan_out / fan_in) ** 0.5)
+                std = fan_in**-0.5 * min(1.0, (fan_out / fan_in) ** 0.5)
                 init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, nn.Embedding):
             init.normal_(module.weight, mean=0.0, std=1.0)
@@ -213,7 +243,7 @@ class NanoChatGPTPreTrainedModel(PreTrainedModel):
         (``c_fc`` 0.4x), zero output projections, wte N(0, 0.8), lm_head N(0, 0.001), value embeddings like c_v,
         gates U(0, 0.02), scalars by depth."""
         c = self.config
-        s = 3 ** 0.5 * c.n_embd ** -0.5
+        s = 3**0.5 * c.n_embd**-0.5
         if isinstance(module, nn.Linear):
             if getattr(module, "small_uniform_init", False):  # ve_gate, smear_gate
                 init.uniform_(module.weight, 0.0, 0.02)
@@ -255,9 +285,12 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         self.h = nn.ModuleList([NanoChatGPTBlock(config, i) for i in range(config.n_layer)])
         # the generations after December (see the config); nanochat's names, under this backbone's prefix
         if config.value_embeddings:  # G3 (registered before the float32 scalars: see ``dtype``)
-            self.value_embeds = nn.ModuleDict({str(i): nn.Embedding(config.padded_vocab_size, config.n_kv_head *
-                                                                    config.head_dim)
-                                               for i in config.value_embedding_layers})
+            self.value_embeds = nn.ModuleDict(
+                {
+                    str(i): nn.Embedding(config.padded_vocab_size, config.n_kv_head * config.head_dim)
+                    for i in config.value_embedding_layers
+                }
+            )
             for embedding in self.value_embeds.values():
                 embedding.value_embedding = True
         if config.residual_lambdas:  # G1
@@ -298,8 +331,9 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if c.value_embeddings and input_ids is None:
-            raise ValueError("value embeddings (nanochat G3 on) are looked up by token: pass input_ids, "
-                             "not inputs_embeds")
+            raise ValueError(
+                "value embeddings (nanochat G3 on) are looked up by token: pass input_ids, not inputs_embeds"
+            )
         if use_cache is None:  # a cache only helps decoding, not training
             use_cache = c.use_cache and not self.training
         x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
@@ -317,7 +351,7 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             # left padding: each row counts positions from its first real token (as generate() does)
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1]:]
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1] :]
         elif position_ids is None:
             position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
         position_ids = position_ids.expand(x.shape[0], -1)
@@ -332,32 +366,35 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
             if c.residual_lambdas:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = value_embeds[str(i)](input_ids).to(x.dtype) if str(i) in value_embeds else None
-            x = block(x, cos_sin, attention_mask=masks[c.layer_types[i]], past_key_values=past_key_values, ve=ve,
-                      **kwargs)
+            x = block(
+                x, cos_sin, attention_mask=masks[c.layer_types[i]], past_key_values=past_key_values, ve=ve, **kwargs
+            )
             if c.backout and i == c.n_layer // 2:
                 x_backout = x
         if x_backout is not None:  # G5: the mid-depth residual is subtracted before the final norm
             x = x - self.backout_lambda.to(x.dtype) * x_backout
-        return BaseModelOutputWithPast(last_hidden_state=rms_norm(x),
-                                       **{CACHE: past_key_values if use_cache else None})
+        return BaseModelOutputWithPast(last_hidden_state=rms_norm(x), **{CACHE: past_key_values if use_cache else None})
 
-    def _smear(self, x: torch.Tensor, past: int, previous_input_ids: torch.LongTensor | None,
-               position_ids: torch.LongTensor) -> torch.Tensor:
+    def _smear(
+        self, x: torch.Tensor, past: int, previous_input_ids: torch.LongTensor | None, position_ids: torch.LongTensor
+    ) -> torch.Tensor:
         """G5: ``x[t] += smear_lambda * sigmoid(smear_gate(x[t, :24])) * x[t-1]`` on the normed embeddings (x[t-1]
         before smearing). With a cache the token before ``x`` is ``previous_input_ids``. A sequence's first token
         (position 0: the first position, the first real token after left padding, a packed document's start)
         takes nothing."""
         if past and previous_input_ids is None:
-            raise ValueError("smear (nanochat G5) mixes in the previous token's embedding: decoding with a "
-                             "non-empty cache needs previous_input_ids, the token before input_ids (generate() "
-                             "passes it)")
+            raise ValueError(
+                "smear (nanochat G5) mixes in the previous token's embedding: decoding with a "
+                "non-empty cache needs previous_input_ids, the token before input_ids (generate() "
+                "passes it)"
+            )
         if past:
             previous = rms_norm(self.wte(previous_input_ids.reshape(-1, 1)))
             prev, cur = torch.cat([previous, x[:, :-1]], dim=1), x
         else:
             prev, cur = x[:, :-1], x[:, 1:]
         gate = self.smear_lambda.to(x.dtype) * torch.sigmoid(self.smear_gate(cur[..., :SMEAR_CHANNELS]))
-        continues = position_ids[:, x.shape[1] - cur.shape[1]:] > 0  # has a previous token in its sequence
+        continues = position_ids[:, x.shape[1] - cur.shape[1] :] > 0  # has a previous token in its sequence
         gate = gate * continues[..., None].to(gate.dtype)
         smeared = cur + gate * prev
         return smeared if past else torch.cat([x[:, :1], smeared], dim=1)
@@ -384,8 +421,10 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         per-layer scalars) + the attention term, each sliding layer counting its window instead of sequence_len."""
         c = self.config
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        windows = [c.sequence_len if t == "full_attention" else min(c.sliding_window - 1, c.sequence_len)
-                   for t in c.layer_types]
+        windows = [
+            c.sequence_len if t == "full_attention" else min(c.sliding_window - 1, c.sequence_len)
+            for t in c.layer_types
+        ]
         return 6 * n_matmul + sum(12 * c.n_head * c.head_dim * w for w in windows)
 
     def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs) -> dict:
@@ -396,16 +435,22 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
             inputs["previous_input_ids"] = input_ids[:, -new.shape[1] - 1]
         return inputs
 
-    def _prepare_attention_mask_for_generation(self, inputs_tensor: torch.Tensor, generation_config,
-                                               model_kwargs: dict) -> torch.LongTensor:
+    def _prepare_attention_mask_for_generation(
+        self, inputs_tensor: torch.Tensor, generation_config, model_kwargs: dict
+    ) -> torch.LongTensor:
         """generate() without an attention mask. transformers would mask every token equal to the pad token, and a
         nanochat tokenizer pads with <|bos|> (eos must stay visible to the loss, see the tokenizer), so it would
         mask the leading <|bos|> every sequence starts with. Every nanochat sequence starts with exactly one bos:
         when pad == bos, only the leading run of pad tokens except its last one is padding. This keeps left-padded
         batches right and makes generate(ids) equal generate(ids, attention_mask=ones)."""
         pad, bos = generation_config._pad_token_tensor, generation_config._bos_token_tensor
-        if (pad is None or bos is None or inputs_tensor.dim() != 2 or inputs_tensor.is_floating_point()
-                or not torch.isin(pad, bos).any()):
+        if (
+            pad is None
+            or bos is None
+            or inputs_tensor.dim() != 2
+            or inputs_tensor.is_floating_point()
+            or not torch.isin(pad, bos).any()
+        ):
             return super()._prepare_attention_mask_for_generation(inputs_tensor, generation_config, model_kwargs)
         leading = (inputs_tensor == pad.reshape(-1)[0]).long().cumprod(-1).sum(-1, keepdim=True)  # pad run length
         positions = torch.arange(inputs_tensor.shape[-1], device=inputs_tensor.device)
@@ -432,13 +477,20 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         or "none" -> per-token nats, 0 where ignored: (B, L-1) from labels, (B, L) from shift_labels."""
         if use_cache is None:  # a cache only helps decoding: not when training or scoring labels
             use_cache = self.config.use_cache and not self.training and labels is None and shift_labels is None
-        out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                               return_dict=True, **kwargs)  # an output object even if config.return_dict is False
+        out = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            return_dict=True,
+            **kwargs,
+        )  # an output object even if config.return_dict is False
         keep = slice(-logits_to_keep, None) if isinstance(logits_to_keep, int) else logits_to_keep
         logits = self.lm_head(out.last_hidden_state[:, keep])
         if self.config.padded_vocab_size != self.config.vocab_size:  # padding rows never become logits
-            logits = logits[..., :self.config.vocab_size]
+            logits = logits[..., : self.config.vocab_size]
         logits = logits.float()
         cap = self.config.final_logit_softcapping
         logits = cap * torch.tanh(logits / cap)
@@ -446,31 +498,52 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         loss = None
         if labels is not None or shift_labels is not None:
             loss = self._loss(logits, labels, shift_labels, loss_reduction, num_items_in_batch)
-        return CausalLMOutputWithPast(loss=loss, logits=logits, **{CACHE: getattr(out, CACHE)},
-                                      hidden_states=out.hidden_states, attentions=out.attentions)
+        return CausalLMOutputWithPast(
+            loss=loss,
+            logits=logits,
+            **{CACHE: getattr(out, CACHE)},
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
 
-    def _loss(self, logits: torch.Tensor, labels: torch.Tensor | None, shift_labels: torch.Tensor | None,
-              reduction: str, num_items_in_batch) -> torch.Tensor:
+    def _loss(
+        self,
+        logits: torch.Tensor,
+        labels: torch.Tensor | None,
+        shift_labels: torch.Tensor | None,
+        reduction: str,
+        num_items_in_batch,
+    ) -> torch.Tensor:
         """Sequence/context parallel training shifts the labels before it shards the sequence and hands the model
         ``shift_labels``; without them the last position has no target and is left out (not padded with -100: the
         sum then runs over the same terms in the same order as nanochat's loss, bit for bit)."""
         if shift_labels is None:
             if logits.shape[1] != labels.shape[1]:
-                raise ValueError(f"labels length {labels.shape[1]} != logits length {logits.shape[1]} "
-                                 "(logits_to_keep must be 0 when computing a loss)")
+                raise ValueError(
+                    f"labels length {labels.shape[1]} != logits length {logits.shape[1]} "
+                    "(logits_to_keep must be 0 when computing a loss)"
+                )
             logits, shift_labels = logits[:, :-1], labels[:, 1:]
         elif shift_labels.shape != logits.shape[:2]:
-            raise ValueError(f"shift_labels shape {tuple(shift_labels.shape)} != logits shape "
-                             f"{tuple(logits.shape[:2])} (logits_to_keep must be 0 when computing a loss)")
+            raise ValueError(
+                f"shift_labels shape {tuple(shift_labels.shape)} != logits shape "
+                f"{tuple(logits.shape[:2])} (logits_to_keep must be 0 when computing a loss)"
+            )
         shift_labels = shift_labels.to(logits.device)
         if reduction == "mean":  # transformers' causal LM loss, handed the targets it would otherwise shift itself
-            return self.loss_function(logits=logits.contiguous(), labels=None, vocab_size=logits.shape[-1],
-                                      num_items_in_batch=num_items_in_batch, shift_labels=shift_labels.contiguous())
+            return self.loss_function(
+                logits=logits.contiguous(),
+                labels=None,
+                vocab_size=logits.shape[-1],
+                num_items_in_batch=num_items_in_batch,
+                shift_labels=shift_labels.contiguous(),
+            )
         if reduction == "none":
             return F.cross_entropy(logits.transpose(1, 2), shift_labels, ignore_index=-100, reduction="none")
         if reduction == "sum":
-            return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), shift_labels.reshape(-1), ignore_index=-100,
-                                   reduction="sum")
+            return F.cross_entropy(
+                logits.reshape(-1, logits.shape[-1]), shift_labels.reshape(-1), ignore_index=-100, reduction="sum"
+            )
         raise ValueError(f"loss_reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
 
 
@@ -503,9 +576,16 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         use_cache: bool | None = None,
         **kwargs,
     ) -> SequenceClassifierOutputWithPast:
-        out = self.transformer(input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                               past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
-                               return_dict=True, **kwargs)  # an output object even if config.return_dict is False
+        out = self.transformer(
+            input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            use_cache=use_cache,
+            return_dict=True,
+            **kwargs,
+        )  # an output object even if config.return_dict is False
         logits = self.score(out.last_hidden_state)
         batch = logits.shape[0]
         if attention_mask is not None and attention_mask.dim() == 2:  # last real token, left or right padding
@@ -523,9 +603,18 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         loss = None
         if labels is not None:
             loss = self.loss_function(logits=logits, labels=labels, pooled_logits=pooled, config=self.config)
-        return SequenceClassifierOutputWithPast(loss=loss, logits=pooled, **{CACHE: getattr(out, CACHE)},
-                                                hidden_states=out.hidden_states, attentions=out.attentions)
+        return SequenceClassifierOutputWithPast(
+            loss=loss,
+            logits=pooled,
+            **{CACHE: getattr(out, CACHE)},
+            hidden_states=out.hidden_states,
+            attentions=out.attentions,
+        )
 
 
-__all__ = ["NanoChatGPTForCausalLM", "NanoChatGPTForSequenceClassification", "NanoChatGPTModel",
-           "NanoChatGPTPreTrainedModel"]
+__all__ = [
+    "NanoChatGPTForCausalLM",
+    "NanoChatGPTForSequenceClassification",
+    "NanoChatGPTModel",
+    "NanoChatGPTPreTrainedModel",
+]

@@ -2,16 +2,29 @@
 
 from .head import RECIPES, NorMuonAdamW, build_head_optimizer, head_state_bytes_per_rank
 from .kernels import (
-           adamw_update,
-           muon_lr_scale,
-           muon_update,
-           newton_schulz,
-           normuon_update,
-           ns_batch_size,
-           polar_express,
+    adamw_update,
+    muon_lr_scale,
+    muon_update,
+    newton_schulz,
+    normuon_update,
+    ns_batch_size,
+    polar_express,
 )
 from .optimizer import MuonAdamW, build_optimizer, state_bytes_per_rank
 
-__all__ = ["RECIPES", "MuonAdamW", "NorMuonAdamW", "adamw_update", "build_head_optimizer", "build_optimizer",
-           "head_state_bytes_per_rank", "muon_lr_scale", "muon_update", "newton_schulz", "normuon_update",
-           "ns_batch_size", "polar_express", "state_bytes_per_rank"]
+__all__ = [
+    "RECIPES",
+    "MuonAdamW",
+    "NorMuonAdamW",
+    "adamw_update",
+    "build_head_optimizer",
+    "build_optimizer",
+    "head_state_bytes_per_rank",
+    "muon_lr_scale",
+    "muon_update",
+    "newton_schulz",
+    "normuon_update",
+    "ns_batch_size",
+    "polar_express",
+    "state_bytes_per_rank",
+]

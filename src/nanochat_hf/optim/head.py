@@ -67,9 +67,11 @@ def head_group_of(name: str) -> str:
         return key
     if key in _SMEAR:
         return "smear"
-    raise ValueError(f"parameter {name!r} belongs to no optimizer group of recipe 2026-07: expected transformer.h.*, "
-                     f"transformer.wte.weight, lm_head.weight, value_embeds.*, resid_lambdas, x0_lambdas or "
-                     f"{', '.join(_SMEAR)}")
+    raise ValueError(
+        f"parameter {name!r} belongs to no optimizer group of recipe 2026-07: expected transformer.h.*, "
+        f"transformer.wte.weight, lm_head.weight, value_embeds.*, resid_lambdas, x0_lambdas or "
+        f"{', '.join(_SMEAR)}"
+    )
 
 
 def nanochat_order(name: str) -> tuple[int, int]:
@@ -86,9 +88,16 @@ def nanochat_order(name: str) -> tuple[int, int]:
     return (_SMEAR.index(key), 0) if key in _SMEAR else (0, 0)
 
 
-def head_param_groups(model: torch.nn.Module, matrix_lr: float, embedding_lr: float, unembedding_lr: float,
-                      weight_decay: float, init_lr_frac: float, scalar_lr: float,
-                      polar_dtype: torch.dtype) -> list[dict[str, Any]]:
+def head_param_groups(
+    model: torch.nn.Module,
+    matrix_lr: float,
+    embedding_lr: float,
+    unembedding_lr: float,
+    weight_decay: float,
+    init_lr_frac: float,
+    scalar_lr: float,
+    polar_dtype: torch.dtype,
+) -> list[dict[str, Any]]:
     """nanochat HEAD's param groups for the trainable parameters of ``model`` (empty groups left out). The Muon
     groups' ``polar_dtype`` is stored by name ("bfloat16"), so that the state dict stays JSON-able."""
     config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
@@ -101,20 +110,39 @@ def head_param_groups(model: torch.nn.Module, matrix_lr: float, embedding_lr: fl
             if group == "muon" and p.ndim != 2:
                 raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
             named.setdefault(group, []).append((name, p))
-    members = {group: [p for _, p in sorted(items, key=lambda item: nanochat_order(item[0]))]
-               for group, items in named.items()}
+    members = {
+        group: [p for _, p in sorted(items, key=lambda item: nanochat_order(item[0]))] for group, items in named.items()
+    }
     groups = []
     for name, formula, betas, wd in ADAMW_GROUPS:
         if members.get(name):
-            groups.append({"kind": "adamw", "name": f"adamw/{name}", "params": members[name],
-                           "lr": formula(rates) * init_lr_frac,
-                           "betas": betas, "eps": 1e-10, "weight_decay": wd})
+            groups.append(
+                {
+                    "kind": "adamw",
+                    "name": f"adamw/{name}",
+                    "params": members[name],
+                    "lr": formula(rates) * init_lr_frac,
+                    "betas": betas,
+                    "eps": 1e-10,
+                    "weight_decay": wd,
+                }
+            )
     matrices = members.get("muon", [])
     for shape in sorted({tuple(p.shape) for p in matrices}):
-        groups.append({"kind": "muon", "name": f"muon/{shape[0]}x{shape[1]}",
-                       "params": [p for p in matrices if tuple(p.shape) == shape], "lr": matrix_lr * init_lr_frac,
-                       "momentum": 0.95, "nesterov": True, "ns_steps": 5, "beta2": 0.9,
-                       "weight_decay": weight_decay, "polar_dtype": str(polar_dtype).removeprefix("torch.")})
+        groups.append(
+            {
+                "kind": "muon",
+                "name": f"muon/{shape[0]}x{shape[1]}",
+                "params": [p for p in matrices if tuple(p.shape) == shape],
+                "lr": matrix_lr * init_lr_frac,
+                "momentum": 0.95,
+                "nesterov": True,
+                "ns_steps": 5,
+                "beta2": 0.9,
+                "weight_decay": weight_decay,
+                "polar_dtype": str(polar_dtype).removeprefix("torch."),
+            }
+        )
     for g in groups:
         g["initial_lr"] = g["lr"]
     return groups
@@ -131,8 +159,10 @@ class NorMuonAdamW(MuonAdamW):
         for group in param_groups:
             shapes = {tuple(p.shape) for p in group["params"]}
             if group.get("kind") == "muon" and len(shapes) > 1:
-                raise ValueError(f"param group {group.get('name')!r}: a Muon group of recipe 2026-07 is one stack "
-                                 f"of same-shaped matrices, got shapes {sorted(shapes)}")
+                raise ValueError(
+                    f"param group {group.get('name')!r}: a Muon group of recipe 2026-07 is one stack "
+                    f"of same-shaped matrices, got shapes {sorted(shapes)}"
+                )
         super().__init__(param_groups, process_group=process_group, sharded=sharded)
 
     def _step_local(self) -> None:
@@ -156,8 +186,9 @@ class NorMuonAdamW(MuonAdamW):
             k, _, _ = self._muon_chunk(group)
             rows, cols = p.shape
             st["momentum_buffer"] = torch.zeros((k, rows, cols), dtype=torch.float32, device=p.device)
-            st["second_momentum_buffer"] = torch.zeros((k, rows, 1) if rows >= cols else (k, 1, cols),
-                                                       dtype=torch.float32, device=p.device)
+            st["second_momentum_buffer"] = torch.zeros(
+                (k, rows, 1) if rows >= cols else (k, 1, cols), dtype=torch.float32, device=p.device
+            )
         return st
 
     def _replicated(self, p: Tensor) -> bool:
@@ -203,27 +234,50 @@ class NorMuonAdamW(MuonAdamW):
             if self._replicated(p):
                 st = self._adamw_state(p, p.shape[0])
                 st["step"] += 1
-                adamw_update(p, grad, st["exp_avg"], st["exp_avg_sq"], step=st["step"], lr=group["lr"],
-                             betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+                adamw_update(
+                    p,
+                    grad,
+                    st["exp_avg"],
+                    st["exp_avg_sq"],
+                    step=st["step"],
+                    lr=group["lr"],
+                    betas=group["betas"],
+                    eps=group["eps"],
+                    weight_decay=group["weight_decay"],
+                )
             else:
                 gathers.append(self._adamw_rows_step(group, p, grad))
-        for (group, _, _), grad in zip(muon_jobs, reduced[len(adamw_jobs):]):
+        for (group, _, _), grad in zip(muon_jobs, reduced[len(adamw_jobs) :]):
             params = group["params"]
             k, start, end = self._muon_chunk(group)
             st = self._muon_state(group)
             owned = params[start:end]
-            normuon_update(owned, grad[: end - start], st["momentum_buffer"][: end - start],
-                           st["second_momentum_buffer"][: end - start], lr=group["lr"], momentum=group["momentum"],
-                           beta2=group["beta2"], weight_decay=group["weight_decay"], ns_steps=group["ns_steps"],
-                           dtype=getattr(torch, group["polar_dtype"]))
+            normuon_update(
+                owned,
+                grad[: end - start],
+                st["momentum_buffer"][: end - start],
+                st["second_momentum_buffer"][: end - start],
+                lr=group["lr"],
+                momentum=group["momentum"],
+                beta2=group["beta2"],
+                weight_decay=group["weight_decay"],
+                ns_steps=group["ns_steps"],
+                dtype=getattr(torch, group["polar_dtype"]),
+            )
             if world > 1:
                 mine = grad.new_zeros((k, *grad.shape[1:]))
                 if owned:
                     mine[: end - start] = torch.stack(owned)
                 full = grad.new_empty((k * world, *grad.shape[1:]))
                 work = _all_gather_single(full.flatten(0, 1), mine.flatten(0, 1), group=pg, async_op=True)
-                gathers.append((work, lambda params=params, full=full: torch._foreach_copy_(
-                    params, list(full[: len(params)].unbind(0)))))
+                gathers.append(
+                    (
+                        work,
+                        lambda params=params, full=full: torch._foreach_copy_(
+                            params, list(full[: len(params)].unbind(0))
+                        ),
+                    )
+                )
         # 4. wait for every parameter to be complete again
         for work, finish in gathers:
             work.wait()
@@ -235,7 +289,7 @@ class NorMuonAdamW(MuonAdamW):
 
         The ranks' sharded pieces are disjoint (padding is zero); a replicated gradient is counted on rank 0 only.
         """
-        parts = [g.float().pow(2).sum() for g in reduced[len(adamw_jobs):]]
+        parts = [g.float().pow(2).sum() for g in reduced[len(adamw_jobs) :]]
         for (_, p, _, _), g in zip(adamw_jobs, reduced):
             if not self._replicated(p) or self.world_size == 1 or self.rank == 0:
                 parts.append(g.float().pow(2).sum())
@@ -259,8 +313,11 @@ class NorMuonAdamW(MuonAdamW):
                 for p in group["params"]:
                     if p in self.state:
                         st = self.state[p]
-                        state[index[id(p)]] = ({k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
-                                               if self._replicated(p) else self._gather_adamw_state(p))
+                        state[index[id(p)]] = (
+                            {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+                            if self._replicated(p)
+                            else self._gather_adamw_state(p)
+                        )
                 continue
             p = group["params"][0]
             if p in self.state:  # every rank steps every Muon group: all have it or none
@@ -268,15 +325,17 @@ class NorMuonAdamW(MuonAdamW):
                 full = {}
                 for key, local in self.state[p].items():
                     gathered = local.new_empty((k * self.world_size, *local.shape[1:]))
-                    _all_gather_single(gathered.flatten(0, 1), local.flatten(0, 1).contiguous(),
-                                       group=self.process_group)
+                    _all_gather_single(
+                        gathered.flatten(0, 1), local.flatten(0, 1).contiguous(), group=self.process_group
+                    )
                     full[key] = gathered[: len(group["params"])].clone()
                 state[index[id(p)]] = full
         return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
 
 
-def head_state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]],
-                              world_size: int) -> list[int]:
+def head_state_bytes_per_rank(
+    muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]], world_size: int
+) -> list[int]:
     """Optimizer state bytes each rank holds after a step of recipe 2026-07, from the layout of the module docstring.
 
     ``muon_shapes``: every Muon matrix (stacked by shape: k = ceil(K/W) float32 momentum matrices per rank plus the
@@ -300,10 +359,19 @@ def head_state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: 
     return per_rank
 
 
-def build_head_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
-                         unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
-                         scalar_lr: float = 0.5, polar_dtype: torch.dtype | None = None, process_group: Any = None,
-                         sharded: bool | None = None) -> NorMuonAdamW:
+def build_head_optimizer(
+    model: torch.nn.Module,
+    matrix_lr: float = 0.02,
+    embedding_lr: float = 0.2,
+    unembedding_lr: float = 0.004,
+    weight_decay: float = 0.0,
+    init_lr_frac: float = 1.0,
+    *,
+    scalar_lr: float = 0.5,
+    polar_dtype: torch.dtype | None = None,
+    process_group: Any = None,
+    sharded: bool | None = None,
+) -> NorMuonAdamW:
     """nanochat HEAD's optimizer (recipe "2026-07") for a NanoChatGPT model of any generation, grouped by parameter
     name as gpt.py setup_optimizer groups them. ``weight_decay`` is the Muon groups' (the AdamW groups have
     nanochat's fixed ones); every group's lr and initial_lr are its base rate times ``init_lr_frac``.
@@ -314,13 +382,15 @@ def build_head_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedd
     if polar_dtype is None:
         device = next(model.parameters()).device
         polar_dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
-    groups = head_param_groups(model, matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac,
-                               scalar_lr, polar_dtype)
+    groups = head_param_groups(
+        model, matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac, scalar_lr, polar_dtype
+    )
     return NorMuonAdamW(groups, process_group=process_group, sharded=sharded)
 
 
-def build_recipe_optimizer(recipe: str, model: torch.nn.Module, *rates: float, process_group: Any = None,
-                           sharded: bool | None = None) -> MuonAdamW:
+def build_recipe_optimizer(
+    recipe: str, model: torch.nn.Module, *rates: float, process_group: Any = None, sharded: bool | None = None
+) -> MuonAdamW:
     """`build_optimizer` for a ``recipe`` other than the default "2025-12" (``rates``: its five positional rates)."""
     if recipe not in RECIPES[1:]:
         raise ValueError(f"optimizer recipe {recipe!r}: expected one of {', '.join(RECIPES)}")

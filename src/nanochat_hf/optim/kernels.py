@@ -62,8 +62,9 @@ def ns_batch_size(device: torch.device, shape: tuple[int, ...]) -> int:
     return 1 if m * m * k >= CPU_PER_MATRIX_MIN_WORK else 0
 
 
-def newton_schulz(g: Tensor, steps: int = 5, *, batch_size: int | None = None, gram: bool = False,
-                  dtype: torch.dtype = torch.bfloat16) -> Tensor:
+def newton_schulz(
+    g: Tensor, steps: int = 5, *, batch_size: int | None = None, gram: bool = False, dtype: torch.dtype = torch.bfloat16
+) -> Tensor:
     """Quintic Newton-Schulz orthogonalisation, by default in bfloat16.
 
     ``g`` is one matrix (r, c) or a stack of same-shaped matrices (n, r, c); every matrix is processed
@@ -95,9 +96,18 @@ def muon_lr_scale(shape: torch.Size | tuple[int, ...]) -> float:
     return max(1.0, shape[-2] / shape[-1]) ** 0.5
 
 
-def muon_update(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *, lr: float,
-                momentum: float, nesterov: bool, ns_steps: int, batch_size: int | None = None,
-                gram: bool = False) -> None:
+def muon_update(
+    params: list[Tensor],
+    grads: list[Tensor],
+    bufs: list[Tensor],
+    *,
+    lr: float,
+    momentum: float,
+    nesterov: bool,
+    ns_steps: int,
+    batch_size: int | None = None,
+    gram: bool = False,
+) -> None:
     """One Muon step for same-shaped matrices: momentum (float32 buffers), Newton-Schulz, update.
 
     ``batch_size`` matrices (0: all; None: :func:`ns_batch_size`) go through momentum blend, Newton-Schulz and
@@ -124,8 +134,18 @@ def muon_update(params: list[Tensor], grads: list[Tensor], bufs: list[Tensor], *
             p.add_(o, alpha=step)
 
 
-def adamw_update(p: Tensor, g: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, *, step: int, lr: float,
-                 betas: tuple[float, float], eps: float, weight_decay: float) -> None:
+def adamw_update(
+    p: Tensor,
+    g: Tensor,
+    exp_avg: Tensor,
+    exp_avg_sq: Tensor,
+    *,
+    step: int,
+    lr: float,
+    betas: tuple[float, float],
+    eps: float,
+    weight_decay: float,
+) -> None:
     """AdamW on ``p`` (any float dtype, may be a view) with float32 moments and float32 arithmetic.
 
     Written out instead of calling torch.optim's functional adamw because that one keeps the moments in the
@@ -182,9 +202,19 @@ def polar_express(x: Tensor, steps: int = 5) -> Tensor:
     return x.mT if tall else x
 
 
-def normuon_update(params: list[Tensor], grads: Tensor, momentum_buffer: Tensor, second_momentum_buffer: Tensor, *,
-                   lr: float, momentum: float, beta2: float, weight_decay: float, ns_steps: int,
-                   dtype: torch.dtype) -> None:
+def normuon_update(
+    params: list[Tensor],
+    grads: Tensor,
+    momentum_buffer: Tensor,
+    second_momentum_buffer: Tensor,
+    *,
+    lr: float,
+    momentum: float,
+    beta2: float,
+    weight_decay: float,
+    ns_steps: int,
+    dtype: torch.dtype,
+) -> None:
     """One step of nanochat HEAD's Muon for a stack of same-shaped matrices ``params`` (n of them).
 
     ``grads`` (n, r, c) is consumed; ``momentum_buffer`` (n, r, c) and ``second_momentum_buffer`` (n, r, 1) for

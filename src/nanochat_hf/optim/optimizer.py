@@ -42,9 +42,14 @@ def _shape_buckets(params: list[Tensor]) -> list[list[Tensor]]:
 
 def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
     """muon_update's keyword arguments from a Muon param group (the Newton-Schulz keys are optional)."""
-    return {"lr": group["lr"], "momentum": group["momentum"], "nesterov": group["nesterov"],
-            "ns_steps": group["ns_steps"], "batch_size": group.get("ns_batch_size"),
-            "gram": group.get("ns_gram", False)}
+    return {
+        "lr": group["lr"],
+        "momentum": group["momentum"],
+        "nesterov": group["nesterov"],
+        "ns_steps": group["ns_steps"],
+        "batch_size": group.get("ns_batch_size"),
+        "gram": group.get("ns_gram", False),
+    }
 
 
 class _SliceWork:
@@ -75,8 +80,7 @@ class MuonAdamW(torch.optim.Optimizer):
     Use :func:`build_optimizer` to get nanochat's grouping.
     """
 
-    def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None,
-                 sharded: bool | None = None):
+    def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None, sharded: bool | None = None):
         for i, group in enumerate(param_groups):
             kind = group.get("kind")
             if kind not in ("muon", "adamw"):
@@ -156,24 +160,31 @@ class MuonAdamW(torch.optim.Optimizer):
         """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(f"optimizer state_dict has {len(saved_groups)} param groups, "
-                             f"this optimizer has {len(self.param_groups)}")
+            raise ValueError(
+                f"optimizer state_dict has {len(saved_groups)} param groups, "
+                f"this optimizer has {len(self.param_groups)}"
+            )
         layout = state_dict.get("sharding", {"world_size": 1, "rank": 0})
         if (layout["world_size"], layout["rank"]) != (self.world_size, self.rank):
-            raise ValueError(f"optimizer state_dict was saved by rank {layout['rank']} of {layout['world_size']}, "
-                             f"this is rank {self.rank} of {self.world_size}: the state is sharded per rank, resume "
-                             "with the number of processes that saved it")
+            raise ValueError(
+                f"optimizer state_dict was saved by rank {layout['rank']} of {layout['world_size']}, "
+                f"this is rank {self.rank} of {self.world_size}: the state is sharded per rank, resume "
+                "with the number of processes that saved it"
+            )
         by_index: dict[int, Tensor] = {}
         for group, saved in zip(self.param_groups, saved_groups):
             if len(group["params"]) != len(saved["params"]) or saved.get("name", group["name"]) != group["name"]:
-                raise ValueError(f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
-                                 f"params does not match group {group['name']!r} with {len(group['params'])}")
+                raise ValueError(
+                    f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
+                    f"params does not match group {group['name']!r} with {len(group['params'])}"
+                )
             by_index.update(zip(saved["params"], group["params"]))
         state: defaultdict[Tensor, dict[str, Any]] = defaultdict(dict)
         for index, saved_state in state_dict["state"].items():
             p = by_index[int(index)]
-            state[p] = {k: (v.detach().to(p.device, copy=True) if isinstance(v, Tensor) else v)
-                        for k, v in saved_state.items()}
+            state[p] = {
+                k: (v.detach().to(p.device, copy=True) if isinstance(v, Tensor) else v) for k, v in saved_state.items()
+            }
         self.state = state
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
@@ -198,8 +209,11 @@ class MuonAdamW(torch.optim.Optimizer):
                     flag = torch.tensor([float(p in self.state)], device=p.device)
                     dist.broadcast(flag, owner, group=self.process_group)
                     if flag.item():
-                        buf = self.state[p]["momentum_buffer"] if p in self.state else \
-                            torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                        buf = (
+                            self.state[p]["momentum_buffer"]
+                            if p in self.state
+                            else torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                        )
                         dist.broadcast(buf, owner, group=self.process_group)
                         state[index[id(p)]] = {"momentum_buffer": buf.clone()}
         return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
@@ -235,8 +249,9 @@ class MuonAdamW(torch.optim.Optimizer):
         """Whether the backend implements reduce_scatter_tensor (older gloo builds do not)."""
         device = self.param_groups[0]["params"][0].device
         try:
-            _reduce_scatter_single(torch.empty(1, device=device), torch.zeros(self.world_size, device=device),
-                                   group=self.process_group)
+            _reduce_scatter_single(
+                torch.empty(1, device=device), torch.zeros(self.world_size, device=device), group=self.process_group
+            )
             return True
         except (RuntimeError, NotImplementedError, ValueError):
             return False
@@ -261,7 +276,8 @@ class MuonAdamW(torch.optim.Optimizer):
         return p.grad.contiguous()
 
     def _reduce_scatter_rows(self, p: Tensor) -> tuple[Tensor, Any]:
-        """Launch the reduce-scatter of p's gradient along dim 0 (zero-padded to k*W rows): (this rank's k rows, work)."""
+        """Launch the reduce-scatter of p's gradient along dim 0 (zero-padded to k*W rows): (this rank's k rows,
+        work)."""
         grad = self._grad(p)
         k, _, _ = self._rows(p)
         if k * self.world_size != p.shape[0]:
@@ -279,12 +295,21 @@ class MuonAdamW(torch.optim.Optimizer):
         st = self._adamw_state(p, end - start)
         st["step"] += 1
         if end > start:
-            adamw_update(p[start:end], grad[: end - start], st["exp_avg"], st["exp_avg_sq"], step=st["step"],
-                         lr=group["lr"], betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+            adamw_update(
+                p[start:end],
+                grad[: end - start],
+                st["exp_avg"],
+                st["exp_avg_sq"],
+                step=st["step"],
+                lr=group["lr"],
+                betas=group["betas"],
+                eps=group["eps"],
+                weight_decay=group["weight_decay"],
+            )
         if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
             return _all_gather_single(p, p[start:end], group=pg, async_op=True), None
         full = p.new_empty((k * world, *p.shape[1:]))
-        mine = full[rank * k:(rank + 1) * k]
+        mine = full[rank * k : (rank + 1) * k]
         mine[: end - start] = p[start:end]
         work = _all_gather_single(full, mine, group=pg, async_op=True)
         return work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])
@@ -335,12 +360,22 @@ class MuonAdamW(torch.optim.Optimizer):
                 for p in params:
                     st = self._adamw_state(p, p.shape[0])
                     st["step"] += 1
-                    adamw_update(p, p.grad, st["exp_avg"], st["exp_avg_sq"], step=st["step"], lr=group["lr"],
-                                 betas=group["betas"], eps=group["eps"], weight_decay=group["weight_decay"])
+                    adamw_update(
+                        p,
+                        p.grad,
+                        st["exp_avg"],
+                        st["exp_avg_sq"],
+                        step=st["step"],
+                        lr=group["lr"],
+                        betas=group["betas"],
+                        eps=group["eps"],
+                        weight_decay=group["weight_decay"],
+                    )
                 continue
             for bucket in _shape_buckets(params):
-                muon_update(bucket, [p.grad for p in bucket], [self._muon_buf(p) for p in bucket],
-                            **_muon_options(group))
+                muon_update(
+                    bucket, [p.grad for p in bucket], [self._muon_buf(p) for p in bucket], **_muon_options(group)
+                )
 
     def _step_sharded(self) -> None:
         world, rank, pg = self.world_size, self.rank, self.process_group
@@ -354,7 +389,7 @@ class MuonAdamW(torch.optim.Optimizer):
             for bucket in _shape_buckets(group["params"]):
                 chunks = []
                 for c0 in range(0, len(bucket), world):
-                    chunk = bucket[c0:c0 + world]
+                    chunk = bucket[c0 : c0 + world]
                     grads = [self._grad(p) for p in chunk]
                     grads += [torch.zeros_like(grads[0])] * (world - len(chunk))
                     stacked = torch.stack(grads).flatten(0, 1)  # (W*rows, cols): gloo scatters along dim 0
@@ -362,8 +397,11 @@ class MuonAdamW(torch.optim.Optimizer):
                     chunks.append((chunk, out, self._reduce_scatter(out, stacked)))
                 muon_jobs.append((group, chunks))
         if self.max_grad_norm > 0:
-            self._clip_reduced([out for _, _, out, _ in adamw_jobs], [c for _, chunks in muon_jobs for c in chunks],
-                               [work for *_, work in adamw_jobs])
+            self._clip_reduced(
+                [out for _, _, out, _ in adamw_jobs],
+                [c for _, chunks in muon_jobs for c in chunks],
+                [work for *_, work in adamw_jobs],
+            )
             adamw_jobs = [(group, p, out, _Done()) for group, p, out, _ in adamw_jobs]
             muon_jobs = [(group, [(c, out, _Done()) for c, out, _ in chunks]) for group, chunks in muon_jobs]
         gathers: list[tuple[Any, Callable[[], Any] | None]] = []
@@ -391,8 +429,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 finish()
 
 
-def state_bytes_per_rank(muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]],
-                         world_size: int) -> list[int]:
+def state_bytes_per_rank(
+    muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]], world_size: int
+) -> list[int]:
     """Optimizer state bytes each rank holds after a step, from the sharding rule of the module docstring.
 
     ``muon_shapes``: the Muon matrices in group order (one float32 momentum buffer each, on the owning rank);
@@ -427,11 +466,23 @@ def _generation_group(key: str) -> str | None:
     return "smear" if key in ("smear_gate.weight", "smear_lambda", "backout_lambda") else None
 
 
-def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_lr: float = 0.2,
-                    unembedding_lr: float = 0.004, weight_decay: float = 0.0, init_lr_frac: float = 1.0, *,
-                    muon_momentum: float = 0.95, ns_steps: int = 5, betas: tuple[float, float] = (0.8, 0.95),
-                    eps: float = 1e-10, process_group: Any = None, sharded: bool | None = None,
-                    matrix_optimizer: str = "muon", recipe: str = "2025-12") -> MuonAdamW:
+def build_optimizer(
+    model: torch.nn.Module,
+    matrix_lr: float = 0.02,
+    embedding_lr: float = 0.2,
+    unembedding_lr: float = 0.004,
+    weight_decay: float = 0.0,
+    init_lr_frac: float = 1.0,
+    *,
+    muon_momentum: float = 0.95,
+    ns_steps: int = 5,
+    betas: tuple[float, float] = (0.8, 0.95),
+    eps: float = 1e-10,
+    process_group: Any = None,
+    sharded: bool | None = None,
+    matrix_optimizer: str = "muon",
+    recipe: str = "2025-12",
+) -> MuonAdamW:
     """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
     matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
 
@@ -453,8 +504,17 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
     if recipe != "2025-12":
         from .head import build_recipe_optimizer  # head.py builds on this module
 
-        return build_recipe_optimizer(recipe, model, matrix_lr, embedding_lr, unembedding_lr, weight_decay,
-                                      init_lr_frac, process_group=process_group, sharded=sharded)
+        return build_recipe_optimizer(
+            recipe,
+            model,
+            matrix_lr,
+            embedding_lr,
+            unembedding_lr,
+            weight_decay,
+            init_lr_frac,
+            process_group=process_group,
+            sharded=sharded,
+        )
     if matrix_optimizer not in ("muon", "adamw"):
         raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' or 'adamw'")
     config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
@@ -477,17 +537,30 @@ def build_optimizer(model: torch.nn.Module, matrix_lr: float = 0.02, embedding_l
         elif (group := _generation_group(key)) is not None:
             later[group].append(p)
         else:
-            raise ValueError(f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
-                             "transformer.wte.weight, lm_head.weight or a G1-G5 resid/x0 lambda, value embedding, "
-                             "smear or backout parameter")
+            raise ValueError(
+                f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
+                "transformer.wte.weight, lm_head.weight or a G1-G5 resid/x0 lambda, value embedding, "
+                "smear or backout parameter"
+            )
     adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
     if matrix_optimizer == "muon":
-        matrix_group = {"kind": "muon", "params": matrices, "name": "muon/matrix", "lr": matrix_lr * init_lr_frac,
-                        "momentum": muon_momentum, "nesterov": True, "ns_steps": ns_steps}
+        matrix_group = {
+            "kind": "muon",
+            "params": matrices,
+            "name": "muon/matrix",
+            "lr": matrix_lr * init_lr_frac,
+            "momentum": muon_momentum,
+            "nesterov": True,
+            "ns_steps": ns_steps,
+        }
     else:
         matrix_group = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
-    later_lr = {"value_embeds": embedding_lr * adamw_scale, "resid_lambdas": 0.01 * SCALAR_LR,
-                "x0_lambdas": SCALAR_LR, "smear": 0.2}
+    later_lr = {
+        "value_embeds": embedding_lr * adamw_scale,
+        "resid_lambdas": 0.01 * SCALAR_LR,
+        "x0_lambdas": SCALAR_LR,
+        "smear": 0.2,
+    }
     groups = [
         {**adamw, "params": head, "name": "adamw/lm_head", "lr": unembedding_lr * adamw_scale * init_lr_frac},
         {**adamw, "params": wte, "name": "adamw/wte", "lr": embedding_lr * adamw_scale * init_lr_frac},

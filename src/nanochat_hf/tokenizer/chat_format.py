@@ -21,7 +21,15 @@ PYTHON_END = "<|python_end|>"
 OUTPUT_START = "<|output_start|>"  # the tool's result, forced at inference: OUTPUT_START result OUTPUT_END
 OUTPUT_END = "<|output_end|>"
 SPECIAL_TOKENS: tuple[str, ...] = (
-    BOS, USER_START, USER_END, ASSISTANT_START, ASSISTANT_END, PYTHON_START, PYTHON_END, OUTPUT_START, OUTPUT_END,
+    BOS,
+    USER_START,
+    USER_END,
+    ASSISTANT_START,
+    ASSISTANT_END,
+    PYTHON_START,
+    PYTHON_END,
+    OUTPUT_START,
+    OUTPUT_END,
 )
 
 BOS_TOKEN = BOS
@@ -36,7 +44,8 @@ TEXT, PYTHON, PYTHON_OUTPUT = "text", "python", "python_output"
 PART_TYPES: tuple[str, ...] = (TEXT, PYTHON, PYTHON_OUTPUT)  # of assistant content; user/system: text only
 # the special tokens around each tool part of assistant content
 PART_TOKENS: dict[str, tuple[str, str]] = {
-    PYTHON: (PYTHON_START, PYTHON_END), PYTHON_OUTPUT: (OUTPUT_START, OUTPUT_END),
+    PYTHON: (PYTHON_START, PYTHON_END),
+    PYTHON_OUTPUT: (OUTPUT_START, OUTPUT_END),
 }
 
 # Error texts of `check_conversation`. The chat template raises the same texts (template.py fills the fields with
@@ -56,16 +65,19 @@ ERRORS: dict[str, str] = {
 
 
 # apply_chat_template(..., tools=[...]): nanochat's format has no tool definitions, so they are refused, not dropped
-TOOLS_ERROR = ("nanochat's chat format has no tool definitions, so tools=[...] cannot be rendered: its one tool, the "
-               "calculator, is called with python parts of the assistant's content; leave tools out")
+TOOLS_ERROR = (
+    "nanochat's chat format has no tool definitions, so tools=[...] cannot be rendered: its one tool, the "
+    "calculator, is called with python parts of the assistant's content; leave tools out"
+)
 
 
 def _error(key: str, **fields: Any) -> ValueError:
     return ValueError(ERRORS[key].format(**fields))
 
 
-def check_conversation(messages: Any, *, allow_system: bool = True, strings_only: bool = False,
-                       needs_reply: bool = False) -> Sequence[Mapping]:
+def check_conversation(
+    messages: Any, *, allow_system: bool = True, strings_only: bool = False, needs_reply: bool = False
+) -> Sequence[Mapping]:
     """Validate a conversation's list of messages; return it unchanged. Raises ValueError naming the message (and
     part) and what is expected.
 
@@ -91,8 +103,7 @@ def check_conversation(messages: Any, *, allow_system: bool = True, strings_only
             raise _error("role", i=i, role=m["role"], expected=expected)
         _check_content(m["content"], i, expected, strings_only)
     if needs_reply and len(messages) - start < 2:
-        raise ValueError(f"conversation needs a user and an assistant message, got {len(messages) - start} "
-                         "message(s)")
+        raise ValueError(f"conversation needs a user and an assistant message, got {len(messages) - start} message(s)")
     return messages
 
 

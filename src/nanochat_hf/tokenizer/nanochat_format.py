@@ -127,8 +127,11 @@ def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool
     tokenizer = tokenizer_from_tiktoken(state["mergeable_ranks"], state["special_tokens"], state["pat_str"])
     tb_path = tokenizer_dir / "token_bytes.pt"
     if not tb_path.is_file():
-        warnings.warn(f"{tb_path} not found: token byte lengths are computed from the vocab, as nanochat did "
-                      "before 2ce972a (decoded strings)", stacklevel=2)
+        warnings.warn(
+            f"{tb_path} not found: token byte lengths are computed from the vocab, as nanochat did "
+            "before 2ce972a (decoded strings)",
+            stacklevel=2,
+        )
         return tokenizer
     try:
         counts = torch.load(tb_path, map_location="cpu", weights_only=True)
@@ -144,8 +147,11 @@ def token_bytes_file_convention(tokenizer: PreTrainedTokenizerFast, counts: obje
     candidates = {c: token_bytes(tokenizer, c) for c in TOKEN_BYTES_CONVENTIONS}
     n = len(tokenizer)
     if not isinstance(counts, torch.Tensor) or counts.shape != (n,) or counts.is_floating_point():
-        shape = f"{counts.dtype} tensor of shape {tuple(counts.shape)}" if isinstance(counts, torch.Tensor) \
+        shape = (
+            f"{counts.dtype} tensor of shape {tuple(counts.shape)}"
+            if isinstance(counts, torch.Tensor)
             else type(counts).__name__
+        )
         raise ValueError(f"{path}: expected an integer tensor of shape ({n},) for the vocab, got {shape}")
     counts = counts.long()
     for convention, expected in candidates.items():
@@ -156,7 +162,8 @@ def token_bytes_file_convention(tokenizer: PreTrainedTokenizerFast, counts: obje
     raise ValueError(
         f"{path}: token {bad} counts {int(counts[bad])} bytes, which follows neither of nanochat's conventions: "
         f"its raw bytes are {int(candidates['raw'][bad])} (nanochat since 2ce972a), its decoded string has "
-        f"{int(candidates['decoded'][bad])} UTF-8 bytes (before)")
+        f"{int(candidates['decoded'][bad])} UTF-8 bytes (before)"
+    )
 
 
 def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: str | os.PathLike) -> Path:

@@ -79,30 +79,36 @@ _ASSISTANT_PARTS = "[" + ", ".join(map(_lit, PART_TYPES)) + "]"
 _VALIDATION = (
     "{%- if messages | length == 0 -%}" + _raise("empty") + "{%- endif -%}"
     "{%- for m in messages -%}"
-    "{%- if m is not mapping or 'role' not in m or 'content' not in m -%}" + _raise("message", i="loop.index0")
+    "{%- if m is not mapping or 'role' not in m or 'content' not in m -%}"
+    + _raise("message", i="loop.index0")
     + "{%- endif -%}"
     "{%- endfor -%}"
     f"{{%- set start = 1 if messages[0]['role'] == {_lit(SYSTEM)} else 0 -%}}"
     f"{{%- if start == 1 and (messages | length < 2 or messages[1]['role'] != {_lit(USER)}) -%}}"
-    + _raise("system_alone", i="0") + "{%- endif -%}"
+    + _raise("system_alone", i="0")
+    + "{%- endif -%}"
     "{%- for m in messages -%}"
     "{%- set i = loop.index0 -%}"
     f"{{%- set expected = {_lit(SYSTEM)} if i < start else ({_lit(USER)} if (i - start) % 2 == 0 "
     f"else {_lit(ASSISTANT)}) -%}}"
-    "{%- if m['role'] != expected -%}" + _raise("role", i="i", role="m['role']", expected="expected")
-    + "{%- endif -%}"
+    "{%- if m['role'] != expected -%}" + _raise("role", i="i", role="m['role']", expected="expected") + "{%- endif -%}"
     "{%- set content = m['content'] -%}"
     "{%- if content is not string -%}"
     "{%- if content is mapping or content is not sequence -%}"
-    f"{{%- if expected == {_lit(ASSISTANT)} -%}}" + _raise("assistant_content", i="i", kind="kind(content)")
-    + "{%- else -%}" + _raise("text_content", i="i", role="expected", kind="kind(content)") + "{%- endif -%}"
+    f"{{%- if expected == {_lit(ASSISTANT)} -%}}"
+    + _raise("assistant_content", i="i", kind="kind(content)")
+    + "{%- else -%}"
+    + _raise("text_content", i="i", role="expected", kind="kind(content)")
+    + "{%- endif -%}"
     "{%- endif -%}"
     f"{{%- set allowed = {_ASSISTANT_PARTS} if expected == {_lit(ASSISTANT)} else [{_lit(TEXT)}] -%}}"
     "{%- for part in content -%}"
     "{%- set part_type = part.get('type') if part is mapping else kind(part) -%}"
     "{%- if part is not mapping or part_type not in allowed -%}"
-    f"{{%- if expected == {_lit(ASSISTANT)} -%}}" + _raise("part", i="i", j="loop.index0", type="part_type")
-    + "{%- else -%}" + _raise("text_part", i="i", j="loop.index0", role="expected", type="part_type")
+    f"{{%- if expected == {_lit(ASSISTANT)} -%}}"
+    + _raise("part", i="i", j="loop.index0", type="part_type")
+    + "{%- else -%}"
+    + _raise("text_part", i="i", j="loop.index0", role="expected", type="part_type")
     + "{%- endif -%}"
     "{%- elif part.get('text') is not string -%}"
     + _raise("part_text", i="i", j="loop.index0", role="expected", kind="kind(part.get('text'))")
@@ -114,14 +120,16 @@ _VALIDATION = (
 
 # nanochat's chat format has no tool definitions (its one tool, the calculator, is called by python parts of the
 # assistant's content): a `tools` argument is refused rather than dropped
-_NO_TOOLS = ("{%- if tools -%}{{ raise_exception(" + _lit(TOOLS_ERROR) + ") }}{%- endif -%}")
+_NO_TOOLS = "{%- if tools -%}{{ raise_exception(" + _lit(TOOLS_ERROR) + ") }}{%- endif -%}"
 
 _RENDERING = (
     "{%- set system = text_of(messages[0]['content']) ~ '\\n\\n' if start == 1 else '' -%}"
     + BOS
     + "{%- for message in messages[start:] -%}"
     f"{{%- if message['role'] == {_lit(USER)} -%}}"
-    + USER_START + "{{ system if loop.first else '' }}{{ text_of(message['content']) }}" + USER_END
+    + USER_START
+    + "{{ system if loop.first else '' }}{{ text_of(message['content']) }}"
+    + USER_END
     + "{%- else -%}"
     + ASSISTANT_START
     + "{%- if message['content'] is string -%}"
@@ -133,7 +141,9 @@ _RENDERING = (
     f"{{%- if part['type'] == {_lit(PYTHON_OUTPUT)} -%}}"
     "{%- if run.text -%}{%- generation -%}{{ run.text }}{%- endgeneration -%}{%- endif -%}"
     "{%- set run.text = '' -%}"
-    + OUTPUT_START + "{{ part['text'] }}" + OUTPUT_END
+    + OUTPUT_START
+    + "{{ part['text'] }}"
+    + OUTPUT_END
     + f"{{%- elif part['type'] == {_lit(PYTHON)} -%}}"
     f"{{%- set run.text = run.text ~ {_lit(PYTHON_START)} ~ part['text'] ~ {_lit(PYTHON_END)} -%}}"
     "{%- else -%}{%- set run.text = run.text ~ part['text'] -%}"

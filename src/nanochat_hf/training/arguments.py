@@ -46,9 +46,9 @@ ALIASES = {
 REFUSED = {
     "learning_rate": "use matrix_lr / embedding_lr / unembedding_lr (nanochat's per-group rates) and init_lr_frac",
     "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
-                         "progress)",
+    "progress)",
     "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
-                           "progress)",
+    "progress)",
     "warmup_steps": "nanochat's schedule has no LR warm-up (Muon's momentum warms up over 300 steps)",
     "optim": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
     "optim_args": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
@@ -75,10 +75,10 @@ REMOVED = {
 # transformers' text and meaning).
 HELP = {
     "resume_from_checkpoint": "true: continue from the newest intact checkpoint-<step> in output_dir (a damaged newer "
-                              "one is skipped, saying why); or a checkpoint folder. Every file is checked first, the "
-                              "same number of processes is needed",
+    "one is skipped, saying why); or a checkpoint folder. Every file is checked first, the "
+    "same number of processes is needed",
     "torch_compile": "compile the training step with torch.compile (on CPU this needs a C++ compiler; the first steps "
-                     "take a minute or more longer); false: eager",
+    "take a minute or more longer); false: eager",
     "save_total_limit": "keep at most this many checkpoint-<step> folders (the best one is kept)",
     "load_best_model_at_end": "load the best checkpoint at the end (with --metric_for_best_model val_bpb)",
     "metric_for_best_model": "val_bpb (lower is better) picks the best checkpoint",
@@ -123,110 +123,189 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     # --- where the model comes from -------------------------------------------------------------------------
     model_source: str | None = field(
         default=None,
-        metadata={"help": "None or 'demo': a small fresh model on the demo tokenizer; a nanochat base dir or "
-                  "checkpoint dir (converted on the fly); a local Hugging Face model dir; or a hub repo id."},
+        metadata={
+            "help": "None or 'demo': a small fresh model on the demo tokenizer; a nanochat base dir or "
+            "checkpoint dir (converted on the fly); a local Hugging Face model dir; or a hub repo id."
+        },
     )
     model_tag: str | None = field(default=None, metadata={"help": "nanochat model tag (e.g. d20); default: largest"})
     step: int | None = field(default=None, metadata={"help": "nanochat checkpoint step; default: latest"})
     checkpoint_source: str = field(default="base", metadata={"help": "nanochat checkpoint kind: base or mid"})
     tokenizer_dir: str | None = field(default=None, metadata={"help": "nanochat tokenizer dir (default: beside)"})
     trust_pickle: bool = field(default=False, metadata={"help": "allow unpickling nanochat's tokenizer.pkl"})
-    demo_depth: int = field(default=4, metadata={
-        "help": "depth of the fresh demo model (model_source=demo); nanochat's rule sets the rest: width 64*depth, "
-                "ceil(width/128) heads"})
+    demo_depth: int = field(
+        default=4,
+        metadata={
+            "help": "depth of the fresh demo model (model_source=demo); nanochat's rule sets the rest: width 64*depth, "
+            "ceil(width/128) heads"
+        },
+    )
     # --- data -----------------------------------------------------------------------------------------------
     train_mixture: str | None = field(default=None, metadata={"help": "mixture YAML (None: offline demo mixture)"})
     val_mixture: str | None = field(default=None, metadata={"help": "validation mixture YAML (None: train_mixture)"})
-    packing: str = field(default="stream", metadata={
-        "help": "stream: conversations concatenated into one token stream cut into rows (nanochat's December "
-                "mid-training); bestfit: BOS-aligned best-fit rows padded, never cropped (nanochat's SFT at HEAD)"})
-    completion_only_loss: bool = field(default=False, metadata={
-        "help": "train on the assistant's completions only (nanochat's SFT); false: on every token (December "
-                "mid-training)"})
-    inherit_from_base: bool = field(default=False, metadata={
-        "help": "take max_seq_len, device_batch_size, total_batch_size and the three LRs that are not given from "
-                "the base checkpoint's meta JSON, as nanochat's chat_sft.py does (the run prints which)"})
+    packing: str = field(
+        default="stream",
+        metadata={
+            "help": "stream: conversations concatenated into one token stream cut into rows (nanochat's December "
+            "mid-training); bestfit: BOS-aligned best-fit rows padded, never cropped (nanochat's SFT at HEAD)"
+        },
+    )
+    completion_only_loss: bool = field(
+        default=False,
+        metadata={
+            "help": "train on the assistant's completions only (nanochat's SFT); false: on every token (December "
+            "mid-training)"
+        },
+    )
+    inherit_from_base: bool = field(
+        default=False,
+        metadata={
+            "help": "take max_seq_len, device_batch_size, total_batch_size and the three LRs that are not given from "
+            "the base checkpoint's meta JSON, as nanochat's chat_sft.py does (the run prints which)"
+        },
+    )
     # --- nanochat's knobs (names and defaults of nanochat's mid_train) ----------------------------------------
-    dtype: str = field(default="auto", metadata={"help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, "
-                                                 "float32; --bf16 true is the same as bfloat16"})
-    embedding_dtype: str = field(default="auto", metadata={
-        "help": "dtype of the token embedding while training: auto (bfloat16 when training on CUDA with bf16 "
-                "autocast, as nanochat does; otherwise as loaded), bfloat16 (needs bf16 autocast), float32"})
-    num_iterations: int | None = field(default=None, metadata={
-        "help": "optimizer steps; -1 = one epoch of the mixture (alias: max_steps)"})
+    dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "auto (bf16 autocast on CUDA, fp32 elsewhere), bfloat16, "
+            "float32; --bf16 true is the same as bfloat16"
+        },
+    )
+    embedding_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "dtype of the token embedding while training: auto (bfloat16 when training on CUDA with bf16 "
+            "autocast, as nanochat does; otherwise as loaded), bfloat16 (needs bf16 autocast), float32"
+        },
+    )
+    num_iterations: int | None = field(
+        default=None, metadata={"help": "optimizer steps; -1 = one epoch of the mixture (alias: max_steps)"}
+    )
     max_seq_len: int = field(default=2048, metadata={"help": "tokens per row of a micro-batch (packed conversations)"})
-    device_batch_size: int | None = field(default=None, metadata={
-        "help": "rows per micro-batch per process (alias: per_device_train_batch_size)"})
-    total_batch_size: int = field(default=524288, metadata={
-        "help": "tokens per optimizer step, all ranks; gradient_accumulation_steps is derived from it"})
-    unembedding_lr: float = field(default=0.004, metadata={"help": "AdamW learning rate of lm_head (scaled by "
-                                                             "(width/768)^-0.5, as nanochat)"})
-    embedding_lr: float = field(default=0.2, metadata={"help": "AdamW learning rate of the token embedding (scaled "
-                                                       "by (width/768)^-0.5, as nanochat)"})
+    device_batch_size: int | None = field(
+        default=None, metadata={"help": "rows per micro-batch per process (alias: per_device_train_batch_size)"}
+    )
+    total_batch_size: int = field(
+        default=524288,
+        metadata={"help": "tokens per optimizer step, all ranks; gradient_accumulation_steps is derived from it"},
+    )
+    unembedding_lr: float = field(
+        default=0.004, metadata={"help": "AdamW learning rate of lm_head (scaled by (width/768)^-0.5, as nanochat)"}
+    )
+    embedding_lr: float = field(
+        default=0.2,
+        metadata={"help": "AdamW learning rate of the token embedding (scaled by (width/768)^-0.5, as nanochat)"},
+    )
     matrix_lr: float = field(default=0.02, metadata={"help": "Muon learning rate of every transformer.h matrix"})
-    init_lr_frac: float = field(default=1.0, metadata={"help": "the learning rates start at this fraction of the "
-                                                       "above (nanochat's schedule then holds, then decays to 0)"})
-    warmdown_ratio: float = field(default=0.2, metadata={
-        "help": "the LR decays linearly to 0 over this last fraction of the run (December mid-training 0.2, "
-                "SFT at HEAD 0.5)"})
-    weight_decay: float = field(default=0.0, metadata={
-        "help": "AdamW weight decay (embedding, lm_head); with optimizer_recipe 2026-07 the Muon groups' (the AdamW "
-                "groups then have nanochat's fixed ones)"})
-    optimizer_recipe: str = field(default="2025-12", metadata={
-        "help": "2025-12: nanochat's December Muon + AdamW; 2026-07: nanochat HEAD's MuonAdamW (Polar Express, "
-                "NorMuon, cautious weight decay, per-group betas and weight decay)"})
-    nanochat_optimizer: str | None = field(default=None, metadata={
-        "help": "warm-start the optimizer from nanochat's optim_<step>_rank0.pt (G0-era or HEAD format; each process "
-                "reads the file of its rank): momentum buffers and moments; the LRs stay this run's"})
-    eval_every: int | None = field(default=None, metadata={
-        "help": "evaluate val bpb every N steps, <=0: only at the end (alias: eval_steps)"})
+    init_lr_frac: float = field(
+        default=1.0,
+        metadata={
+            "help": "the learning rates start at this fraction of the "
+            "above (nanochat's schedule then holds, then decays to 0)"
+        },
+    )
+    warmdown_ratio: float = field(
+        default=0.2,
+        metadata={
+            "help": "the LR decays linearly to 0 over this last fraction of the run (December mid-training 0.2, "
+            "SFT at HEAD 0.5)"
+        },
+    )
+    weight_decay: float = field(
+        default=0.0,
+        metadata={
+            "help": "AdamW weight decay (embedding, lm_head); with optimizer_recipe 2026-07 the Muon groups' "
+            "(the AdamW groups then have nanochat's fixed ones)"
+        },
+    )
+    optimizer_recipe: str = field(
+        default="2025-12",
+        metadata={
+            "help": "2025-12: nanochat's December Muon + AdamW; 2026-07: nanochat HEAD's MuonAdamW (Polar Express, "
+            "NorMuon, cautious weight decay, per-group betas and weight decay)"
+        },
+    )
+    nanochat_optimizer: str | None = field(
+        default=None,
+        metadata={
+            "help": "warm-start the optimizer from nanochat's optim_<step>_rank0.pt (G0-era or HEAD format; each "
+            "process reads the file of its rank): momentum buffers and moments; the LRs stay this run's"
+        },
+    )
+    eval_every: int | None = field(
+        default=None, metadata={"help": "evaluate val bpb every N steps, <=0: only at the end (alias: eval_steps)"}
+    )
     eval_tokens: int = field(default=20 * 524288, metadata={"help": "validation tokens read at each evaluation"})
-    chatcore_every: int = field(default=-1, metadata={
-        "help": "ChatCORE (nanochat's five chat-eval tasks) at the evaluation of every N-th step and at the last "
-                "step; -1: never (tasks whose data cannot be loaded are skipped, saying so)"})
-    chatcore_max_cat: int = field(default=-1, metadata={
-        "help": "ChatCORE: at most this many problems per categorical task (-1: all)"})
-    chatcore_max_sample: int = field(default=24, metadata={
-        "help": "ChatCORE: at most this many problems per generative task (-1: all)"})
+    chatcore_every: int = field(
+        default=-1,
+        metadata={
+            "help": "ChatCORE (nanochat's five chat-eval tasks) at the evaluation of every N-th step and at the last "
+            "step; -1: never (tasks whose data cannot be loaded are skipped, saying so)"
+        },
+    )
+    chatcore_max_cat: int = field(
+        default=-1, metadata={"help": "ChatCORE: at most this many problems per categorical task (-1: all)"}
+    )
+    chatcore_max_sample: int = field(
+        default=24, metadata={"help": "ChatCORE: at most this many problems per generative task (-1: all)"}
+    )
     dry_run: bool = field(default=False, metadata={"help": "train and log but write no checkpoint or model"})
     # --- extras -------------------------------------------------------------------------------------------
     num_threads: int | None = field(
         default=None,
-        metadata={"help": "CPU threads per process (default: the cores this process may use / processes; "
-                  "`accelerate launch` alone would pin OMP_NUM_THREADS=1)"},
+        metadata={
+            "help": "CPU threads per process (default: the cores this process may use / processes; "
+            "`accelerate launch` alone would pin OMP_NUM_THREADS=1)"
+        },
     )
-    peak_flops: float | None = field(default=None, metadata={
-        "help": "device peak FLOP/s for MFU (default: known GPUs)"})
+    peak_flops: float | None = field(
+        default=None, metadata={"help": "device peak FLOP/s for MFU (default: known GPUs)"}
+    )
     spelling_eval_rows: int = field(default=64, metadata={"help": "held-out SimpleSpelling rows for exact match"})
-    chat_eval_tasks: str | None = field(default=None, metadata={
-        "help": "comma list of chat-eval tasks run after training (ARC-Easy, ARC-Challenge, MMLU, GSM8K, HumanEval, "
-                "SpellingBee; the hub ones need their data); results go to report.md and the model card"})
-    chat_eval_max_problems: int | None = field(default=None, metadata={
-        "help": "at most this many problems per chat-eval task (default: all)"})
+    chat_eval_tasks: str | None = field(
+        default=None,
+        metadata={
+            "help": "comma list of chat-eval tasks run after training (ARC-Easy, ARC-Challenge, MMLU, GSM8K, "
+            "HumanEval, SpellingBee; the hub ones need their data); results go to report.md and the model card"
+        },
+    )
+    chat_eval_max_problems: int | None = field(
+        default=None, metadata={"help": "at most this many problems per chat-eval task (default: all)"}
+    )
     sample_prompt: str = field(default="Spell the word: apple", metadata={"help": "prompt of the final sample chat"})
     # --- TrainingArguments fields whose defaults are the recipe's -----------------------------------------
-    output_dir: str | None = field(default="outputs/nanochat-hf-demo", metadata={
-        "help": "where the model, report.md, model card and checkpoint-<step> folders are written"})
+    output_dir: str | None = field(
+        default="outputs/nanochat-hf-demo",
+        metadata={"help": "where the model, report.md, model card and checkpoint-<step> folders are written"},
+    )
     # (transformers 5 dropped this TrainingArguments flag; same name and meaning as its 4.x one)
-    overwrite_output_dir: bool = field(default=False, metadata={
-        "help": "allow an output_dir that holds another run (its files are replaced as this run writes its own)"})
+    overwrite_output_dir: bool = field(
+        default=False,
+        metadata={
+            "help": "allow an output_dir that holds another run (its files are replaced as this run writes its own)"
+        },
+    )
     max_steps: int = field(default=-1, metadata={"help": "alias of num_iterations"})
     per_device_train_batch_size: int = field(default=32, metadata={"help": "alias of device_batch_size"})
-    per_device_eval_batch_size: int | None = field(default=None, metadata={
-        "help": "validation rows per micro-batch: nanochat uses device_batch_size (the default)"})
-    gradient_accumulation_steps: int | None = field(default=None, metadata={
-        "help": "derived: total_batch_size / (device_batch_size * max_seq_len * processes)"})
+    per_device_eval_batch_size: int | None = field(
+        default=None,
+        metadata={"help": "validation rows per micro-batch: nanochat uses device_batch_size (the default)"},
+    )
+    gradient_accumulation_steps: int | None = field(
+        default=None, metadata={"help": "derived: total_batch_size / (device_batch_size * max_seq_len * processes)"}
+    )
     num_train_epochs: float = 1.0
     bf16: bool | None = field(default=None, metadata={"help": "alias of dtype=bfloat16 (false: float32)"})
     eval_strategy: str = field(default="steps", metadata={"help": "steps (every eval_every steps) or no"})
     eval_steps: float | None = field(default=150, metadata={"help": "alias of eval_every"})
     eval_on_start: bool = field(default=True, metadata={"help": "nanochat evaluates at step 0"})
-    save_strategy: str | None = field(default=None, metadata={
-        "help": "default: steps when save_steps > 0, else no"})
+    save_strategy: str | None = field(default=None, metadata={"help": "default: steps when save_steps > 0, else no"})
     save_steps: float = field(default=0, metadata={"help": "write a resumable checkpoint every N steps (0: none)"})
     logging_steps: float = field(default=1, metadata={"help": "nanochat logs every step"})
-    logging_nan_inf_filter: bool = field(default=False, metadata={
-        "help": "a non-finite loss stops the run (nanochat does not filter it)"})
+    logging_nan_inf_filter: bool = field(
+        default=False, metadata={"help": "a non-finite loss stops the run (nanochat does not filter it)"}
+    )
     max_grad_norm: float = field(default=0.0, metadata={"help": "nanochat does not clip gradients"})
     average_tokens_across_devices: bool = False
     ignore_data_skip: bool = True
@@ -234,8 +313,12 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     ddp_find_unused_parameters: bool | None = False
     report_to: None | str | list[str] = field(default="none")
     seed: int = 42
-    use_cache: bool = field(default=True, metadata={  # the Trainer writes it into the config the model is saved with
-        "help": "the saved config's use_cache: generate() keeps a KV cache by default (training never builds one)"})
+    use_cache: bool = field(
+        default=True,
+        metadata={  # the Trainer writes it into the config the model is saved with
+            "help": "the saved config's use_cache: generate() keeps a KV cache by default (training never builds one)"
+        },
+    )
 
     def __post_init__(self) -> None:
         self._refuse_unused()
@@ -269,8 +352,10 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
                 raise ValueError(f"dtype={self.dtype} and bf16={self.bf16} conflict: they are the same setting")
             self.dtype = wanted
         if self.per_device_eval_batch_size not in (None, self.device_batch_size):
-            raise ValueError(f"per_device_eval_batch_size={self.per_device_eval_batch_size}: validation uses "
-                             f"device_batch_size ({self.device_batch_size}), as nanochat does")
+            raise ValueError(
+                f"per_device_eval_batch_size={self.per_device_eval_batch_size}: validation uses "
+                f"device_batch_size ({self.device_batch_size}), as nanochat does"
+            )
 
     def _check_nanochat_knobs(self) -> None:
         if self.optimizer_recipe not in RECIPES:
@@ -287,8 +372,10 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         if self.packing not in ("stream", "bestfit"):
             raise ValueError(f"packing={self.packing!r}: expected stream or bestfit")
         if self.chatcore_every > 0 and self.eval_every > 0 and self.chatcore_every % self.eval_every:
-            raise ValueError(f"chatcore_every={self.chatcore_every} must be a multiple of eval_every="
-                             f"{self.eval_every} (ChatCORE runs with the evaluations)")
+            raise ValueError(
+                f"chatcore_every={self.chatcore_every} must be a multiple of eval_every="
+                f"{self.eval_every} (ChatCORE runs with the evaluations)"
+            )
         if not 0 < self.warmdown_ratio <= 1:
             raise ValueError(f"warmdown_ratio={self.warmdown_ratio}: expected a fraction in (0, 1]")
         if self.max_grad_norm < 0:
@@ -313,9 +400,11 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             )
         accumulation = self.total_batch_size // tokens_per_micro
         if self.gradient_accumulation_steps not in (None, accumulation):
-            raise ValueError(f"gradient_accumulation_steps={self.gradient_accumulation_steps} conflicts with "
-                             f"total_batch_size: {self.total_batch_size} / ({tokens_per_micro} tokens per micro-batch"
-                             f" on all processes) = {accumulation}; set total_batch_size instead")
+            raise ValueError(
+                f"gradient_accumulation_steps={self.gradient_accumulation_steps} conflicts with "
+                f"total_batch_size: {self.total_batch_size} / ({tokens_per_micro} tokens per micro-batch"
+                f" on all processes) = {accumulation}; set total_batch_size instead"
+            )
         self.gradient_accumulation_steps = accumulation
         self.per_device_eval_batch_size = self.device_batch_size
         if self.eval_every <= 0:  # evaluate once, at the end (the run asks for it)
@@ -336,8 +425,10 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         else:
             self.bf16 = self.dtype == "bfloat16"
         if self.embedding_dtype == "bfloat16" and not self.bf16:
-            raise ValueError("embedding_dtype=bfloat16 needs bf16 autocast (dtype=bfloat16, or auto on CUDA): in "
-                             "float32 the embedding's bfloat16 output cannot feed the float32 layers")
+            raise ValueError(
+                "embedding_dtype=bfloat16 needs bf16 autocast (dtype=bfloat16, or auto on CUDA): in "
+                "float32 the embedding's bfloat16 output cannot feed the float32 layers"
+            )
 
     @property
     def embedding_torch_dtype(self) -> torch.dtype | None:
@@ -370,8 +461,9 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
 def config_values(path: str | os.PathLike | None = None) -> dict:
     """Each argument's value before any flag: a config file's (the demo config's when None) over the dataclass
     defaults, an alias pair resolved. `scripts/preview_data.py` shows the batch arithmetic of a run from these."""
-    defaults = {f.name: f.default for f in dataclasses.fields(MidTrainingArguments)
-                if f.default is not dataclasses.MISSING}
+    defaults = {
+        f.name: f.default for f in dataclasses.fields(MidTrainingArguments) if f.default is not dataclasses.MISSING
+    }
     values = {**defaults, **_config_defaults(Path(path) if path else DEMO_CONFIG, set(defaults))}
     for knob, hf in ALIASES.items():
         if values[knob] is None:
@@ -399,9 +491,15 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     _refuse_removed(_flags(argv), "command line")
-    parser = HfArgumentParser(MidTrainingArguments, formatter_class=_HelpFormatter, description=(
-        "Mid-train a nanochat model: mid_train.py [config.yaml] [--flag value ...]. The defaults shown are the ones "
-        "this command line gets: a config file's values, else the demo config's unless --model_source names a model."))
+    parser = HfArgumentParser(
+        MidTrainingArguments,
+        formatter_class=_HelpFormatter,
+        description=(
+            "Mid-train a nanochat model: mid_train.py [config.yaml] [--flag value ...]. The defaults shown are the "
+            "ones this command line gets: a config file's values, else the demo config's unless --model_source names "
+            "a model."
+        ),
+    )
     known = {action.dest for action in parser._actions}
     config: dict = {}
     if argv and argv[0].endswith((".yaml", ".yml")):
@@ -422,13 +520,17 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     return args
 
 
-def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str]
-                       ) -> tuple[dict | None, Path | None]:
+def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str]) -> tuple[dict | None, Path | None]:
     """With inherit_from_base: the meta values of the inherited arguments that neither the config nor a flag
     gives (`given`) become defaults. (None, None) without inherit_from_base."""
     peek = argparse.ArgumentParser(add_help=False)
-    for name, kind in (("inherit_from_base", string_to_bool), ("model_source", str), ("model_tag", str),
-                       ("step", int), ("checkpoint_source", str)):
+    for name, kind in (
+        ("inherit_from_base", string_to_bool),
+        ("model_source", str),
+        ("model_tag", str),
+        ("step", int),
+        ("checkpoint_source", str),
+    ):
         nargs = {"nargs": "?", "const": True} if kind is string_to_bool else {}  # a bare --inherit_from_base
         peek.add_argument(f"--{name}", type=kind, default=parser.get_default(name), **nargs)
     seen = peek.parse_known_args(argv)[0]

@@ -82,8 +82,9 @@ class NanoChatLogger(TrainerCallback):
     saved in checkpoints (`state_dict`) so a resumed run logs the same numbers.
     """
 
-    def __init__(self, tokens_per_step: int, flops_per_token: int, peak_flops: float | None, world_size: int,
-                 progress=None):
+    def __init__(
+        self, tokens_per_step: int, flops_per_token: int, peak_flops: float | None, world_size: int, progress=None
+    ):
         self.tokens_per_step = tokens_per_step
         self.flops_per_token = flops_per_token
         self.peak = peak_flops * world_size if peak_flops else None
@@ -132,8 +133,10 @@ class NanoChatLogger(TrainerCallback):
             loss /= dist.get_world_size()
         value = loss.item()
         if not math.isfinite(value):
-            raise NonFiniteLossError(f"the training loss is {value} at step {state.global_step} (the model "
-                                     "diverged); no final model was written")
+            raise NonFiniteLossError(
+                f"the training loss is {value} at step {state.global_step} (the model "
+                "diverged); no final model was written"
+            )
         self.ema = EMA_BETA * self.ema + (1 - EMA_BETA) * value
 
     def enrich(self, logs: dict, step: int) -> None:
@@ -164,13 +167,18 @@ def format_log(logs: dict, state) -> str | None:
             f"step {state.global_step:05d}/{state.max_steps:05d} ({logs['progress']:.2f}%) | "
             f"loss: {logs['loss']:.6f} | lrm: {logs['lrm']:.2f} | dt: {logs['dt_ms']:.2f}ms | "
             f"tok/sec: {logs['tok_per_sec']:,.0f} | mfu: {mfu} | "
-            + (f"warm-up: {logs['warmup_time_min']:.2f}m" if "warmup_time_min" in logs else
-               f"total time: {logs['total_time_min']:.2f}m")
+            + (
+                f"warm-up: {logs['warmup_time_min']:.2f}m"
+                if "warmup_time_min" in logs
+                else f"total time: {logs['total_time_min']:.2f}m"
+            )
             + (f" | eta: {logs['eta_min']:.1f}m" if "eta_min" in logs else "")
         )
     if "eval_val_bpb" in logs:
-        return (f"step {state.global_step:05d} | validation bpb: {logs['eval_val_bpb']:.4f} "
-                f"(min {logs['eval_min_val_bpb']:.4f})")
+        return (
+            f"step {state.global_step:05d} | validation bpb: {logs['eval_val_bpb']:.4f} "
+            f"(min {logs['eval_min_val_bpb']:.4f})"
+        )
     return None
 
 

@@ -40,29 +40,59 @@ FINGERPRINT_FILE = "run_fingerprint.json"
 LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
 # Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
 FINGERPRINT_ARGS = (
-    "seed", "max_seq_len", "device_batch_size", "total_batch_size", "num_iterations", "packing",
-    "completion_only_loss", *LR_FIELDS, "warmdown_ratio", "weight_decay", "max_grad_norm", "optimizer_recipe",
+    "seed",
+    "max_seq_len",
+    "device_batch_size",
+    "total_batch_size",
+    "num_iterations",
+    "packing",
+    "completion_only_loss",
+    *LR_FIELDS,
+    "warmdown_ratio",
+    "weight_decay",
+    "max_grad_norm",
+    "optimizer_recipe",
 )
 # What a fingerprint written before a field existed meant by it (every earlier run used the December optimizer).
-FINGERPRINT_DEFAULTS = {"optimizer_recipe": "2025-12", "packing": "stream", "completion_only_loss": False,
-                        "warmdown_ratio": 0.2}
+FINGERPRINT_DEFAULTS = {
+    "optimizer_recipe": "2025-12",
+    "packing": "stream",
+    "completion_only_loss": False,
+    "warmdown_ratio": 0.2,
+}
 
 
 # Recorded beside the fields above: what makes a checkpoint this release's. A checkpoint must record the model
 # config and the data format to be resumed; a different code version is accepted when everything else matches.
 CODE_VERSION_FIELD, MODEL_CONFIG_FIELD, DATA_FORMAT_FIELD = "code_version", "model_config", "data_format"
 # Config parameters that do not change the computation.
-_NOT_ARCHITECTURE = {"self", "kwargs", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id"}
+# dtype: the precision the weights were loaded in (a torch.dtype with torch 2.14), not the architecture
+_NOT_ARCHITECTURE = {"self", "kwargs", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "dtype"}
 # Rendered to token ids for the data format: plain turns, a system message, a tool call and its output.
 _PROBE_CONVERSATIONS = [
-    {"messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there!"},
-                  {"role": "assistant", "content": "Hello. 2+2=4"}]},
-    {"messages": [{"role": "user", "content": "How many r in strawberry?"},
-                  {"role": "assistant", "content": [{"type": "text", "text": "Let me count: "},
-                                                    {"type": "python", "text": "'strawberry'.count('r')"},
-                                                    {"type": "python_output", "text": "3"},
-                                                    {"type": "text", "text": "#### 3"}]},
-                  {"role": "user", "content": "Thanks"}, {"role": "assistant", "content": "You're welcome."}]},
+    {
+        "messages": [
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "Hi there!"},
+            {"role": "assistant", "content": "Hello. 2+2=4"},
+        ]
+    },
+    {
+        "messages": [
+            {"role": "user", "content": "How many r in strawberry?"},
+            {
+                "role": "assistant",
+                "content": [
+                    {"type": "text", "text": "Let me count: "},
+                    {"type": "python", "text": "'strawberry'.count('r')"},
+                    {"type": "python_output", "text": "3"},
+                    {"type": "text", "text": "#### 3"},
+                ],
+            },
+            {"role": "user", "content": "Thanks"},
+            {"role": "assistant", "content": "You're welcome."},
+        ]
+    },
 ]
 
 
@@ -198,8 +228,12 @@ def _file_sha256(path: str | None) -> str | None:
 
 
 def run_fingerprint(
-    args: Any, train_dataset_fingerprint: str | None, val_dataset_fingerprint: str | None, world_size: int,
-    model_config: dict[str, Any] | None = None, data_format: str | None = None,
+    args: Any,
+    train_dataset_fingerprint: str | None,
+    val_dataset_fingerprint: str | None,
+    world_size: int,
+    model_config: dict[str, Any] | None = None,
+    data_format: str | None = None,
 ) -> dict[str, Any]:
     """Everything that fixes the data stream and the optimizer setup, as a JSON-able dict.
 
@@ -234,17 +268,21 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
     the checkpoint does not record (a release before this one wrote it); LR fields may change: notices. A checkpoint
     of another code version whose every field matches is continued, and said."""
     if saved is None:
-        raise ValueError("cannot resume: the checkpoint has no run fingerprint (written by an earlier release), so its "
-                         "model config and data format cannot be checked; start a new run in another --output_dir")
+        raise ValueError(
+            "cannot resume: the checkpoint has no run fingerprint (written by an earlier release), so its "
+            "model config and data format cannot be checked; start a new run in another --output_dir"
+        )
     notices = []
     saved = {**FINGERPRINT_DEFAULTS, **saved}
     for name, value in current.items():
         if name == CODE_VERSION_FIELD:
             continue
         if name not in saved and name in (MODEL_CONFIG_FIELD, DATA_FORMAT_FIELD) and value is not None:
-            raise ValueError(f"cannot resume: the checkpoint does not record its {name.replace('_', ' ')} (written by "
-                             f"{saved.get(CODE_VERSION_FIELD, 'an earlier release')}; this is {code_version()}), so "
-                             "the run could not be continued exactly; start a new run in another --output_dir")
+            raise ValueError(
+                f"cannot resume: the checkpoint does not record its {name.replace('_', ' ')} (written by "
+                f"{saved.get(CODE_VERSION_FIELD, 'an earlier release')}; this is {code_version()}), so "
+                "the run could not be continued exactly; start a new run in another --output_dir"
+            )
         if name not in saved:
             notices.append(f"{name} is not recorded in the checkpoint: not checked")
         elif name == MODEL_CONFIG_FIELD and saved[name] is not None and value is not None and saved[name] != value:
@@ -257,14 +295,19 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
         elif saved[name] != value and name in LR_FIELDS:
             notices.append(f"{name} changed {saved[name]} -> {value}: applied from step {resume_step}")
         elif saved[name] != value:
-            what = ("the chat rendering or tokenizer changed the token ids" if name == DATA_FORMAT_FIELD
-                    else "it changes the data stream or the optimizer setup mid-run")
+            what = (
+                "the chat rendering or tokenizer changed the token ids"
+                if name == DATA_FORMAT_FIELD
+                else "it changes the data stream or the optimizer setup mid-run"
+            )
             raise ValueError(
                 f"cannot resume: {name} was {saved[name]!r} in the checkpoint and is {value!r} now; {what} (use the "
                 "old value, or start a new run in another --output_dir)"
             )
     written_by = saved.get(CODE_VERSION_FIELD)
     if written_by != current.get(CODE_VERSION_FIELD):
-        notices.append(f"the checkpoint was written by {written_by or 'an earlier release'}, this is "
-                       f"{current.get(CODE_VERSION_FIELD)}: model config, data format and run setup match, continuing")
+        notices.append(
+            f"the checkpoint was written by {written_by or 'an earlier release'}, this is "
+            f"{current.get(CODE_VERSION_FIELD)}: model config, data format and run setup match, continuing"
+        )
     return notices

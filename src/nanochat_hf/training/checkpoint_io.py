@@ -120,12 +120,16 @@ def load_rng_state(directory: str | Path, rank: int) -> bool:
 
 # ---- a full disk ----------------------------------------------------------------------------------------------------
 
-_FULL = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
-         errno.EFBIG: "a file would exceed the file-size limit (ulimit -f)"}
+_FULL = {
+    errno.ENOSPC: "the disk is full",
+    errno.EDQUOT: "the disk quota is exceeded",
+    errno.EFBIG: "a file would exceed the file-size limit (ulimit -f)",
+}
 
 
 class DiskFullError(OSError):
-    """A save ran out of space (or hit the file-size limit); str() is one line naming the folder and the space needed."""
+    """A save ran out of space (or hit the file-size limit); str() is one line naming the folder and the space
+    needed."""
 
     def __init__(self, code: int, message: str):
         super().__init__(message)
@@ -141,6 +145,7 @@ def _full_errno(error: BaseException) -> int | None:
 
 def tensor_bytes(*tensor_dicts: dict) -> int:
     """Bytes of the tensors in (nested) state dicts: what a save of them needs on disk, roughly."""
+
     def walk(obj: Any) -> int:
         if torch.is_tensor(obj):
             return obj.numel() * obj.element_size()
@@ -149,6 +154,7 @@ def tensor_bytes(*tensor_dicts: dict) -> int:
         if isinstance(obj, (list, tuple)):
             return sum(walk(v) for v in obj)
         return 0
+
     return sum(walk(d) for d in tensor_dicts)
 
 
@@ -170,6 +176,9 @@ def disk_full_as_one_line(what: str, folder: str | Path, needed_bytes: int, undo
         folder = Path(folder)
         existing = next(p for p in (folder, *folder.parents) if p.exists())
         free = shutil.disk_usage(existing).free
-        raise DiskFullError(code, f"{what} could not be saved in {folder}: {_FULL[code]}; it needs about "
-                                  f"{_mb(needed_bytes)} free there ({_mb(free)} free now); what was staged is removed, "
-                                  "earlier saves are intact") from None
+        raise DiskFullError(
+            code,
+            f"{what} could not be saved in {folder}: {_FULL[code]}; it needs about "
+            f"{_mb(needed_bytes)} free there ({_mb(free)} free now); what was staged is removed, "
+            "earlier saves are intact",
+        ) from None

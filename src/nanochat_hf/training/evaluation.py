@@ -61,8 +61,9 @@ class ExactMatch(evaluate.Metric):
             description="exact match after stripping surrounding whitespace",
             citation="",
             inputs_description="predictions: list of str; references: list of str",
-            features=datasets.Features({"predictions": datasets.Value("string"),
-                                        "references": datasets.Value("string")}),
+            features=datasets.Features(
+                {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
+            ),
         )
 
     def _compute(self, predictions: list[str], references: list[str]) -> dict[str, float]:

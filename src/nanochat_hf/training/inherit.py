@@ -27,8 +27,9 @@ INHERITED = (
 )
 
 
-def find_meta(model_source: str | None, model_tag: str | None = None, step: int | None = None,
-              checkpoint_source: str = "base") -> Path | None:
+def find_meta(
+    model_source: str | None, model_tag: str | None = None, step: int | None = None, checkpoint_source: str = "base"
+) -> Path | None:
     """The meta JSON of the model `model_source` names (resolved as the run resolves it): a nanochat checkpoint's
     meta_<step>.json, a converted model's nanochat_meta.json; None for the demo model, a hub id or an HF dir
     converted without one."""
@@ -53,8 +54,12 @@ def _meta_value(meta: dict, name: str, where: str):
     if where == "user_config":
         return user_config.get(name)
     value = meta.get(name)
-    if value is None and name == "total_batch_size" and isinstance(user_config.get(name), int) \
-            and user_config[name] > 0:
+    if (
+        value is None
+        and name == "total_batch_size"
+        and isinstance(user_config.get(name), int)
+        and user_config[name] > 0
+    ):
         return user_config[name]  # the December meta: only base_train's argument (never -1 = auto there)
     return value
 
@@ -67,20 +72,26 @@ def inherit(meta_path: Path | None, given: set[str], model_source: str | None) -
         return {}
     names = ", ".join(name for name, _ in wanted)
     if meta_path is None:
-        raise ValueError(f"inherit_from_base: model_source={model_source!r} has no nanochat meta (meta_<step>.json "
-                         f"or {NANOCHAT_META_FILE}) to inherit {names} from; give them in the config or as flags")
+        raise ValueError(
+            f"inherit_from_base: model_source={model_source!r} has no nanochat meta (meta_<step>.json "
+            f"or {NANOCHAT_META_FILE}) to inherit {names} from; give them in the config or as flags"
+        )
     meta = read_json(meta_path)
     values = {name: _meta_value(meta, name, where) for name, where in wanted}
     missing = [name for name, value in values.items() if value is None]
     if missing:
-        raise ValueError(f"{meta_path}: no {', '.join(missing)} to inherit (nanochat's base_train writes "
-                         f"{', '.join(n for n, w in INHERITED if w == 'meta')} at the top level and the LRs in "
-                         f"user_config); give them in the config or as flags")
+        raise ValueError(
+            f"{meta_path}: no {', '.join(missing)} to inherit (nanochat's base_train writes "
+            f"{', '.join(n for n, w in INHERITED if w == 'meta')} at the top level and the LRs in "
+            f"user_config); give them in the config or as flags"
+        )
     for name, value in values.items():
         is_int = name in ("max_seq_len", "device_batch_size", "total_batch_size")
         if isinstance(value, bool) or not isinstance(value, int if is_int else (int, float)) or value <= 0:
-            raise ValueError(f"{meta_path}: {name}={value!r} cannot be inherited (expected a positive "
-                             f"{'integer' if is_int else 'number'})")
+            raise ValueError(
+                f"{meta_path}: {name}={value!r} cannot be inherited (expected a positive "
+                f"{'integer' if is_int else 'number'})"
+            )
     return values
 
 

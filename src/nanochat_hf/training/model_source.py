@@ -43,15 +43,18 @@ def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
     """(model, tokenizer) by from_pretrained of a local directory, with one-line errors naming the damaged or missing
     file or field, found before the weights are read (mid_train's --model_source, chat_eval.py's --model)."""
     if not any((path / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
-        raise FileNotFoundError(f"{path}: no tokenizer in the model folder (tokenizer.json expected; save it with "
-                                "tokenizer.save_pretrained next to the model)")
+        raise FileNotFoundError(
+            f"{path}: no tokenizer in the model folder (tokenizer.json expected; save it with "
+            "tokenizer.save_pretrained next to the model)"
+        )
     config_path = path / "config.json"
     raw = read_json(config_path)
     if not isinstance(raw.get("model_type"), str):
         raise ValueError(f"{config_path}: no 'model_type' (a Hugging Face model config names its model type)")
     if raw["model_type"] == NanoChatGPTConfig.model_type:
-        check_positive_ints(raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",),
-                            str(config_path))
+        check_positive_ints(
+            raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",), str(config_path)
+        )
     for weights in sorted(path.glob("*.safetensors")):  # reads only the header: cheap, and names the bad file
         try:
             with safe_open(str(weights), framework="pt"):
@@ -77,8 +80,11 @@ def _first_line(e: BaseException) -> str:
 def _demo_model(args: MidTrainingArguments):
     tokenizer = demo_tokenizer()
     config = NanoChatGPTConfig.from_depth(
-        args.demo_depth, vocab_size=len(tokenizer), sequence_len=max(args.max_seq_len, DEMO_SEQUENCE_LEN),
-        bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
+        args.demo_depth,
+        vocab_size=len(tokenizer),
+        sequence_len=max(args.max_seq_len, DEMO_SEQUENCE_LEN),
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tokenizer.pad_token_id,
     )
     torch.manual_seed(args.seed)
@@ -118,9 +124,7 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
 def check_compatible(model, tokenizer, args: MidTrainingArguments) -> None:
     vocab = model.config.vocab_size
     if len(tokenizer) > vocab:
-        raise ValueError(
-            f"vocab mismatch: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}"
-        )
+        raise ValueError(f"vocab mismatch: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}")
     missing = [t for t in (BOS, ASSISTANT_START, ASSISTANT_END) if t not in tokenizer.get_vocab()]
     if missing:
         raise ValueError(f"tokenizer lacks nanochat's special token(s) {', '.join(missing)}")

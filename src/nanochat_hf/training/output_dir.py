@@ -47,8 +47,9 @@ def prepare_output_dir(output_dir: str | Path, overwrite_output_dir: bool, resum
     """
     path = Path(output_dir).absolute()
     if path.exists() and not path.is_dir():
-        raise OutputDirError(f"output_dir {output_dir} is a file; expected a directory (or a path that does not exist "
-                             "yet)")
+        raise OutputDirError(
+            f"output_dir {output_dir} is a file; expected a directory (or a path that does not exist yet)"
+        )
     if path not in _held:
         _hold(path, output_dir)
     try:
@@ -58,9 +59,13 @@ def prepare_output_dir(output_dir: str | Path, overwrite_output_dir: bool, resum
         if resuming:
             return [f"output_dir {output_dir} holds an earlier run ({', '.join(found)}): resuming it"]
         if overwrite_output_dir:
-            return [(f"--overwrite_output_dir: {output_dir} holds an earlier run ({', '.join(found)}); this run "
-                     "replaces those files as it writes its own (nothing is deleted now; old checkpoint-* folders "
-                     "with other step numbers stay)")]
+            return [
+                (
+                    f"--overwrite_output_dir: {output_dir} holds an earlier run ({', '.join(found)}); this run "
+                    "replaces those files as it writes its own (nothing is deleted now; old checkpoint-* folders "
+                    "with other step numbers stay)"
+                )
+            ]
         # resuming needs a complete checkpoint (trainer_state.json is written last): advise it only when there is one
         resumable = any((p / "trainer_state.json").is_file() for p in path.iterdir() if CHECKPOINT_RE.match(p.name))
         resume = "--resume_from_checkpoint true to continue it, " if resumable else ""
@@ -94,8 +99,10 @@ def _hold(path: Path, shown: str | Path) -> None:
         except BlockingIOError:
             holder = os.read(fd, 200).decode("utf-8", "replace").strip() or "a running process"
             os.close(fd)
-            raise OutputDirError(f"output_dir {shown} is in use by another run ({holder}): wait for it to end or "
-                                 "choose another --output_dir") from None
+            raise OutputDirError(
+                f"output_dir {shown} is in use by another run ({holder}): wait for it to end or "
+                "choose another --output_dir"
+            ) from None
         try:
             if os.stat(path / LOCK_FILE).st_ino == os.fstat(fd).st_ino:
                 break

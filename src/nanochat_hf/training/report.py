@@ -49,9 +49,26 @@ def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     plot_curves(trainer, out / "training_curves.png")
     a = trainer.args
-    keys = ["model_source", "train_mixture", "val_mixture", "num_iterations", "max_seq_len", "device_batch_size",
-            "total_batch_size", "gradient_accumulation_steps", "matrix_lr", "embedding_lr", "unembedding_lr",
-            "init_lr_frac", "weight_decay", "eval_every", "eval_tokens", "dtype", "bf16", "seed"]
+    keys = [
+        "model_source",
+        "train_mixture",
+        "val_mixture",
+        "num_iterations",
+        "max_seq_len",
+        "device_batch_size",
+        "total_batch_size",
+        "gradient_accumulation_steps",
+        "matrix_lr",
+        "embedding_lr",
+        "unembedding_lr",
+        "init_lr_frac",
+        "weight_decay",
+        "eval_every",
+        "eval_tokens",
+        "dtype",
+        "bf16",
+        "seed",
+    ]
     lines = ["# nanochat-hf mid-training report", "", "## Config", "", "| argument | value |", "|---|---|"]
     lines += [f"| {k} | {getattr(a, k)} |" for k in keys]
     lines += [f"| world_size | {trainer.accelerator.num_processes} |", f"| device | {a.device} |"]
@@ -83,9 +100,15 @@ def _card_data(a, scores: list, name: str) -> ModelCardData:
     # a base model on the hub is named by its repo id; a local directory or nanochat checkpoint has none to link
     hub_base = source if source and source.count("/") == 1 and not os.path.exists(source) else None
     return ModelCardData(
-        base_model=hub_base, datasets=_hub_datasets(a.train_mixture) or None, license="mit", language=["en"],
-        library_name="transformers", pipeline_tag="text-generation", tags=["nanochat", "mid-training", "custom_code"],
-        eval_results=model_index_results(scores) or None, model_name=name if scores else None,
+        base_model=hub_base,
+        datasets=_hub_datasets(a.train_mixture) or None,
+        license="mit",
+        language=["en"],
+        library_name="transformers",
+        pipeline_tag="text-generation",
+        tags=["nanochat", "mid-training", "custom_code"],
+        eval_results=model_index_results(scores) or None,
+        model_name=name if scores else None,
     )
 
 
@@ -94,9 +117,12 @@ def write_model_card(trainer, output_dir: str | os.PathLike) -> Path:
     a = trainer.args
     steps = trainer.state.global_step
     tokens = steps * a.total_batch_size
-    base = a.model_source if a.model_source not in (None, "", "demo") else \
-        f"none: a fresh demo model (depth {a.demo_depth}, width {NanoChatGPTConfig.from_depth(a.demo_depth).n_embd}) " \
-        "trained from scratch"
+    base = (
+        a.model_source
+        if a.model_source not in (None, "", "demo")
+        else f"none: a fresh demo model (depth {a.demo_depth}, "
+        f"width {NanoChatGPTConfig.from_depth(a.demo_depth).n_embd}) trained from scratch"
+    )
     mixture = a.train_mixture or "the embedded offline demo mixture"
     bpb = trainer.min_val_bpb
     bpb_last = next((h["eval_val_bpb"] for h in reversed(trainer.state.log_history) if "eval_val_bpb" in h), None)
@@ -112,7 +138,7 @@ Hugging Face stack: Muon + AdamW, `transformers.Trainer`, Accelerate).
 - base model: {base}
 - mixture: {mixture}
 - steps: {steps}, tokens: {tokens:,} ({a.total_batch_size:,} per step, sequence length {a.max_seq_len})
-- final validation bits per byte: {f'{bpb_last:.4f}' if bpb_last is not None else 'n/a'} (minimum {bpb:.4f})
+- final validation bits per byte: {f"{bpb_last:.4f}" if bpb_last is not None else "n/a"} (minimum {bpb:.4f})
 
 ## How to load
 

@@ -88,8 +88,14 @@ def prepare_output(args: MidTrainingArguments) -> None:
     resume from verified on every rank; `args.resume_from_checkpoint` becomes its path, or None."""
     if not args.dry_run:
         RUN["created_output_dir"] = not os.path.exists(args.output_dir)
-        _say(on_main_process(args, lambda: prepare_output_dir(
-            args.output_dir, args.overwrite_output_dir, resuming=bool(args.resume_from_checkpoint))))
+        _say(
+            on_main_process(
+                args,
+                lambda: prepare_output_dir(
+                    args.output_dir, args.overwrite_output_dir, resuming=bool(args.resume_from_checkpoint)
+                ),
+            )
+        )
     path, messages = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint, args.world_size)
     _say(messages)
     # never True: transformers would pick the newest checkpoint itself, unverified
@@ -98,14 +104,24 @@ def prepare_output(args: MidTrainingArguments) -> None:
         args.eval_on_start = False  # the evaluation at the resumed step was logged by the interrupted run
 
 
-def check_resume(args: MidTrainingArguments, train_fingerprint: str | None, val_fingerprint: str | None,
-                 model_config=None, tokenizer=None) -> dict:
+def check_resume(
+    args: MidTrainingArguments,
+    train_fingerprint: str | None,
+    val_fingerprint: str | None,
+    model_config=None,
+    tokenizer=None,
+) -> dict:
     """This run's fingerprint (data stream, optimizer setup, model config, data format, code version), compared with
     the checkpoint's when resuming: ValueError naming a changed field; a changed LR is applied (by `MidTrainer`)
     and said."""
-    fingerprint = run_fingerprint(args, train_fingerprint, val_fingerprint, args.world_size,
-                                  model_config_fields(model_config) if model_config is not None else None,
-                                  data_format(tokenizer) if tokenizer is not None else None)
+    fingerprint = run_fingerprint(
+        args,
+        train_fingerprint,
+        val_fingerprint,
+        args.world_size,
+        model_config_fields(model_config) if model_config is not None else None,
+        data_format(tokenizer) if tokenizer is not None else None,
+    )
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint
         step = read_json(os.path.join(path, "trainer_state.json"))["global_step"]
@@ -119,8 +135,10 @@ def setup(argv: list[str] | None = None):
     args = parse_args(argv)
     RUN["args"] = args
     if args.train_mixture and not args.val_mixture:
-        raise ValueError(f"train_mixture={args.train_mixture} needs a val_mixture too (may be the same file when it "
-                         "has a `val:` split)")
+        raise ValueError(
+            f"train_mixture={args.train_mixture} needs a val_mixture too (may be the same file when it "
+            "has a `val:` split)"
+        )
     check_compiler(args)
     read_mixture(args.train_mixture, "train")  # validates the files without reading data: fail before the model
     read_mixture(args.val_mixture, "val")
@@ -132,12 +150,18 @@ def setup(argv: list[str] | None = None):
     # December mid-training trains on every token (nanochat ignores the assistant mask there); SFT at HEAD on the
     # assistant's completions only. Both render with nanochat's cut at 2048 tokens.
     with args.main_process_first(desc="tokenizing"):
-        train_tokens = tokenize_conversations(train, tokenizer, max_tokens=2048,
-                                              assistant_only=args.completion_only_loss)
+        train_tokens = tokenize_conversations(
+            train, tokenizer, max_tokens=2048, assistant_only=args.completion_only_loss
+        )
         val_tokens = tokenize_conversations(val, tokenizer, max_tokens=2048, assistant_only=args.completion_only_loss)
     if args.packing == "bestfit":
-        _say([f"{name}: {line}" for name, tokens in (("train", train_tokens), ("val", val_tokens))
-              if (line := rows_cut_message(tokens, args.max_seq_len))])
+        _say(
+            [
+                f"{name}: {line}"
+                for name, tokens in (("train", train_tokens), ("val", val_tokens))
+                if (line := rows_cut_message(tokens, args.max_seq_len))
+            ]
+        )
     return args, model, tokenizer, train_tokens, val_tokens, fingerprint
 
 
@@ -153,20 +177,35 @@ def check_compiler(args: MidTrainingArguments) -> None:
     try:
         cpp_builder.get_cpp_compiler()
     except InvalidCxxCompiler:
-        raise ValueError("torch_compile=true on CPU needs a C++ compiler and none was found (set $CXX or install "
-                         "g++ / clang++), or pass --torch_compile false to train eager") from None
+        raise ValueError(
+            "torch_compile=true on CPU needs a C++ compiler and none was found (set $CXX or install "
+            "g++ / clang++), or pass --torch_compile false to train eager"
+        ) from None
 
 
-def build_trainer(args: MidTrainingArguments, model, tokenizer, train_tokens, val_tokens,
-                  fingerprint: dict | None = None, trainer_cls=None, callbacks: list | None = None):
+def build_trainer(
+    args: MidTrainingArguments,
+    model,
+    tokenizer,
+    train_tokens,
+    val_tokens,
+    fingerprint: dict | None = None,
+    trainer_cls=None,
+    callbacks: list | None = None,
+):
     """The trainer, with the data stream built (fails fast when the mixture is too small for one step)."""
     end_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = end_id
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     trainer = (trainer_cls or MidTrainer)(
-        model=model, args=args, processing_class=tokenizer, train_dataset=train_tokens, eval_dataset=val_tokens,
-        callbacks=callbacks, run_fingerprint=fingerprint,
+        model=model,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=train_tokens,
+        eval_dataset=val_tokens,
+        callbacks=callbacks,
+        run_fingerprint=fingerprint,
     )
     trainer.get_train_dataloader()
     return trainer
@@ -176,8 +215,14 @@ def train(trainer) -> float:
     """Train (resuming if asked), evaluate at the last step if the schedule did not; returns seconds."""
     RUN["trainer"] = trainer
     if trainer.args.torch_compile:
-        _say([("compiling the training step (torch.compile): the first step takes a minute or more on CPU, then "
-               "the steps run faster (--torch_compile false: eager)")])
+        _say(
+            [
+                (
+                    "compiling the training step (torch.compile): the first step takes a minute or more on CPU, then "
+                    "the steps run faster (--torch_compile false: eager)"
+                )
+            ]
+        )
     t0 = time.time()
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)  # a verified path or None
     seconds = time.time() - t0
@@ -203,7 +248,8 @@ def post_training_eval(trainer, metrics: dict) -> str | None:
         if args.spelling_eval_rows > 0:
             _say([f"SimpleSpelling exact match on {args.spelling_eval_rows} held-out rows (generation)"])
             metrics["spelling_exact_match"] = exact_match_accuracy(
-                model, tokenizer, spelling_conversations(args.spelling_eval_rows, demo=args.val_mixture is None))
+                model, tokenizer, spelling_conversations(args.spelling_eval_rows, demo=args.val_mixture is None)
+            )
         conv = {"messages": [{"role": "user", "content": args.sample_prompt}]}
         return format_parts(generate_reply(model, tokenizer, conv, max_new_tokens=64)["parts"])
 
@@ -217,8 +263,9 @@ def chat_eval(trainer) -> None:
     for task in args.chat_eval_task_list:
         try:
             with torch.no_grad():
-                trainer.chat_eval_scores += run_chat_eval(model, trainer.processing_class, [task],
-                                                          args.chat_eval_max_problems, seed=args.seed)
+                trainer.chat_eval_scores += run_chat_eval(
+                    model, trainer.processing_class, [task], args.chat_eval_max_problems, seed=args.seed
+                )
         except (ValueError, OSError, ConnectionError) as e:  # e.g. a hub task while offline
             _say([f"chat eval {task} skipped: {' '.join(str(e).split()).removeprefix(f'{task}: ')}"])
     if trainer.chat_eval_scores and _is_main():
@@ -251,8 +298,10 @@ def finish(trainer, train_time: float) -> dict:
     if trainer.is_world_process_zero():
         print(f"validation bpb: {metrics['val_bpb']:.4f} (min {metrics['min_val_bpb']:.4f})")
         if "spelling_exact_match" in metrics:
-            print(f"SimpleSpelling exact match: {metrics['spelling_exact_match']:.3f} "
-                  f"({args.spelling_eval_rows} held-out rows)")
+            print(
+                f"SimpleSpelling exact match: {metrics['spelling_exact_match']:.3f} "
+                f"({args.spelling_eval_rows} held-out rows)"
+            )
         print(f"sample chat:\n  user: {args.sample_prompt}\n  assistant: {sample}")
         if not args.dry_run:
             print(f"model written to {args.output_dir}")
@@ -268,6 +317,7 @@ def quiet_libraries(main_process: bool) -> None:
     """Keep our lines and one bar: transformers' per-save "Writing model shards" bar (one shard, at every save) is
     dropped, other processes show no library bars or warnings (they would duplicate rank 0's), and transformers'
     notice that torch.compile's speed-ups need an Ampere GPU is not printed on CPU runs, which compile on purpose."""
+
     def hook(factory, args, kwargs):
         if not main_process or kwargs.get("desc") == "Writing model shards":
             kwargs = {**kwargs, "disable": True}
@@ -307,16 +357,20 @@ def interrupted() -> None:
             path, _ = resolve_resume_checkpoint(out, True, int(os.environ.get("WORLD_SIZE", "1")))
         except ValueError:  # no intact checkpoint
             path = None
-        if path is not None and (args.resume_from_checkpoint or
-                                 (path / "trainer_state.json").stat().st_mtime >= RUN["started"]):
+        if path is not None and (
+            args.resume_from_checkpoint or (path / "trainer_state.json").stat().st_mtime >= RUN["started"]
+        ):
             what = f"{path} can be resumed with --resume_from_checkpoint true"
         else:  # none, or an earlier run's (kept there with --overwrite_output_dir)
             if RUN.get("created_output_dir"):
                 shutil.rmtree(out, ignore_errors=True)
                 what = f"no checkpoint had been written (--save_steps N writes them): removed {out}"
             else:
-                partial = [p for p in out.iterdir() if CHECKPOINT_RE.match(p.name) and p.is_dir()
-                           and p.stat().st_mtime >= RUN["started"]]
+                partial = [
+                    p
+                    for p in out.iterdir()
+                    if CHECKPOINT_RE.match(p.name) and p.is_dir() and p.stat().st_mtime >= RUN["started"]
+                ]
                 for p in partial:  # this run's incomplete checkpoint folders
                     shutil.rmtree(p, ignore_errors=True)
                 what = f"no checkpoint of this run to resume; {out} is as it was"

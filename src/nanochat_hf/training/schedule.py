@@ -36,14 +36,16 @@ def steps_progress(num_steps: int) -> Callable[[int], float]:
     return lambda step: step / num_steps
 
 
-def nanochat_scheduler(optimizer: torch.optim.Optimizer, progress: Callable[[int], float],
-                       warmdown_ratio: float = 0.2) -> LambdaLR:
+def nanochat_scheduler(
+    optimizer: torch.optim.Optimizer, progress: Callable[[int], float], warmdown_ratio: float = 0.2
+) -> LambdaLR:
     """`LambdaLR` setting every group's lr to initial_lr * lr_multiplier(progress(s)) for optimizer step s.
 
     `progress` must be a pure function of the step (the stream's `lr_progress` or `steps_progress`), so the
     scheduler's checkpointed state (its step count) is all a resumed run needs. LambdaLR reads each group's
     `initial_lr` (set by build_optimizer, already scaled by init_lr_frac).
     """
+
     def multiplier(step: int) -> float:
         return lr_multiplier(progress(step), warmdown_ratio)
 

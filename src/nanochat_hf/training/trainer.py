@@ -43,18 +43,25 @@ from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
 from ..progress import Progress
 from ..tokenizer import token_bytes as compute_token_bytes
-from .callbacks import (MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint,
-                        device_peak_flops)
+from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint, device_peak_flops
 from .checkpoint_check import save_fingerprint
-from .checkpoint_io import (disk_full_as_one_line, load_optimizer_state, load_rng_state, read_json,
-                            save_optimizer_state, save_rng_state, tensor_bytes, usual_modes, write_json)
+from .checkpoint_io import (
+    disk_full_as_one_line,
+    load_optimizer_state,
+    load_rng_state,
+    read_json,
+    save_optimizer_state,
+    save_rng_state,
+    tensor_bytes,
+    usual_modes,
+    write_json,
+)
 from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
 from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
 from .output_dir import final_save_staging_dir, publish_staged
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
-
 
 # nanochat's ChatCORE tasks (chat_sft.py), in its order
 CHATCORE_TASKS = ("ARC-Easy", "ARC-Challenge", "MMLU", "GSM8K", "HumanEval")
@@ -78,8 +85,7 @@ class StreamLoader:
 
 
 class MidTrainer(Trainer):
-    def __init__(self, *args, token_bytes: torch.Tensor | None = None, run_fingerprint: dict | None = None,
-                 **kwargs):
+    def __init__(self, *args, token_bytes: torch.Tensor | None = None, run_fingerprint: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_fingerprint = run_fingerprint  # saved into every checkpoint, checked on resume (run.setup)
         self.chat_eval_scores: list = []  # filled by run.finish when chat_eval_tasks are set
@@ -129,8 +135,9 @@ class MidTrainer(Trainer):
         where = {"rank": self.accelerator.process_index, "world_size": self.accelerator.num_processes}
         a = self.args
         if a.packing == "bestfit":
-            return BestFitStream(token_ds, a.max_seq_len, a.device_batch_size, self.processing_class.bos_token_id,
-                                 **where)
+            return BestFitStream(
+                token_ds, a.max_seq_len, a.device_batch_size, self.processing_class.bos_token_id, **where
+            )
         return PackedStream(token_ds, max_seq_len=a.max_seq_len, device_batch_size=a.device_batch_size, **where)
 
     def get_train_dataloader(self) -> StreamLoader:
@@ -163,15 +170,22 @@ class MidTrainer(Trainer):
         if self.optimizer is None:
             a = self.args
             self.optimizer = build_optimizer(
-                self.model, matrix_lr=a.matrix_lr, embedding_lr=a.embedding_lr, unembedding_lr=a.unembedding_lr,
-                weight_decay=a.weight_decay, init_lr_frac=a.init_lr_frac, recipe=a.optimizer_recipe,
+                self.model,
+                matrix_lr=a.matrix_lr,
+                embedding_lr=a.embedding_lr,
+                unembedding_lr=a.unembedding_lr,
+                weight_decay=a.weight_decay,
+                init_lr_frac=a.init_lr_frac,
+                recipe=a.optimizer_recipe,
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
             if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
                 load_full_state(self.optimizer, self.model, self.warm_start[0])
                 if self.is_world_process_zero():
-                    print(f"optimizer warm-started from {a.nanochat_optimizer} ({self.warm_start[1]} format: "
-                          f"{len(self.warm_start[0])} parameters' state; LRs from this run)")
+                    print(
+                        f"optimizer warm-started from {a.nanochat_optimizer} ({self.warm_start[1]} format: "
+                        f"{len(self.warm_start[0])} parameters' state; LRs from this run)"
+                    )
                 self.warm_start = None
         return self.optimizer
 
@@ -187,8 +201,9 @@ class MidTrainer(Trainer):
                 stream, ga = self.get_train_dataloader().stream, self.args.gradient_accumulation_steps
                 progress = lambda step: stream.lr_progress(step, ga)  # noqa: E731
                 self.nanochat_log.progress = progress  # nanochat shows the schedule's progress
-            self.lr_scheduler = nanochat_scheduler(self.optimizer if optimizer is None else optimizer, progress,
-                                                   self.args.warmdown_ratio)
+            self.lr_scheduler = nanochat_scheduler(
+                self.optimizer if optimizer is None else optimizer, progress, self.args.warmdown_ratio
+            )
             self._created_lr_scheduler = True
         return self.lr_scheduler
 
@@ -245,8 +260,14 @@ class MidTrainer(Trainer):
             limit = a.chatcore_max_cat if task_by_name(name).mode == "categorical" else a.chatcore_max_sample
             try:
                 with torch.no_grad(), self.accelerator.autocast():
-                    scores += run_chat_eval(model, self.processing_class, [name], None if limit < 0 else limit,
-                                            batch_size=a.device_batch_size, seed=a.seed)
+                    scores += run_chat_eval(
+                        model,
+                        self.processing_class,
+                        [name],
+                        None if limit < 0 else limit,
+                        batch_size=a.device_batch_size,
+                        seed=a.seed,
+                    )
             except (ValueError, OSError, ConnectionError, RuntimeError) as e:  # RuntimeError: hub data offline
                 if self.is_world_process_zero():
                     print(f"mid_train: ChatCORE: {name} skipped: {' '.join(str(e).split())}", flush=True)
@@ -304,12 +325,32 @@ class MidTrainer(Trainer):
             return
         self.callback_handler.on_push_begin(a, self.state, self.control)
         message = f"Training in progress, step {self.state.global_step}"
-        common = dict(repo_id=self.hub_model_id, folder_path=checkpoint_folder, token=a.hub_token,
-                      run_as_future=True, revision=a.hub_revision)
-        model_files = ["*.safetensors", "model.safetensors.index.json", "config.json", "generation_config.json",
-                       "*.py", "tokenizer*", "special_tokens_map.json", "chat_template.*", "training_args.json"]
-        jobs = [hf_api().upload_folder(**common, commit_message=message, allow_patterns=model_files,
-                                       ignore_patterns=["optimizer.*", "rng_state.*"])]
+        common = dict(
+            repo_id=self.hub_model_id,
+            folder_path=checkpoint_folder,
+            token=a.hub_token,
+            run_as_future=True,
+            revision=a.hub_revision,
+        )
+        model_files = [
+            "*.safetensors",
+            "model.safetensors.index.json",
+            "config.json",
+            "generation_config.json",
+            "*.py",
+            "tokenizer*",
+            "special_tokens_map.json",
+            "chat_template.*",
+            "training_args.json",
+        ]
+        jobs = [
+            hf_api().upload_folder(
+                **common,
+                commit_message=message,
+                allow_patterns=model_files,
+                ignore_patterns=["optimizer.*", "rng_state.*"],
+            )
+        ]
         if a.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
             where = "last-checkpoint" if a.hub_strategy == HubStrategy.CHECKPOINT else Path(checkpoint_folder).name
             jobs.append(hf_api().upload_folder(**common, path_in_repo=where, commit_message=message + ", checkpoint"))
@@ -327,11 +368,14 @@ class MidTrainer(Trainer):
             if self.run_fingerprint is not None:
                 save_fingerprint(out, self.run_fingerprint)
             write_json(out / "scheduler.json", self.lr_scheduler.state_dict())
-            write_json(out / "nanochat_state.json", {
-                "logger": self.nanochat_log.state_dict(),
-                "min_val_bpb": self.min_val_bpb,
-                "world_size": self.accelerator.num_processes,
-            })
+            write_json(
+                out / "nanochat_state.json",
+                {
+                    "logger": self.nanochat_log.state_dict(),
+                    "min_val_bpb": self.min_val_bpb,
+                    "world_size": self.accelerator.num_processes,
+                },
+            )
 
     def _save_scaler(self, output_dir: str) -> None:  # no fp16 grad scaler in this recipe
         return
@@ -386,8 +430,9 @@ class MidTrainer(Trainer):
         out.mkdir(parents=True, exist_ok=True)
         tmp = final_save_staging_dir(out)
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict()),
-                                   lambda: shutil.rmtree(tmp, ignore_errors=True)):
+        with disk_full_as_one_line(
+            "the model", out, tensor_bytes(model.state_dict()), lambda: shutil.rmtree(tmp, ignore_errors=True)
+        ):
             bars = hf_logging.is_progress_bar_enabled()
             if self.args.disable_tqdm:  # transformers' "Writing model shards" bar follows --disable_tqdm too
                 hf_logging.disable_progress_bar()

@@ -44,8 +44,9 @@ def load(commit: str, trees: Path) -> None:
     spec = importlib.util.spec_from_file_location("sdpa", trees / "nc_a91743c" / "nanochat" / "flash_attention.py")
     sdpa = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sdpa)
-    sys.modules["kernels"] = types.SimpleNamespace(get_kernel=lambda name: types.SimpleNamespace(
-        flash_attn_interface=sdpa.flash_attn))
+    sys.modules["kernels"] = types.SimpleNamespace(
+        get_kernel=lambda name: types.SimpleNamespace(flash_attn_interface=sdpa.flash_attn)
+    )
     sys.modules["rustbpe"] = types.ModuleType("rustbpe")
     from nanochat.checkpoint_manager import build_model
 
@@ -55,8 +56,15 @@ def load(commit: str, trees: Path) -> None:
     expected = torch.load(HERE / "nanochat_logits.pt", weights_only=True)[base.name]
     with torch.no_grad():
         logits = model(torch.tensor([reference["ids"]]))[0, reference["positions"]].float()
-    print(commit, base.name, "loaded (strict=True), vocab", tokenizer.get_vocab_size(), meta["model_config"],
-          "max |logits - reference|", (logits - expected).abs().max().item())
+    print(
+        commit,
+        base.name,
+        "loaded (strict=True), vocab",
+        tokenizer.get_vocab_size(),
+        meta["model_config"],
+        "max |logits - reference|",
+        (logits - expected).abs().max().item(),
+    )
 
 
 if __name__ == "__main__":

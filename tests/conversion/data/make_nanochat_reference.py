@@ -41,12 +41,14 @@ from conftest import (  # noqa: E402
 def load_nanochat(tree: Path, sdpa_tree: Path) -> types.ModuleType:
     for name in [m for m in sys.modules if m == "nanochat" or m.startswith("nanochat.")]:
         del sys.modules[name]
-    spec = importlib.util.spec_from_file_location("a91743c_flash_attention", sdpa_tree / "nanochat" /
-                                                  "flash_attention.py")
+    spec = importlib.util.spec_from_file_location(
+        "a91743c_flash_attention", sdpa_tree / "nanochat" / "flash_attention.py"
+    )
     sdpa = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sdpa)
-    sys.modules["kernels"] = types.SimpleNamespace(get_kernel=lambda name: types.SimpleNamespace(
-        flash_attn_interface=sdpa.flash_attn))
+    sys.modules["kernels"] = types.SimpleNamespace(
+        get_kernel=lambda name: types.SimpleNamespace(flash_attn_interface=sdpa.flash_attn)
+    )
     sys.path.insert(0, str(tree))
     try:
         return importlib.import_module("nanochat.gpt")
@@ -73,11 +75,20 @@ def main(trees: Path) -> None:
         with torch.no_grad():
             out = model(torch.tensor([REFERENCE_IDS]))
         logits[commit] = out[0, REFERENCE_POSITIONS].float().clone()
-        table[commit] = {"generation": generation, "model_config": sorted(kwargs), "tensors": shapes,
-                         "window_sizes": [list(w) for w in getattr(model, "window_sizes", [])]}
+        table[commit] = {
+            "generation": generation,
+            "model_config": sorted(kwargs),
+            "tensors": shapes,
+            "window_sizes": [list(w) for w in getattr(model, "window_sizes", [])],
+        }
         print(commit, generation, len(shapes), "tensors", flush=True)
-    reference = {"config": GENERATION_CONFIG, "window_pattern": WINDOW_PATTERN, "ids": REFERENCE_IDS,
-                 "positions": REFERENCE_POSITIONS, "commits": table}
+    reference = {
+        "config": GENERATION_CONFIG,
+        "window_pattern": WINDOW_PATTERN,
+        "ids": REFERENCE_IDS,
+        "positions": REFERENCE_POSITIONS,
+        "commits": table,
+    }
     (HERE / "nanochat_generations.json").write_text(json.dumps(reference, indent=1) + "\n")
     torch.save(logits, HERE / "nanochat_logits.pt")
 

@@ -51,8 +51,7 @@ def encode(x, y):
                 runs.append(t - 10)
                 prev = t
         # a BOS followed by its tokens is one conversation; a BOS followed by BOS (or the end) is padding
-        rows.append([c for i, c in enumerate(runs)
-                     if c != "B" or i + 1 == len(runs) or runs[i + 1] == "B"])
+        rows.append([c for i, c in enumerate(runs) if c != "B" or i + 1 == len(runs) or runs[i + 1] == "B"])
     sha = hashlib.sha256(x.to(torch.int64).numpy().tobytes() + y.to(torch.int64).numpy().tobytes()).hexdigest()
     return {"rows": rows, "sha": sha[:16]}
 
@@ -60,11 +59,27 @@ def encode(x, y):
 def run(N, V, B, T, W, G, warmdown=0.5):
     ranks = []
     for r in range(W):
-        g = {"torch": torch, "args": types.SimpleNamespace(max_seq_len=T, device_batch_size=B, num_iterations=-1,
-             warmup_ratio=0.0, warmdown_ratio=warmdown, final_lr_frac=0.0),
-             "train_dataset": list(range(N)), "val_dataset": list(range(N, N + V)), "tokenizer": Tok(T + 1),
-             "ddp_rank": r, "ddp_world_size": W, "device_type": "cpu", "device": "cpu",
-             "last_step": False, "approx_progress": 0.0, "current_epoch": 1}
+        g = {
+            "torch": torch,
+            "args": types.SimpleNamespace(
+                max_seq_len=T,
+                device_batch_size=B,
+                num_iterations=-1,
+                warmup_ratio=0.0,
+                warmdown_ratio=warmdown,
+                final_lr_frac=0.0,
+            ),
+            "train_dataset": list(range(N)),
+            "val_dataset": list(range(N, N + V)),
+            "tokenizer": Tok(T + 1),
+            "ddp_rank": r,
+            "ddp_world_size": W,
+            "device_type": "cpu",
+            "device": "cpu",
+            "last_step": False,
+            "approx_progress": 0.0,
+            "current_epoch": 1,
+        }
         exec(FUNCS["sft_data_generator_bos_bestfit"], g)  # noqa: S102 -- nanochat's own code, on purpose
         exec(FUNCS["get_lr_multiplier"], g)  # noqa: S102
         ranks.append(g)
@@ -88,15 +103,22 @@ def run(N, V, B, T, W, G, warmdown=0.5):
     for g in ranks:  # build_val_loader(): a fresh generator per evaluation
         loader = g["sft_data_generator_bos_bestfit"]("val")
         val.append([encode(*next(loader)) for _ in range(4)])
-    return {"steps": step, "lrm": lrms, "progress": progresses, "val": val,
-            "train": [[encode(x, y) for x, y in b] for b in batches]}
+    return {
+        "steps": step,
+        "lrm": lrms,
+        "progress": progresses,
+        "val": val,
+        "train": [[encode(x, y) for x, y in b] for b in batches],
+    }
 
 
 if __name__ == "__main__":
     cases = {}
-    for name, kw in {"w1_g2": {"N": 300, "V": 120, "B": 4, "T": 64, "W": 1, "G": 2},
-                     "w2_g1": {"N": 301, "V": 121, "B": 3, "T": 64, "W": 2, "G": 1},
-                     "w1_g1_t100": {"N": 250, "V": 100, "B": 2, "T": 100, "W": 1, "G": 1}}.items():
+    for name, kw in {
+        "w1_g2": {"N": 300, "V": 120, "B": 4, "T": 64, "W": 1, "G": 2},
+        "w2_g1": {"N": 301, "V": 121, "B": 3, "T": 64, "W": 2, "G": 1},
+        "w1_g1_t100": {"N": 250, "V": 100, "B": 2, "T": 100, "W": 1, "G": 1},
+    }.items():
         cases[name] = {"config": kw, **run(**kw)}
         print(name, "steps", cases[name]["steps"], "micro-batches", len(cases[name]["train"][0]))
     Path(sys.argv[1]).write_text(json.dumps(cases, separators=(",", ":")))

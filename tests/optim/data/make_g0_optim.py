@@ -2,6 +2,7 @@
 
 Run from a `git archive 790f3be` extraction: TORCHDYNAMO_DISABLE=1 PYTHONPATH=g0 python make_g0_optim.py OUT
 """
+
 import sys
 
 import torch

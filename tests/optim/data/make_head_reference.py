@@ -1,8 +1,10 @@
 """Reference for tests/optim/test_head_recipe.py: nanochat HEAD (92d63d4) GPT.setup_optimizer + MuonAdamW, 5 steps.
 
-Run from a `git archive 92d63d4` extraction: NANOCHAT_DTYPE=float32 TORCHDYNAMO_DISABLE=1 PYTHONPATH=nc python this.py OUT
+Run from a `git archive 92d63d4` extraction:
+    NANOCHAT_DTYPE=float32 TORCHDYNAMO_DISABLE=1 PYTHONPATH=nc python this.py OUT
 torch.compile is disabled (TORCHDYNAMO_DISABLE=1): nanochat's fused functions run eagerly, op by op.
 """
+
 import sys
 
 import torch
@@ -36,7 +38,10 @@ for i, st in sd["state"].items():
             out[f"state/{i}/{k}"] = v.clone()
 torch.save(sd, sys.argv[1] + "/optim_000005_rank0.pt")  # a real HEAD optimizer file, for the warm-start tests
 names = [n for n, _ in model.named_parameters()]
-save_file({k: v.contiguous() for k, v in out.items()}, sys.argv[1] + "/head_reference.safetensors",
-          metadata={"names": " ".join(names)})
+save_file(
+    {k: v.contiguous() for k, v in out.items()},
+    sys.argv[1] + "/head_reference.safetensors",
+    metadata={"names": " ".join(names)},
+)
 print([(n, tuple(p.shape)) for n, p in model.named_parameters()])
 print([(gr["kind"], len(gr["params"]), gr["lr"]) for gr in opt.param_groups])

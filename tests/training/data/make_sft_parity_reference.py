@@ -62,10 +62,20 @@ if __name__ == "__main__":
     # nanochat's December model, imported here: the test imports this file for its formulas
     from nanochat.gpt import GPT, GPTConfig
 
-    g = {"torch": torch, "args": types.SimpleNamespace(max_seq_len=T, device_batch_size=B, num_iterations=-1),
-         "train_dataset": list(range(N)), "val_dataset": list(range(N, N + V)), "tokenizer": Tok(),
-         "ddp_rank": 0, "ddp_world_size": 1, "device_type": "cpu", "device": "cpu",
-         "last_step": False, "approx_progress": 0.0, "current_epoch": 1}
+    g = {
+        "torch": torch,
+        "args": types.SimpleNamespace(max_seq_len=T, device_batch_size=B, num_iterations=-1),
+        "train_dataset": list(range(N)),
+        "val_dataset": list(range(N, N + V)),
+        "tokenizer": Tok(),
+        "ddp_rank": 0,
+        "ddp_world_size": 1,
+        "device_type": "cpu",
+        "device": "cpu",
+        "last_step": False,
+        "approx_progress": 0.0,
+        "current_epoch": 1,
+    }
     exec(source(HEAD / "scripts" / "chat_sft.py", "sft_data_generator_bos_bestfit"), g)  # noqa: S102
     e = {"torch": torch, "math": math, "dist": dist}
     exec(source(HEAD / "nanochat" / "loss_eval.py", "evaluate_bpb"), e)  # noqa: S102
@@ -85,7 +95,15 @@ if __name__ == "__main__":
             x, y = next(loader)
         model.get_device = lambda: torch.device("cpu")
         val_bpb = e["evaluate_bpb"](model, g["sft_data_generator_bos_bestfit"]("val"), EVAL_STEPS, token_bytes())
-    out = {"config": CONFIG, "B": B, "T": T, "N": N, "V": V, "eval_steps": EVAL_STEPS, "losses": losses,
-           "val_bpb": val_bpb}
+    out = {
+        "config": CONFIG,
+        "B": B,
+        "T": T,
+        "N": N,
+        "V": V,
+        "eval_steps": EVAL_STEPS,
+        "losses": losses,
+        "val_bpb": val_bpb,
+    }
     Path(sys.argv[1]).write_text(json.dumps(out, indent=1))
     print(len(losses), losses[:3], val_bpb)

@@ -39,8 +39,11 @@ def head_muon_adamw():
 def chat_sft_functions(g: dict) -> None:
     text = (ref.HEAD / "scripts" / "chat_sft.py").read_text()
     for node in ast.parse(text).body:
-        if isinstance(node, ast.FunctionDef) and node.name in ("sft_data_generator_bos_bestfit", "get_lr_multiplier",
-                                                               "get_muon_momentum"):
+        if isinstance(node, ast.FunctionDef) and node.name in (
+            "sft_data_generator_bos_bestfit",
+            "get_lr_multiplier",
+            "get_muon_momentum",
+        ):
             exec(ast.get_source_segment(text, node), g)  # noqa: S102
 
 
@@ -48,11 +51,27 @@ if __name__ == "__main__":
     sys.path.insert(0, "/tmp/recipe-sft/g0")
     from nanochat.gpt import GPT, GPTConfig
 
-    g = {"torch": torch, "args": types.SimpleNamespace(max_seq_len=ref.T, device_batch_size=ref.B, num_iterations=-1,
-                                                       warmup_ratio=0.0, warmdown_ratio=WARMDOWN, final_lr_frac=0.0),
-         "train_dataset": list(range(ref.N)), "val_dataset": list(range(ref.N, ref.N + ref.V)),
-         "tokenizer": ref.Tok(), "ddp_rank": 0, "ddp_world_size": 1, "device_type": "cpu", "device": "cpu",
-         "last_step": False, "approx_progress": 0.0, "current_epoch": 1}
+    g = {
+        "torch": torch,
+        "args": types.SimpleNamespace(
+            max_seq_len=ref.T,
+            device_batch_size=ref.B,
+            num_iterations=-1,
+            warmup_ratio=0.0,
+            warmdown_ratio=WARMDOWN,
+            final_lr_frac=0.0,
+        ),
+        "train_dataset": list(range(ref.N)),
+        "val_dataset": list(range(ref.N, ref.N + ref.V)),
+        "tokenizer": ref.Tok(),
+        "ddp_rank": 0,
+        "ddp_world_size": 1,
+        "device_type": "cpu",
+        "device": "cpu",
+        "last_step": False,
+        "approx_progress": 0.0,
+        "current_epoch": 1,
+    }
     chat_sft_functions(g)
     e = {"torch": torch, "math": math, "dist": dist}
     exec(ref.source(ref.HEAD / "nanochat" / "loss_eval.py", "evaluate_bpb"), e)  # noqa: S102
@@ -66,12 +85,34 @@ if __name__ == "__main__":
     scale = (ref.CONFIG["n_embd"] / 768) ** -0.5
     matrices = list(model.transformer.h.parameters())
     groups = [
-        dict(kind="adamw", params=list(model.lm_head.parameters()), lr=LR["unembedding_lr"] * scale, betas=(0.8, 0.96),
-             eps=1e-10, weight_decay=0.01),
-        dict(kind="adamw", params=list(model.transformer.wte.parameters()), lr=LR["embedding_lr"] * scale,
-             betas=(0.8, 0.995), eps=1e-10, weight_decay=0.001),
-    ] + [dict(kind="muon", params=[p for p in matrices if p.shape == shape], lr=LR["matrix_lr"], momentum=0.95,
-              ns_steps=5, beta2=0.9, weight_decay=0.0) for shape in sorted({p.shape for p in matrices})]
+        dict(
+            kind="adamw",
+            params=list(model.lm_head.parameters()),
+            lr=LR["unembedding_lr"] * scale,
+            betas=(0.8, 0.96),
+            eps=1e-10,
+            weight_decay=0.01,
+        ),
+        dict(
+            kind="adamw",
+            params=list(model.transformer.wte.parameters()),
+            lr=LR["embedding_lr"] * scale,
+            betas=(0.8, 0.995),
+            eps=1e-10,
+            weight_decay=0.001,
+        ),
+    ] + [
+        dict(
+            kind="muon",
+            params=[p for p in matrices if p.shape == shape],
+            lr=LR["matrix_lr"],
+            momentum=0.95,
+            ns_steps=5,
+            beta2=0.9,
+            weight_decay=0.0,
+        )
+        for shape in sorted({p.shape for p in matrices})
+    ]
     optimizer = head_muon_adamw()(groups)
     for group in optimizer.param_groups:
         group["lr"] = group["lr"] * INIT_LR_FRAC
