@@ -360,6 +360,7 @@ class MidTrainer(Trainer):
             self.push_in_progress.jobs.extend(jobs)
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
         out, rank = Path(output_dir), self.accelerator.process_index
         out.mkdir(parents=True, exist_ok=True)
         save_optimizer_state(self.optimizer.state_dict(), out / f"optimizer.rank{rank}.safetensors")
@@ -389,6 +390,8 @@ class MidTrainer(Trainer):
             usual_modes(output_dir)  # safetensors' save_file makes 0600 files: the umask-derived mode instead
 
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """Each rank reads its own shard (checked against this run's world size), the schedule, the data position
+        and the logger's state."""
         if checkpoint is None:
             return
         ckpt, rank = Path(checkpoint), self.accelerator.process_index
@@ -413,10 +416,11 @@ class MidTrainer(Trainer):
         self.min_val_bpb = meta["min_val_bpb"]
 
     def _load_rng_state(self, checkpoint: str | None) -> None:
+        """This rank's RNG state from safetensors + JSON (the stock hook unpickles rng_state.pth)."""
         if checkpoint is not None:
             load_rng_state(checkpoint, self.accelerator.process_index)
 
-    def _load_scaler(self, checkpoint: str | None) -> None:
+    def _load_scaler(self, checkpoint: str | None) -> None:  # no fp16 grad scaler in this recipe
         return
 
     # ---- model files --------------------------------------------------------------------------------------
