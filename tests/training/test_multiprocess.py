@@ -9,9 +9,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).parent))
+from mp_launch import launch_mid_train  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-WORKER = str(Path(__file__).with_name("mp_worker.py"))
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
 RUN = [
     "--model_source",
@@ -47,41 +49,7 @@ RUN = [
 
 
 def _launch(tmp, out, nproc, extra=(), env=None):
-    import os
-    import subprocess
-
-    from_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    port = 29500 + (os.getpid() % 1000) + nproc * 7
-    if nproc > 1:  # accelerate's --cpu launcher needs MPI for several processes; torch.distributed.run does not
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            str(nproc),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(port),
-            WORKER,
-        ]
-    else:
-        cmd = [sys.executable, WORKER]
-    proc = subprocess.run(
-        [*cmd, *RUN, "--output_dir", str(out), *extra],
-        cwd=tmp,
-        env=from_env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    return launch_mid_train([*RUN, "--output_dir", str(out), *extra], tmp, nproc, timeout=240, env=env)
 
 
 def _losses(checkpoint: Path):

@@ -3,7 +3,6 @@ model) loaded straight from nanochat's files, resumes, runs on 2 processes with 
 pushes to a (local) hub and reloads there with AutoModelForCausalLM."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -13,9 +12,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).parent))
+from mp_launch import launch_mid_train  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-WORKER = str(Path(__file__).with_name("mp_worker.py"))  # mid_train, writing each rank's final parameters
 RUN = [
     "--max_seq_len",
     "64",
@@ -87,39 +88,8 @@ def g5_base(tmp_path_factory) -> Path:
     return base
 
 
-def _launch(cwd: Path, out: Path, nproc: int, extra=(), env=None) -> subprocess.CompletedProcess:
-    full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    if nproc > 1:
-        port = 29500 + (os.getpid() % 1000) + 31
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            str(nproc),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(port),
-            WORKER,
-        ]
-    else:
-        cmd = [sys.executable, WORKER]
-    proc = subprocess.run(
-        [*cmd, *RUN, "--output_dir", str(out), *extra],
-        cwd=cwd,
-        env=full_env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+def _launch(cwd: Path, out: Path, nproc: int, extra=(), env=None):
+    return launch_mid_train([*RUN, "--output_dir", str(out), *extra], cwd, nproc, timeout=400, env=env)
 
 
 def _losses(checkpoint: Path) -> list:

@@ -2,7 +2,6 @@
 processes train one best-fit epoch, resume with identical losses, and write a model AutoModelForCausalLM loads."""
 
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,10 +11,12 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+sys.path.insert(0, str(Path(__file__).parent))
+from mp_launch import launch_mid_train  # noqa: E402
+
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 REPO = Path(__file__).resolve().parents[2]
-WORKER = str(Path(__file__).with_name("mp_worker.py"))
 MIXTURE = """
 train:
   tasks:
@@ -64,50 +65,11 @@ print("GENERATED", model.generate(ids, max_new_tokens=4, do_sample=False).shape[
 
 
 def _launch(tmp: Path, out: Path, nproc: int, extra=()):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [sys.executable, WORKER]
-    if nproc > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "accelerate.commands.launch",
-            "--multi_gpu",
-            "--num_processes",
-            str(nproc),
-            "--num_machines",
-            "1",
-            "--mixed_precision",
-            "no",
-            "--dynamo_backend",
-            "no",
-            "--main_process_port",
-            str(29800 + os.getpid() % 1000),
-            WORKER,
-        ]
     mixture = tmp / "mix.yaml"
     mixture.write_text(MIXTURE)
-    proc = subprocess.run(
-        [
-            *cmd,
-            str(REPO / "configs" / "sft_demo.yaml"),
-            *RUN,
-            "--train_mixture",
-            str(mixture),
-            "--val_mixture",
-            str(mixture),
-            "--output_dir",
-            str(out),
-            *extra,
-        ],
-        cwd=tmp,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=400,
-        check=False,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return proc
+    config = str(REPO / "configs" / "sft_demo.yaml")
+    args = [config, *RUN, "--train_mixture", str(mixture), "--val_mixture", str(mixture), "--output_dir", str(out)]
+    return launch_mid_train([*args, *extra], tmp, nproc, timeout=400)
 
 
 def _steps(out: Path):
