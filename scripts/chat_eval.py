@@ -24,6 +24,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
 from nanochat_hf.data.tasks import check_data_file
+from nanochat_hf.errors import one_line
 from nanochat_hf.evaluation import (
     EVAL_TASKS,
     results_table,
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_inputs(args)
     except (ValueError, OSError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
     state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
@@ -154,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
             tokenizer = AutoTokenizer.from_pretrained(args.model)
             model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
     except (OSError, ValueError) as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)
+        print(f"error: {one_line(e)}", file=sys.stderr)
         return 2
     model = model.to(state.device).eval()
 

@@ -14,6 +14,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from ..atomic import staged_dir, write_text
+from ..errors import one_line
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..paths import nanochat_base_dir
 from ..tokenizer import BOS_TOKEN, EOS_TOKEN, load_nanochat_tokenizer, save_nanochat_tokenizer, token_bytes
@@ -264,7 +265,7 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
         else:
             raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
     except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ValueError(f"{config_path}: {_first_line(e)}") from None
+        raise ValueError(f"{config_path}: {one_line(e)}") from None
     state_dict = read_hf_weights(model_dir)
     if model_type == "nanochat":
         state_dict = native_to_nanochat_names(state_dict)
@@ -326,7 +327,7 @@ def to_nanochat(
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
-            raise ValueError(f"{model_dir / 'tokenizer.json'}: cannot be loaded ({_first_line(e)})") from None
+            raise ValueError(f"{model_dir / 'tokenizer.json'}: cannot be loaded ({one_line(e)})") from None
         if len(tokenizer) != config.vocab_size:
             raise ValueError(
                 f"{model_dir / 'tokenizer.json'}: tokenizer has {len(tokenizer)} tokens but the "
@@ -363,10 +364,6 @@ def to_nanochat(
         torch.save(nanochat_state, tmp / f"model_{step:06d}.pt")
         write_text(tmp / f"meta_{step:06d}.json", json.dumps(meta, indent=2))
     return output_dir
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
 
 
 def _write_nanochat_tokenizer(tokenizer: PreTrainedTokenizerBase, directory: Path) -> None:

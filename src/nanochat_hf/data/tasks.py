@@ -22,6 +22,7 @@ from datasets import Dataset, Features, Value, load_dataset
 from datasets import config as datasets_config
 from datasets.exceptions import DatasetsError
 
+from ..errors import one_line
 from ..paths import cache_key, nanochat_base_dir
 from ..tokenizer import chat_format
 from . import conversation as conversation_module
@@ -37,11 +38,6 @@ DEMO_IDENTITY_FILE = Path(__file__).with_name("identity_demo.jsonl")
 class DataLoadError(ValueError):
     """A task's data cannot be read (bad file, hub unreachable). A ValueError, as the other bad-input errors, so
     the command line tools report it in one line."""
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def check_data_file(path: str, where: str) -> None:
@@ -247,7 +243,7 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
         except (DatasetsError, ValueError, OSError) as e:
             cause = e.__cause__ or e  # datasets wraps the parser's error
             raise DataLoadError(
-                f"task {spec.label}: data file(s) {source} cannot be read as {builder} ({_first_line(cause)})"
+                f"task {spec.label}: data file(s) {source} cannot be read as {builder} ({one_line(cause)})"
             ) from None
         if len(ds) == 0:
             raise DataLoadError(f"task {spec.label}: data file(s) {source} hold no rows")
@@ -266,7 +262,7 @@ def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> Ta
                 ) from None
             raise DataLoadError(
                 f"task {spec.label}: could not load {source} split {spec.split!r} "
-                f"({_first_line(e)}); offline? point `data_files` at local files of the same "
+                f"({one_line(e)}); offline? point `data_files` at local files of the same "
                 "layout"
             ) from None
     # Shuffle first, then slice: start/stop then pick nanochat's rows. The source row numbers ride along (an

@@ -24,6 +24,7 @@ from huggingface_hub import EvalResult
 
 from ..atomic import write_text
 from ..data.tasks import DataLoadError
+from ..errors import one_line
 from ..inference import decode_completion, generate_tokens
 from ..progress import Progress
 from ..tokenizer import render_for_completion
@@ -187,7 +188,7 @@ def run_chat_eval(
             except DataLoadError as e:
                 if skip_unavailable is None:
                     raise
-                skip_unavailable(name, " ".join(str(e).split()))
+                skip_unavailable(name, one_line(e))
                 continue
             scores.append(
                 evaluate_task(model, tokenizer, task, problems, batch_size, max_new_tokens, temperature, top_k, seed)

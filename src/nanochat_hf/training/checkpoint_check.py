@@ -18,6 +18,7 @@ from typing import Any
 
 from safetensors import safe_open
 
+from nanochat_hf.errors import one_line
 from nanochat_hf.training.checkpoint_io import read_json, write_json
 
 # What the trainer writes into checkpoint-<step>/ (extend here when it writes more). The model weights are either
@@ -121,24 +122,20 @@ class CheckpointMismatch(ValueError):
     """The checkpoint is intact but belongs to a different setup (world size): an older one would not fit either."""
 
 
-def _one_line(error: Exception) -> str:
-    return " ".join(str(error).split())
-
-
 def _check_safetensors(path: Path) -> None:
     try:
         with safe_open(str(path), framework="pt") as f:
             for key in f.keys():
                 f.get_slice(key).get_shape()  # header only; safe_open already checked the data ranges fit the file
     except Exception as e:  # safetensors raises its own error type for every malformed file
-        raise ValueError(f"{path}: not a readable safetensors file ({_one_line(e)})") from None
+        raise ValueError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
 
 
 def _check_json(path: Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({_one_line(e)})") from None
+        raise ValueError(f"{path}: not valid JSON ({one_line(e)})") from None
 
 
 def verify_checkpoint(path: str | Path, world_size: int) -> None:

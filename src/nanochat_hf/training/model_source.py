@@ -11,6 +11,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from ..conversion import find_nanochat_checkpoint, load_from_nanochat, nanochat_tokenizer_dir
 from ..conversion.files import check_positive_ints, read_json
 from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
+from ..errors import one_line
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, EOS_TOKEN
 from .arguments import MidTrainingArguments
@@ -60,21 +61,16 @@ def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
             with safe_open(str(weights), framework="pt"):
                 pass
         except (SafetensorError, OSError) as e:
-            raise ValueError(f"{weights}: not a readable safetensors file ({_first_line(e)})") from None
+            raise ValueError(f"{weights}: not a readable safetensors file ({one_line(e)})") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError, TypeError, KeyError, SafetensorError) as e:
-        raise ValueError(f"{path}: the model cannot be loaded ({_first_line(e)})") from None
+        raise ValueError(f"{path}: the model cannot be loaded ({one_line(e)})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
-        raise ValueError(f"{path}: the tokenizer cannot be loaded ({_first_line(e)})") from None
+        raise ValueError(f"{path}: the tokenizer cannot be loaded ({one_line(e)})") from None
     return model, tokenizer
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _demo_model(args: MidTrainingArguments):

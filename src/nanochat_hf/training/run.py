@@ -24,6 +24,7 @@ import transformers
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
 from ..data.bestfit import rows_cut_message
 from ..data.synthetic import simple_spelling
+from ..errors import one_line
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
 from ..tokenizer.chat_format import EOS_TOKEN
@@ -56,7 +57,7 @@ def _is_main() -> bool:
 def _fail(message: str, code: int = 2) -> None:
     """One line on stderr (from rank 0 only: every rank fails the same way), exit `code` on every rank."""
     if _is_main():
-        print(f"mid_train: error: {' '.join(str(message).split())}", file=sys.stderr, flush=True)
+        print(f"mid_train: error: {one_line(message)}", file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -267,7 +268,7 @@ def chat_eval(trainer) -> None:
                     model, trainer.processing_class, [task], args.chat_eval_max_problems, seed=args.seed
                 )
         except (ValueError, OSError, ConnectionError) as e:  # e.g. a hub task while offline
-            _say([f"chat eval {task} skipped: {' '.join(str(e).split()).removeprefix(f'{task}: ')}"])
+            _say([f"chat eval {task} skipped: {one_line(e).removeprefix(f'{task}: ')}"])
     if trainer.chat_eval_scores and _is_main():
         print(f"chat evaluation:\n{results_table(trainer.chat_eval_scores)}", flush=True)
 

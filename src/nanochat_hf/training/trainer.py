@@ -38,6 +38,7 @@ from transformers.utils.hub import hf_api
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
 from ..data import BestFitStream, MicroBatchStream, PackedStream
+from ..errors import one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
@@ -270,7 +271,7 @@ class MidTrainer(Trainer):
                     )
             except (ValueError, OSError, ConnectionError, RuntimeError) as e:  # RuntimeError: hub data offline
                 if self.is_world_process_zero():
-                    print(f"mid_train: ChatCORE: {name} skipped: {' '.join(str(e).split())}", flush=True)
+                    print(f"mid_train: ChatCORE: {name} skipped: {one_line(e)}", flush=True)
         if not scores:
             return {}
         if self.is_world_process_zero():
