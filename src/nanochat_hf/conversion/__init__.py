@@ -5,11 +5,10 @@ from .nanochat import (
     from_nanochat,
     load_from_nanochat,
     nanochat_tokenizer_dir,
-    read_hf_model,
     read_nanochat_checkpoint,
     to_nanochat,
 )
-from .native import native_config, to_native
+from .native import native_config, read_hf_model, to_native
 
 __all__ = [
     "find_nanochat_checkpoint",

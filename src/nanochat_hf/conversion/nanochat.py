@@ -9,8 +9,6 @@ import warnings
 from pathlib import Path
 
 import torch
-from safetensors import SafetensorError
-from safetensors.torch import load_file
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from ..atomic import staged_dir, write_text
@@ -20,7 +18,6 @@ from ..paths import nanochat_base_dir
 from ..tokenizer import BOS_TOKEN, EOS_TOKEN, load_nanochat_tokenizer, save_nanochat_tokenizer, token_bytes
 from .files import (
     check_output,
-    check_positive_ints,
     check_state_dict,
     common_dtype,
     files_in,
@@ -38,7 +35,7 @@ from .generations import (
     nanochat_shapes,
     window_pattern_of,
 )
-from .native import config_from_native, native_to_nanochat_names
+from .native import read_hf_model
 from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
 
 SOURCE_FOLDERS = {
@@ -210,70 +207,6 @@ def from_nanochat(
 
 
 # ---------------------------------------------------------------- Hugging Face -> nanochat
-
-
-def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    """All tensors of a Hugging Face directory (model.safetensors, or shards listed in the index)."""
-    single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
-    if single.is_file():
-        files = [single]
-    elif index.is_file():
-        weight_map = read_json(index).get("weight_map")
-        if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
-        files = [model_dir / name for name in sorted(set(weight_map.values()))]
-    else:
-        raise FileNotFoundError(f"{single}: no such file (nor {index.name})")
-    state_dict = {}
-    for path in files:
-        if not path.is_file():
-            raise FileNotFoundError(f"{path}: no such file (listed in {index.name})")
-        try:
-            state_dict.update(load_file(path))
-        except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"{path}: cannot be read as safetensors ({e})") from None
-    return state_dict
-
-
-def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig]:
-    """(state dict under nanochat's names, config) of a directory holding our model or transformers' native
-    NanoChat."""
-    model_dir = Path(model_dir)
-    if not model_dir.is_dir():
-        raise FileNotFoundError(f"{model_dir}: model directory not found")
-    config_path = model_dir / "config.json"
-    raw = read_json(config_path)
-    model_type = raw.get("model_type")
-    if model_type == NanoChatGPTConfig.model_type:
-        check_positive_ints(
-            raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",), str(config_path)
-        )
-    elif model_type == "nanochat":
-        check_positive_ints(
-            raw,
-            ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
-            ("num_key_value_heads", "max_position_embeddings", "intermediate_size"),
-            str(config_path),
-        )
-    try:
-        if model_type == NanoChatGPTConfig.model_type:
-            config = NanoChatGPTConfig.from_dict(
-                {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")}
-            )
-        elif model_type == "nanochat":
-            config = config_from_native(raw)
-        else:
-            raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
-    except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ValueError(f"{config_path}: {one_line(e)}") from None
-    state_dict = read_hf_weights(model_dir)
-    if model_type == "nanochat":
-        state_dict = native_to_nanochat_names(state_dict)
-    else:
-        names = {ours: theirs for theirs, ours in hf_names(config).items()}
-        state_dict = {names.get(k, k): v for k, v in state_dict.items()}
-    check_state_dict(state_dict, nanochat_shapes(config), model_dir / "model.safetensors", config_path)
-    return state_dict, config
 
 
 def _default_step(model_dir: Path) -> int:

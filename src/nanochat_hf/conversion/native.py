@@ -1,4 +1,5 @@
-"""Export to transformers' built-in NanoChat (``model_type "nanochat"``), which loads with no custom code.
+"""Hugging Face model folders: reading ours or transformers' built-in NanoChat (``read_hf_model``, where both
+exports start), and the export to the built-in NanoChat (``model_type "nanochat"``), which loads with no custom code.
 
 What differs between the two implementations, and how the export keeps outputs equal:
 - Names: ``transformer.wte`` -> ``model.embed_tokens``, ``attn.c_q/c_k/c_v/c_proj`` -> ``self_attn.q/k/v/o_proj``,
@@ -21,13 +22,15 @@ import shutil
 from pathlib import Path
 
 import torch
-from safetensors.torch import save_file
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 from transformers import NanoChatConfig
 
 from ..atomic import staged_dir
+from ..errors import one_line
 from ..model import NanoChatGPTConfig
-from .files import check_output, files_in
-from .generations import generation_of
+from .files import check_output, check_positive_ints, check_state_dict, files_in, read_json
+from .generations import generation_of, hf_names, nanochat_shapes
 
 NATIVE_RMS_NORM_EPS = torch.finfo(torch.float32).eps
 # (nanochat name, native name); {i} is the layer index
@@ -113,6 +116,70 @@ def config_from_native(raw: dict) -> NanoChatGPTConfig:
     )
 
 
+def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    """All tensors of a Hugging Face directory (model.safetensors, or shards listed in the index)."""
+    single, index = model_dir / "model.safetensors", model_dir / "model.safetensors.index.json"
+    if single.is_file():
+        files = [single]
+    elif index.is_file():
+        weight_map = read_json(index).get("weight_map")
+        if not isinstance(weight_map, dict):
+            raise ValueError(f"{index}: no 'weight_map' object")
+        files = [model_dir / name for name in sorted(set(weight_map.values()))]
+    else:
+        raise FileNotFoundError(f"{single}: no such file (nor {index.name})")
+    state_dict = {}
+    for path in files:
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no such file (listed in {index.name})")
+        try:
+            state_dict.update(load_file(path))
+        except (SafetensorError, OSError, ValueError) as e:
+            raise ValueError(f"{path}: cannot be read as safetensors ({e})") from None
+    return state_dict
+
+
+def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor], NanoChatGPTConfig]:
+    """(state dict under nanochat's names, config) of a directory holding our model or transformers' native
+    NanoChat."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise FileNotFoundError(f"{model_dir}: model directory not found")
+    config_path = model_dir / "config.json"
+    raw = read_json(config_path)
+    model_type = raw.get("model_type")
+    if model_type == NanoChatGPTConfig.model_type:
+        check_positive_ints(
+            raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",), str(config_path)
+        )
+    elif model_type == "nanochat":
+        check_positive_ints(
+            raw,
+            ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads"),
+            ("num_key_value_heads", "max_position_embeddings", "intermediate_size"),
+            str(config_path),
+        )
+    try:
+        if model_type == NanoChatGPTConfig.model_type:
+            config = NanoChatGPTConfig.from_dict(
+                {k: v for k, v in raw.items() if k not in ("auto_map", "architectures", "transformers_version")}
+            )
+        elif model_type == "nanochat":
+            config = config_from_native(raw)
+        else:
+            raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
+    except (TypeError, ValueError, KeyError, AttributeError) as e:
+        raise ValueError(f"{config_path}: {one_line(e)}") from None
+    state_dict = read_hf_weights(model_dir)
+    if model_type == "nanochat":
+        state_dict = native_to_nanochat_names(state_dict)
+    else:
+        names = {ours: theirs for theirs, ours in hf_names(config).items()}
+        state_dict = {names.get(k, k): v for k, v in state_dict.items()}
+    check_state_dict(state_dict, nanochat_shapes(config), model_dir / "model.safetensors", config_path)
+    return state_dict, config
+
+
 def check_native_exportable(config: NanoChatGPTConfig, config_path: Path) -> None:
     """One-line ValueError unless `config` is nanochat's December 2025 model (G0), the one transformers' NanoChat
     implements; it names what the native class lacks."""
@@ -143,8 +210,6 @@ def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overw
 
     `output_dir` must be new or empty and apart from the source; `overwrite` lets it replace the files it writes
     (other files are kept; the source's files are never replaced)."""
-    from .nanochat import read_hf_model  # circular: nanochat.py imports this module
-
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     check_output(output_dir, [model_dir], overwrite)
     state_dict, config = read_hf_model(model_dir)
