@@ -433,11 +433,11 @@ def write_nanochat_optimizer(
 def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
     """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
     from ..training.checkpoint_check import FINGERPRINT_DEFAULTS, FINGERPRINT_FILE  # training imports this module
-    from ..training.checkpoint_io import load_optimizer_state, read_json
+    from ..training.checkpoint_io import OPTIMIZER_FILE, load_optimizer_state, read_json
 
     paths = []
-    while (model_dir / f"optimizer.rank{len(paths)}.safetensors").is_file():
-        paths.append(model_dir / f"optimizer.rank{len(paths)}.safetensors")
+    while (model_dir / OPTIMIZER_FILE.format(rank=len(paths))).is_file():
+        paths.append(model_dir / OPTIMIZER_FILE.format(rank=len(paths)))
     if not paths:
         return None
     fingerprint = model_dir / FINGERPRINT_FILE

@@ -19,17 +19,22 @@ from typing import Any
 from safetensors import safe_open
 
 from nanochat_hf.errors import one_line
-from nanochat_hf.training.checkpoint_io import read_json, write_json
-
-# What the trainer writes into checkpoint-<step>/ (extend here when it writes more). The model weights are either
-# one file or an index plus the shards it lists (`save_pretrained` shards large models).
-SHARED_FILES = ("config.json", "scheduler.json", "nanochat_state.json", "trainer_state.json")
-PER_RANK_FILES = (
-    "optimizer.rank{rank}.safetensors",
-    "data_state.rank{rank}.json",
-    "rng_state.rank{rank}.safetensors",
-    "rng_state.rank{rank}.json",
+from nanochat_hf.training.checkpoint_io import (
+    DATA_STATE_FILE,
+    OPTIMIZER_FILE,
+    RNG_STATE_FILE,
+    RNG_TENSORS_FILE,
+    SCHEDULER_FILE,
+    STATE_FILE,
+    TRAINER_STATE_FILE,
+    read_json,
+    write_json,
 )
+
+# What the trainer writes into checkpoint-<step>/ (names in checkpoint_io.py). The model weights are either one file
+# or an index plus the shards it lists (`save_pretrained` shards large models).
+SHARED_FILES = ("config.json", SCHEDULER_FILE, STATE_FILE, TRAINER_STATE_FILE)
+PER_RANK_FILES = (OPTIMIZER_FILE, DATA_STATE_FILE, RNG_TENSORS_FILE, RNG_STATE_FILE)
 MODEL_FILE, MODEL_INDEX = "model.safetensors", "model.safetensors.index.json"
 CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
 # MidTrainer writes checkpoint-<step> in place, trainer_state.json last, into a fresh folder: an incomplete one fails
@@ -163,13 +168,19 @@ def verify_checkpoint(path: str | Path, world_size: int) -> None:
             _check_safetensors(file)
         elif file.suffix == ".json":
             _check_json(file)
-    saved = read_json(ckpt / "nanochat_state.json")
+    check_checkpoint_world_size(ckpt, world_size)
+
+
+def check_checkpoint_world_size(ckpt: Path, world_size: int) -> dict:
+    """The checkpoint's nanochat state, or CheckpointMismatch if another number of processes wrote it."""
+    saved = read_json(ckpt / STATE_FILE)
     saved_ws = saved.get("world_size") if isinstance(saved, dict) else None
     if saved_ws != world_size:
         raise CheckpointMismatch(
-            f"{ckpt / 'nanochat_state.json'}: written by world_size={saved_ws} processes, resuming with "
+            f"{ckpt / STATE_FILE}: written by world_size={saved_ws} processes, resuming with "
             f"{world_size}; the optimizer shards and data positions are per rank, resume with {saved_ws} processes"
         )
+    return saved
 
 
 def resolve_resume_checkpoint(

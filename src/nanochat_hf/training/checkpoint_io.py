@@ -20,6 +20,16 @@ from safetensors.torch import load_file, save_file
 
 from ..atomic import current_umask, replacing, write_text
 
+# The files of a checkpoint-<step> folder beside transformers' own (config.json, the model, trainer_state.json,
+# which the Trainer writes last: a folder with it is complete). {rank}: one file per process.
+STATE_FILE = "nanochat_state.json"  # world size, the logger's state, the best val bpb
+SCHEDULER_FILE = "scheduler.json"
+TRAINER_STATE_FILE = "trainer_state.json"
+OPTIMIZER_FILE = "optimizer.rank{rank}.safetensors"  # this rank's optimizer shard
+DATA_STATE_FILE = "data_state.rank{rank}.json"  # this rank's position in the data
+RNG_TENSORS_FILE = "rng_state.rank{rank}.safetensors"
+RNG_STATE_FILE = "rng_state.rank{rank}.json"
+
 
 def write_json(path: str | Path, obj: Any) -> None:
     """Atomic JSON write, mode 0666 & ~umask."""
@@ -94,24 +104,24 @@ def save_rng_state(directory: str | Path, rank: int) -> None:
     if torch.cuda.is_available():
         for i, s in enumerate(torch.cuda.random.get_rng_state_all()):
             tensors[f"cuda{i}"] = s
-    save_file(tensors, str(directory / f"rng_state.rank{rank}.safetensors"))
+    save_file(tensors, str(directory / RNG_TENSORS_FILE.format(rank=rank)))
     np_state = np.random.get_state()
     write_json(
-        directory / f"rng_state.rank{rank}.json",
+        directory / RNG_STATE_FILE.format(rank=rank),
         {"python": _encode(random.getstate()), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
     )
 
 
 def load_rng_state(directory: str | Path, rank: int) -> bool:
     directory = Path(directory)
-    path = directory / f"rng_state.rank{rank}.safetensors"
+    path = directory / RNG_TENSORS_FILE.format(rank=rank)
     if not path.is_file():
         return False
     tensors = load_file(str(path))
     torch.random.set_rng_state(tensors["cpu"])
     if torch.cuda.is_available() and "cuda0" in tensors:
         torch.cuda.random.set_rng_state_all([tensors[f"cuda{i}"] for i in range(torch.cuda.device_count())])
-    other = read_json(directory / f"rng_state.rank{rank}.json")
+    other = read_json(directory / RNG_STATE_FILE.format(rank=rank))
     random.setstate(_decode(other["python"]))
     kind, keys, *rest = other["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))

@@ -18,6 +18,7 @@ import socket
 from pathlib import Path
 
 from nanochat_hf.training.checkpoint_check import CHECKPOINT_RE
+from nanochat_hf.training.checkpoint_io import TRAINER_STATE_FILE
 
 # Files whose presence means output_dir already holds a (finished or partial) run.
 RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "report.md")
@@ -67,7 +68,7 @@ def prepare_output_dir(output_dir: str | Path, overwrite_output_dir: bool, resum
                 )
             ]
         # resuming needs a complete checkpoint (trainer_state.json is written last): advise it only when there is one
-        resumable = any((p / "trainer_state.json").is_file() for p in path.iterdir() if CHECKPOINT_RE.match(p.name))
+        resumable = any((p / TRAINER_STATE_FILE).is_file() for p in path.iterdir() if CHECKPOINT_RE.match(p.name))
         resume = "--resume_from_checkpoint true to continue it, " if resumable else ""
         raise OutputDirError(
             f"output_dir {output_dir} already holds a run ({', '.join(found)}): pass --overwrite_output_dir true to "

@@ -39,7 +39,7 @@ from .checkpoint_check import (
     resolve_resume_checkpoint,
     run_fingerprint,
 )
-from .checkpoint_io import DiskFullError, read_json
+from .checkpoint_io import TRAINER_STATE_FILE, DiskFullError, read_json
 from .evaluation import exact_match_accuracy
 from .model_source import load_model_and_tokenizer
 from .output_dir import FINAL_STAGING, prepare_output_dir, release_output_dir
@@ -125,7 +125,7 @@ def check_resume(
     )
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint
-        step = read_json(os.path.join(path, "trainer_state.json"))["global_step"]
+        step = read_json(os.path.join(path, TRAINER_STATE_FILE))["global_step"]
         _say(check_fingerprint(load_fingerprint(path), fingerprint, step))
         _say([f"resuming from {path} (step {step})"])
     return fingerprint
@@ -359,7 +359,7 @@ def interrupted() -> None:
         except ValueError:  # no intact checkpoint
             path = None
         if path is not None and (
-            args.resume_from_checkpoint or (path / "trainer_state.json").stat().st_mtime >= RUN["started"]
+            args.resume_from_checkpoint or (path / TRAINER_STATE_FILE).stat().st_mtime >= RUN["started"]
         ):
             what = f"{path} can be resumed with --resume_from_checkpoint true"
         else:  # none, or an earlier run's (kept there with --overwrite_output_dir)

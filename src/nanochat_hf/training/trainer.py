@@ -45,8 +45,12 @@ from ..optim import build_optimizer
 from ..progress import Progress
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint, device_peak_flops
-from .checkpoint_check import save_fingerprint
+from .checkpoint_check import check_checkpoint_world_size, save_fingerprint
 from .checkpoint_io import (
+    DATA_STATE_FILE,
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
+    STATE_FILE,
     disk_full_as_one_line,
     load_optimizer_state,
     load_rng_state,
@@ -364,14 +368,14 @@ class MidTrainer(Trainer):
         """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
         out, rank = Path(output_dir), self.accelerator.process_index
         out.mkdir(parents=True, exist_ok=True)
-        save_optimizer_state(self.optimizer.state_dict(), out / f"optimizer.rank{rank}.safetensors")
-        write_json(out / f"data_state.rank{rank}.json", self._train_loader.stream.state_dict())
+        save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
+        write_json(out / DATA_STATE_FILE.format(rank=rank), self._train_loader.stream.state_dict())
         if self.args.should_save:
             if self.run_fingerprint is not None:
                 save_fingerprint(out, self.run_fingerprint)
-            write_json(out / "scheduler.json", self.lr_scheduler.state_dict())
+            write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
             write_json(
-                out / "nanochat_state.json",
+                out / STATE_FILE,
                 {
                     "logger": self.nanochat_log.state_dict(),
                     "min_val_bpb": self.min_val_bpb,
@@ -396,15 +400,10 @@ class MidTrainer(Trainer):
         if checkpoint is None:
             return
         ckpt, rank = Path(checkpoint), self.accelerator.process_index
-        meta = read_json(ckpt / "nanochat_state.json")
-        if meta["world_size"] != self.accelerator.num_processes:
-            raise ValueError(
-                f"{ckpt}: written by {meta['world_size']} processes, resuming with {self.accelerator.num_processes}; "
-                "the optimizer shards and data positions are per rank"
-            )
+        meta = check_checkpoint_world_size(ckpt, self.accelerator.num_processes)
         fresh = [g["initial_lr"] for g in self.optimizer.param_groups]  # from this run's arguments
-        self.optimizer.load_state_dict(load_optimizer_state(ckpt / f"optimizer.rank{rank}.safetensors"))
-        self.lr_scheduler.load_state_dict(read_json(ckpt / "scheduler.json"))
+        self.optimizer.load_state_dict(load_optimizer_state(ckpt / OPTIMIZER_FILE.format(rank=rank)))
+        self.lr_scheduler.load_state_dict(read_json(ckpt / SCHEDULER_FILE))
         if fresh != [g["initial_lr"] for g in self.optimizer.param_groups]:
             # a changed LR (run.setup checked the fingerprint and said so): the new base rates, same multiplier
             multiplier = self.lr_scheduler.lr_lambdas[0](self.lr_scheduler.last_epoch)
@@ -412,7 +411,7 @@ class MidTrainer(Trainer):
             for group, lr in zip(self.optimizer.param_groups, fresh):
                 group["initial_lr"], group["lr"] = lr, lr * multiplier
             self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reports
-        self.get_train_dataloader().stream.load_state_dict(read_json(ckpt / f"data_state.rank{rank}.json"))
+        self.get_train_dataloader().stream.load_state_dict(read_json(ckpt / DATA_STATE_FILE.format(rank=rank)))
         self.nanochat_log.load_state_dict(meta["logger"])
         self.min_val_bpb = meta["min_val_bpb"]
 
