@@ -98,8 +98,9 @@ def test_bf16_embedding_trains_like_float32_and_saves_what_nanochat_saves(runs):
     # converted back to nanochat: wte bfloat16, the rest float32, as nanochat's checkpoints from CUDA
     from nanochat_hf.conversion import to_nanochat
 
-    to_nanochat(bf16, tmp / "nanochat")
-    state = torch.load(next((tmp / "nanochat").glob("model_*.pt")), weights_only=True)
+    checkpoint_dir = tmp / "nanochat" / "mid_checkpoints" / "d2"  # nanochat's layout: the tokenizer goes beside
+    to_nanochat(bf16, checkpoint_dir)
+    state = torch.load(next(checkpoint_dir.glob("model_*.pt")), weights_only=True)
     assert state.pop("transformer.wte.weight").dtype == torch.bfloat16
     assert {t.dtype for t in state.values()} == {torch.float32}
 

@@ -68,3 +68,21 @@ def test_demo_model_follows_nanochats_depth_rule():
     config = model.config
     assert (config.n_layer, config.n_embd, config.n_head, config.n_kv_head) == (4, 256, 2, 2)
     assert config.vocab_size == len(tokenizer) and config.sequence_len == 1024
+
+
+def test_demo_model_of_todays_generation():
+    """--demo_generation G5: nanochat's G5 model at the demo's size (SSSL windows with G5's short window for the
+    demo's context, vocabulary padded to 64, value embeddings, smear, backout), initialised as nanochat's
+    init_weights (zero output projections, smear_lambda 0, backout_lambda 0.2); an unknown generation is one line."""
+    from nanochat_hf.training.arguments import parse_args
+    from nanochat_hf.training.model_source import load_model_and_tokenizer
+
+    model, _ = load_model_and_tokenizer(parse_args(["--demo_generation", "G5"]))
+    c = model.config
+    assert c.layer_types == ["sliding_attention"] * 3 + ["full_attention"] and c.sliding_window == 256 + 1
+    assert (c.padded_vocab_size % 64, c.value_embeddings, c.smear, c.backout, c.qk_scale) == (0, True, True, True, 1.2)
+    t = model.transformer
+    assert t.smear_lambda.item() == 0.0 and t.backout_lambda.item() == pytest.approx(0.2)
+    assert all(block.attn.c_proj.weight.abs().max() == 0 for block in t.h)
+    with pytest.raises(ValueError, match="demo_generation 'G9': expected one of G0, G1, G2, G3, G4, G5"):
+        load_model_and_tokenizer(parse_args(["--demo_generation", "G9"]))

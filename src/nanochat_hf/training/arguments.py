@@ -140,6 +140,13 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             "ceil(width/128) heads"
         },
     )
+    demo_generation: str = field(
+        default="G0",
+        metadata={
+            "help": "nanochat model generation of the fresh demo model: G0 (December 2025) to G5 (today's: value "
+            "embeddings, SSSL sliding windows, smear, backout), built and initialised as nanochat builds it"
+        },
+    )
     # --- data -----------------------------------------------------------------------------------------------
     train_mixture: str | None = field(default=None, metadata={"help": "mixture YAML (None: offline demo mixture)"})
     val_mixture: str | None = field(default=None, metadata={"help": "validation mixture YAML (None: train_mixture)"})

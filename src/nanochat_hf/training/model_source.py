@@ -10,6 +10,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..conversion import find_nanochat_checkpoint, load_from_nanochat, nanochat_tokenizer_dir
 from ..conversion.files import check_positive_ints, read_json
+from ..conversion.generations import BY_NAME, layer_windows
 from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
 from ..errors import one_line
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
@@ -75,13 +76,22 @@ def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
 
 def _demo_model(args: MidTrainingArguments):
     tokenizer = demo_tokenizer()
+    if args.demo_generation not in BY_NAME:
+        raise ValueError(f"demo_generation {args.demo_generation!r}: expected one of {', '.join(BY_NAME)}")
+    generation, sequence_len = BY_NAME[args.demo_generation], max(args.max_seq_len, DEMO_SEQUENCE_LEN)
+    # nanochat's defaults of that generation: its window_pattern "SSSL", the vocabulary padded to 64 (bc51da8, G1 on)
+    layer_types, sliding_window = layer_windows(generation, "SSSL", sequence_len, args.demo_depth)
     config = NanoChatGPTConfig.from_depth(
         args.demo_depth,
         vocab_size=len(tokenizer),
-        sequence_len=max(args.max_seq_len, DEMO_SEQUENCE_LEN),
+        sequence_len=sequence_len,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.convert_tokens_to_ids(EOS_TOKEN),
         pad_token_id=tokenizer.pad_token_id,
+        pad_vocab_size_to=1 if generation.name == "G0" else 64,
+        layer_types=layer_types,
+        sliding_window=sliding_window,
+        **generation.fields,
     )
     torch.manual_seed(args.seed)
     return NanoChatGPTForCausalLM(config), tokenizer
