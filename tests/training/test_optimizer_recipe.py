@@ -70,7 +70,7 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     assert sorted(p.name for p in out.rglob("*")) == before
 
     # to-nanochat of the checkpoint writes its optimizer as nanochat's HEAD-format file, which holds the same state
-    nanochat_dir = tmp_path / "nanochat"
+    nanochat_dir = tmp_path / "nanochat" / "chatsft_checkpoints" / "d2"  # nanochat's layout: the tokenizer beside
     to_nanochat(ckpt, nanochat_dir)
     path = nanochat_dir / "optim_000002_rank0.pt"
     assert sorted(p.name for p in nanochat_dir.glob("optim_*")) == [path.name]
