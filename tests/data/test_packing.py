@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import nanochat_hf.tokenizer as tokenizer_mod
-from nanochat_hf.data import MicroBatchStream, PackedStream, load_mixture, loads, tokenize_conversations
+from nanochat_hf.data import PackedStream, load_mixture, loads, tokenize_conversations
 from nanochat_hf.tokenizer import render_conversation
 
 T, B = 16, 3
@@ -136,12 +136,3 @@ def test_resume_with_other_batch_settings_is_refused(token_ds):
     state = PackedStream(token_ds, T, B).state_dict()
     with pytest.raises(ValueError, match="device_batch_size=3 in the saved state, 2 here"):
         PackedStream(token_ds, T, 2).load_state_dict(state)
-
-
-def test_packed_stream_is_the_trainers_micro_batch_stream(token_ds):
-    """The trainer reads streams through the MicroBatchStream protocol; PackedStream provides all of it."""
-    stream = PackedStream(token_ds, max_seq_len=T, device_batch_size=B)
-    assert isinstance(stream, MicroBatchStream)
-    wanted = {"read", "num_micro_batches", "epoch_steps", "lr_progress", "state_dict", "load_state_dict"}
-    assert {name for name in vars(MicroBatchStream) if not name.startswith("_")} == wanted
-    assert not isinstance(object(), MicroBatchStream)

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import LogitsProcessorList
+from transformers import LogitsProcessor
 
 from nanochat_hf.inference import CalculatorToolProcessor, generate_replies, generate_reply, generate_tokens
 from nanochat_hf.tokenizer import render_for_completion
@@ -98,7 +98,7 @@ def test_forcing_holds_under_sampling(tokenizer, wired, ids):
 
 def test_processor_leaves_other_rows_and_prompt_calls_alone(tokenizer, ids):
     processor = CalculatorToolProcessor(tokenizer)
-    assert isinstance(processor, type(LogitsProcessorList([processor])[0]))
+    assert isinstance(processor, LogitsProcessor)  # what generate() takes in its logits_processor list
     done = ids("<|python_start|>", "2", "+", "3", "<|python_end|>", "<|output_start|>", "5", "<|output_end|>")
     rows = [
         ids("<|bos|>", "<|python_start|>", "2", "+", "3", "<|python_end|>"),  # force <|output_start|>
