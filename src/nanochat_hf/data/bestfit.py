@@ -26,27 +26,19 @@ from collections.abc import Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 import torch
 from datasets import Dataset
 
-from .packing import MicroBatchStream
+from .packing import MicroBatchStream, check_stream_inputs, conversation_lengths
 
 BUFFER_SIZE = 100  # nanochat's buffer_size
 IGNORE = -100
 
 
-def _lengths(token_ds: Dataset) -> np.ndarray:
-    table = token_ds.with_format("arrow")
-    if "num_tokens" in token_ds.column_names:
-        return np.asarray(table["num_tokens"], dtype=np.int64)
-    return pc.list_value_length(table["input_ids"]).to_numpy().astype(np.int64)
-
-
 def rows_cut_message(token_ds: Dataset, max_seq_len: int) -> str | None:
     """One line about the conversations longer than a row (max_seq_len + 1 tokens), which best-fit packing cuts
     to the row; None when there are none."""
-    lengths, cap = _lengths(token_ds), max_seq_len + 1
+    lengths, cap = conversation_lengths(token_ds), max_seq_len + 1
     cut = np.flatnonzero(lengths > cap)
     if not len(cut):
         return None
@@ -122,25 +114,12 @@ class BestFitStream(MicroBatchStream):
         world_size: int = 1,
         buffer_size: int = BUFFER_SIZE,
     ):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if max_seq_len < 1 or device_batch_size < 1:
-            raise ValueError(
-                f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}"
-            )
-        missing = {"input_ids", "labels"} - set(token_ds.column_names)
-        if missing:
-            raise ValueError(
-                f"BestFitStream needs a tokenized dataset (tokenize_conversations): "
-                f"no column {', '.join(sorted(missing))}"
-            )
-        if len(token_ds) < world_size:
-            raise ValueError(f"BestFitStream: {len(token_ds)} conversations for {world_size} processes")
+        check_stream_inputs("BestFitStream", token_ds, max_seq_len, device_batch_size, rank, world_size)
         self.ds = token_ds.with_format("arrow")
         self.T, self.B, self.rank, self.world_size = max_seq_len, device_batch_size, rank, world_size
         self.bos = bos_token_id  # nanochat pads rows with BOS (never a target)
         self.cap = max_seq_len + 1
-        self._lengths = _lengths(token_ds)
+        self._lengths = conversation_lengths(token_ds)
         if self._lengths.min() < 1:
             raise ValueError(f"BestFitStream: conversation row {int(np.argmin(self._lengths))} has no tokens")
         self.buffer_size = buffer_size

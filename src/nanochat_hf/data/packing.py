@@ -79,6 +79,31 @@ class _Sequence:
         return q * self.period + int(np.searchsorted(self.cum, rem, side="right"))
 
 
+def check_stream_inputs(
+    kind: str, token_ds: Dataset, max_seq_len: int, device_batch_size: int, rank: int, world_size: int
+) -> None:
+    """One-line ValueError for arguments no micro-batch stream (`kind`: its class name) can work with."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
+    if max_seq_len < 1 or device_batch_size < 1:
+        raise ValueError(f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}")
+    missing = {"input_ids", "labels"} - set(token_ds.column_names)
+    if missing:
+        raise ValueError(
+            f"{kind} needs a tokenized dataset (tokenize_conversations): no column {', '.join(sorted(missing))}"
+        )
+    if len(token_ds) < world_size:
+        raise ValueError(f"{kind}: {len(token_ds)} conversations for {world_size} processes")
+
+
+def conversation_lengths(token_ds: Dataset) -> np.ndarray:
+    """Tokens per conversation (the `num_tokens` column when tokenization wrote it)."""
+    table = token_ds.with_format("arrow")
+    if "num_tokens" in token_ds.column_names:
+        return np.asarray(table["num_tokens"], dtype=np.int64)
+    return pc.list_value_length(table["input_ids"]).to_numpy().astype(np.int64)
+
+
 class PackedStream(MicroBatchStream):
     """Micro-batches ``{"input_ids": LongTensor(B, T+1), "labels": LongTensor(B, T+1)}`` (CPU), nanochat's way.
 
@@ -106,29 +131,12 @@ class PackedStream(MicroBatchStream):
         world_size: int = 1,
         chunk_size: int = 1024,
     ):
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
-        if max_seq_len < 1 or device_batch_size < 1:
-            raise ValueError(
-                f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}"
-            )
-        missing = {"input_ids", "labels"} - set(token_ds.column_names)
-        if missing:
-            raise ValueError(
-                f"PackedStream needs a tokenized dataset (tokenize_conversations): "
-                f"no column {', '.join(sorted(missing))}"
-            )
-        if len(token_ds) < world_size:
-            raise ValueError(f"PackedStream: {len(token_ds)} conversations for {world_size} processes")
+        check_stream_inputs("PackedStream", token_ds, max_seq_len, device_batch_size, rank, world_size)
         self.ds = token_ds.with_format("arrow")
         self.T, self.B, self.rank, self.world_size = max_seq_len, device_batch_size, rank, world_size
         self.chunk_size = chunk_size
         self.tokens_per_batch = device_batch_size * max_seq_len + 1
-        if "num_tokens" in token_ds.column_names:
-            lengths = np.asarray(self.ds["num_tokens"], dtype=np.int64)
-        else:
-            lengths = pc.list_value_length(self.ds["input_ids"]).to_numpy().astype(np.int64)
-        self._lengths = lengths
+        self._lengths = lengths = conversation_lengths(token_ds)
         shares = [int(lengths[r::world_size].sum()) for r in range(world_size)]
         self._num = min(shares) // self.tokens_per_batch
         self._seq = _Sequence(lengths, rank, world_size)
