@@ -24,7 +24,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .kernels import adamw_update, normuon_update
-from .optimizer import MuonAdamW, _all_gather_single, _Done
+from .optimizer import SMEAR_PARAMS, MuonAdamW, _all_gather_single, _Done, generation_group
 
 RECIPES = ("2025-12", "2026-07")  # the optimizer recipes: nanochat of December 2025 (G0) and nanochat HEAD
 SMALL_NUMEL = 1024  # AdamW parameters below this size are replicated, not sharded (nanochat's threshold)
@@ -39,7 +39,6 @@ ADAMW_GROUPS = (
     ("x0_lambdas", lambda r: r["scalar_lr"], (0.96, 0.95), 0.0),
     ("smear", lambda r: 0.2, (0.8, 0.95), 0.0),
 )
-_SMEAR = ("smear_gate.weight", "smear_lambda", "backout_lambda")
 _BLOCK_ORDER = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "attn.ve_gate", "mlp.c_fc", "mlp.c_proj")
 
 
@@ -61,16 +60,13 @@ def head_group_of(name: str) -> str:
         return "wte"
     if key == "lm_head.weight":
         return "lm_head"
-    if key.startswith("value_embeds."):
-        return "value_embeds"
-    if key in ("resid_lambdas", "x0_lambdas"):
-        return key
-    if key in _SMEAR:
-        return "smear"
+    group = generation_group(key)  # G1-G5's parameters beside the blocks: the same groups as in recipe 2025-12
+    if group is not None:
+        return group
     raise ValueError(
         f"parameter {name!r} belongs to no optimizer group of recipe 2026-07: expected transformer.h.*, "
         f"transformer.wte.weight, lm_head.weight, value_embeds.*, resid_lambdas, x0_lambdas or "
-        f"{', '.join(_SMEAR)}"
+        f"{', '.join(SMEAR_PARAMS)}"
     )
 
 
@@ -85,7 +81,7 @@ def nanochat_order(name: str) -> tuple[int, int]:
     if parts[0] == "value_embeds":
         return int(parts[1]), 0
     key = ".".join(parts)
-    return (_SMEAR.index(key), 0) if key in _SMEAR else (0, 0)
+    return (SMEAR_PARAMS.index(key), 0) if key in SMEAR_PARAMS else (0, 0)
 
 
 def head_param_groups(

@@ -453,9 +453,10 @@ def state_bytes_per_rank(
 
 
 SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
+SMEAR_PARAMS = ("smear_gate.weight", "smear_lambda", "backout_lambda")  # G5's, in nanochat's module order
 
 
-def _generation_group(key: str) -> str | None:
+def generation_group(key: str) -> str | None:
     """The AdamW group of a parameter of nanochat's later model generations (G1-G5) that sits beside the blocks
     (nanochat's name, or ours under ``transformer.``); None for the December model's parameters."""
     key = key.removeprefix("transformer.")
@@ -463,7 +464,7 @@ def _generation_group(key: str) -> str | None:
         return "value_embeds"
     if key in ("resid_lambdas", "x0_lambdas"):
         return key
-    return "smear" if key in ("smear_gate.weight", "smear_lambda", "backout_lambda") else None
+    return "smear" if key in SMEAR_PARAMS else None
 
 
 def build_optimizer(
@@ -534,7 +535,7 @@ def build_optimizer(
             wte.append(p)
         elif key == "lm_head.weight":
             head.append(p)
-        elif (group := _generation_group(key)) is not None:
+        elif (group := generation_group(key)) is not None:
             later[group].append(p)
         else:
             raise ValueError(
