@@ -20,13 +20,13 @@ from pathlib import Path
 import torch
 
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from ..model.modeling_nanochat_gpt import SMEAR_CHANNELS
 from .files import check_positive_ints
 
 logger = logging.getLogger(__name__)
 
 NANOCHAT_CONFIG_KEYS = ("sequence_len", "vocab_size", "n_layer", "n_head", "n_kv_head", "n_embd")
 PAD_VOCAB_SIZE_TO = 64  # nanochat pads wte/lm_head/value-embedding rows to a multiple of 64 since bc51da8
-SMEAR_CHANNELS = 24  # smear_gate reads the first 24 channels (a825e63)
 
 
 @dataclass(frozen=True)
