@@ -1,9 +1,28 @@
-"""The error contract of every entry point (mid_train, convert, chat, chat_eval, preview_data): bad input raises a
-`ValueError` (or `OSError` for paths) whose message is one line naming the file, field or value and what is
-expected; the entry point prints it once, as `one_line(error)`, and exits 2. Library errors that reach a user
-(safetensors, tokenizers, datasets) are wrapped the same way, keeping `one_line` of their message."""
+"""The error contract of every entry point (mid_train, convert, chat, chat_eval, preview_data) and of every library
+layer that reports bad input.
+
+- Bad input raises `UserError`, whose message is one line naming the file, field or value and what is expected.
+  Errors of the libraries we call that a user can cause (safetensors, tokenizers, datasets, the Hub) are caught
+  where we call them and raised again as `UserError`, keeping `one_line` of their message.
+- An entry point runs its work through `run_cli`: a `UserError`, or an `OSError` (a path missing or unwritable, a
+  full disk), is printed once as `<prog>: error: <one line>` and the exit code is 2; anything else is a bug and
+  keeps its traceback. Argument errors (`OneLineArgumentParser`) read the same way.
+
+`UserError` is a `ValueError`, so code that catches `ValueError` around a call (as transformers' conventions and
+our tests do) keeps working. The model and configuration files are shipped as remote code and import only torch and
+transformers: they raise `ValueError`, and the layer that loads them says which file it was.
+"""
 
 from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import NoReturn
+
+
+class UserError(ValueError):
+    """Bad input the user can fix; the message is one line naming the file, field or value and what is expected."""
 
 
 def one_line(error: BaseException | str) -> str:
@@ -12,3 +31,26 @@ def one_line(error: BaseException | str) -> str:
     if not text:
         return type(error).__name__ if isinstance(error, BaseException) else ""
     return " ".join(text.splitlines()[0].split())
+
+
+def error_line(prog: str, error: BaseException | str) -> str:
+    """What an entry point prints for a user error: `<prog>: error: <one line>`."""
+    return f"{prog}: error: {one_line(error)}"
+
+
+def run_cli(prog: str, main: Callable[[], int | None], *, show: bool = True) -> int:
+    """`main()`'s exit code (0 for None); a `UserError` or `OSError` it raises becomes one line on stderr (when
+    `show`: in a multi-process run only rank 0 says it) and exit code 2."""
+    try:
+        return main() or 0
+    except (UserError, OSError) as e:
+        if show:
+            print(error_line(prog, e), file=sys.stderr, flush=True)
+        return 2
+
+
+class OneLineArgumentParser(argparse.ArgumentParser):
+    """argparse with its errors in the same one-line form (argparse prints the usage first), exit code 2."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, error_line(self.prog, f"{message} (see --help)") + "\n")
