@@ -31,10 +31,8 @@ import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
-from transformers.utils import PushInProgress
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging as hf_logging
-from transformers.utils.hub import hf_api
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
 from ..data import BestFitStream, MicroBatchStream, PackedStream
@@ -44,7 +42,14 @@ from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
 from ..progress import Progress
 from ..tokenizer import token_bytes as compute_token_bytes
-from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint, device_peak_flops
+from .callbacks import (
+    CheckpointHubPush,
+    MuonMomentumCallback,
+    NanoChatConsole,
+    NanoChatLogger,
+    StepEndJITCheckpoint,
+    device_peak_flops,
+)
 from .checkpoint_check import check_checkpoint_world_size, save_fingerprint
 from .checkpoint_io import (
     DATA_STATE_FILE,
@@ -116,6 +121,8 @@ class MidTrainer(Trainer):
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
+        if a.push_to_hub:
+            self.add_callback(CheckpointHubPush(self))
         if (embedding_dtype := a.embedding_torch_dtype) is not None:
             # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
             self.model.get_input_embeddings().to(embedding_dtype)
@@ -316,53 +323,7 @@ class MidTrainer(Trainer):
             shutil.rmtree(aside)
 
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Push the checkpoint's model files (not a pickle in sight).
-
-        Written out because the stock version copies the weights into output_dir and `torch.save`s the arguments
-        there as training_args.bin (a pickle) before uploading output_dir. Here the model files are uploaded
-        straight from the checkpoint folder (safetensors + JSON + code + tokenizer); with hub_strategy checkpoint /
-        all_checkpoints the whole folder too (it holds only safetensors and JSON).
-        """
-        a = self.args
-        if not self.is_world_process_zero() or a.hub_strategy == HubStrategy.END:
-            return
-        if not a.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
-            return
-        self.callback_handler.on_push_begin(a, self.state, self.control)
-        message = f"Training in progress, step {self.state.global_step}"
-        common = dict(
-            repo_id=self.hub_model_id,
-            folder_path=checkpoint_folder,
-            token=a.hub_token,
-            run_as_future=True,
-            revision=a.hub_revision,
-        )
-        model_files = [
-            "*.safetensors",
-            "model.safetensors.index.json",
-            "config.json",
-            "generation_config.json",
-            "*.py",
-            "tokenizer*",
-            "special_tokens_map.json",
-            "chat_template.*",
-            "training_args.json",
-        ]
-        jobs = [
-            hf_api().upload_folder(
-                **common,
-                commit_message=message,
-                allow_patterns=model_files,
-                ignore_patterns=["optimizer.*", "rng_state.*"],
-            )
-        ]
-        if a.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
-            where = "last-checkpoint" if a.hub_strategy == HubStrategy.CHECKPOINT else Path(checkpoint_folder).name
-            jobs.append(hf_api().upload_folder(**common, path_in_repo=where, commit_message=message + ", checkpoint"))
-        if self.push_in_progress is None or self.push_in_progress.is_done():
-            self.push_in_progress = PushInProgress(jobs)
-        else:
-            self.push_in_progress.jobs.extend(jobs)
+        return  # private: the stock push pickles the arguments into output_dir; CheckpointHubPush (on_save) pushes
 
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
