@@ -19,7 +19,6 @@ import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import NoReturn
 
 import torch
 import yaml
@@ -115,12 +114,7 @@ def _own_help(parser: HfArgumentParser) -> None:
 
 
 class _OneLineParser(OneLineArgumentParser, HfArgumentParser):
-    """An argument error in one line (`mid_train: error: ...`), said by rank 0 only; every rank exits with 2."""
-
-    def error(self, message: str) -> NoReturn:
-        if int(os.environ.get("RANK", "0")) != 0:
-            self.exit(2)
-        super().error(message)
+    """HfArgumentParser with argument errors in one line (`mid_train: error: ...`)."""
 
 
 def _refuse_removed(names, where: str) -> None:

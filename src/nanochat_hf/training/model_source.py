@@ -74,6 +74,22 @@ def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
     return model, tokenizer
 
 
+def load_pretrained(name: str, dtype: torch.dtype | None = None, flag: str = "--model"):
+    """(model, tokenizer) of a local model folder (`load_hf_dir`) or a Hub repo id; UserError in one line naming
+    `flag` and `name` when there is no such folder or the Hub's cannot be loaded (chat.py's, chat_eval.py's --model)."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return load_hf_dir(local, dtype)
+    if local.is_absolute() or name.startswith((".", "~")):
+        raise UserError(f"{flag} {name}: no such model directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError) as e:  # ValueError: e.g. the model config's own checks
+        raise UserError(f"{flag} {name}: cannot be loaded ({one_line(e)})") from None
+    return model, tokenizer
+
+
 def _demo_model(args: MidTrainingArguments):
     tokenizer = demo_tokenizer()
     if args.demo_generation not in BY_NAME:
