@@ -1,22 +1,24 @@
 """`MidTrainer`: nanochat's mid-training loop as a `transformers.Trainer` with a few hooks overridden.
 
-Every override below says what it adds; where the stock behaviour is wanted it calls `super()`.
+Public hooks and callbacks where the Trainer has them; the 8 private hooks overridden have their one-line reason
+above them and are pinned by tests/training/test_trainer_hooks.py. Where the stock behaviour is wanted: `super()`.
 - data (`get_train_dataloader`): every rank reads its own share of the packed token stream
   (`nanochat_hf.data.PackedStream`), un-prepared (Accelerate must not re-shard it), for nanochat's number of
   steps (one epoch ends as nanochat's does, see `PackedStream.epoch_steps`), the same on every rank; on CUDA the
-  micro-batches go through pinned memory with non-blocking copies (`_prepare_input`).
+  micro-batches go through pinned memory with non-blocking copies (`StreamLoader`).
 - embedding dtype (`__init__`): the token embedding cast to `args.embedding_torch_dtype` (bfloat16 on CUDA in
   bf16, as nanochat), before the optimizer exists.
 - optimizer / schedule (`create_optimizer`, `create_scheduler`): `build_optimizer` (Muon + AdamW, sharded step),
   a `LambdaLR` applying nanochat's multiplier to the schedule's progress; Muon momentum warm-up in a callback.
-- gradients (`_prepare_for_training`, `_clip_grad_norm`, `_get_grad_norm`): the contract in `gradients.py`.
+- gradients (`LocalGradients` callback, `_clip_grad_norm`, `_get_grad_norm`): the contract in `gradients.py`.
 - loss (`compute_loss`): the stock loss, plus the last micro-batch's loss handed to nanochat's logger.
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
 - checkpoints: the stock `_save_checkpoint` (best-checkpoint tracking, rotation that keeps the best, callback
   state export) into a fresh folder, with our pieces saved by the per-piece hooks it calls: safetensors/JSON only
   (plus the run fingerprint), one optimizer shard + data position + RNG state per rank, umask-derived modes; the
-  matching `_load_*` hooks restore them (and apply a changed LR). Hub pushes of checkpoints carry no pickle.
+  matching `_load_*` hooks restore them (and apply a changed LR). Hub pushes of checkpoints (`CheckpointHubPush`)
+  and the model files (`save_model`) carry no pickle.
 """
 
 from __future__ import annotations
