@@ -23,16 +23,9 @@ from accelerate import PartialState
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
-from nanochat_hf.data.tasks import check_data_file
 from nanochat_hf.errors import one_line
-from nanochat_hf.evaluation import (
-    EVAL_TASKS,
-    results_table,
-    run_chat_eval,
-    scores_as_dicts,
-    task_by_name,
-    write_report_section,
-)
+from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
+from nanochat_hf.tasks import EVAL_TASKS, check_data_file, task_by_name
 from nanochat_hf.training.device import cpu_threads
 from nanochat_hf.training.model_source import load_hf_dir
 

@@ -25,8 +25,8 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from nanochat_hf.evaluation.tasks import task_by_name
 from nanochat_hf.optim import RECIPES
+from nanochat_hf.tasks import task_by_name
 
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
 from .inherit import find_meta, inherit, inheritance_lines
