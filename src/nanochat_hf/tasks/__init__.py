@@ -12,7 +12,7 @@ import re
 
 from ..errors import UserError
 from . import arc, demo, gsm8k, humaneval, identity, mmlu, smoltalk, spelling
-from .common import LETTERS, Problem, Task, render_mc, row_seed
+from .common import Problem, Task
 from .hub import HUB_SHUFFLE_SEED, SOURCE_ROW, DataLoadError, check_data_file, load_rows
 
 TASKS: tuple[Task, ...] = (  # the evaluated ones first, in nanochat's chat_eval order (SpellingBee is ours)
@@ -57,7 +57,6 @@ __all__ = [
     "CHATCORE_TASKS",
     "EVAL_TASKS",
     "HUB_SHUFFLE_SEED",
-    "LETTERS",
     "MIXTURE_TASKS",
     "SOURCE_ROW",
     "TASKS",
@@ -67,7 +66,5 @@ __all__ = [
     "check_data_file",
     "load_rows",
     "mixture_task",
-    "render_mc",
-    "row_seed",
     "task_by_name",
 ]
