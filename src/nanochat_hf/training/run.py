@@ -23,10 +23,10 @@ import transformers
 
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
 from ..data.bestfit import rows_cut_message
-from ..data.synthetic import simple_spelling
 from ..errors import UserError, error_line, first_rank, one_line
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
+from ..tasks.spelling import simple_spelling
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError

@@ -39,9 +39,9 @@ from ..conversion.optimizer_files import check_world_size, load_full_state, read
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
-from ..evaluation.tasks import task_by_name
 from ..optim import build_optimizer
 from ..progress import Progress
+from ..tasks import CHATCORE_TASKS, task_by_name
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import (
     CheckpointHubPush,
@@ -73,9 +73,6 @@ from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
 from .output_dir import final_save_staging_dir, publish_staged
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
-
-# nanochat's ChatCORE tasks (chat_sft.py), in its order
-CHATCORE_TASKS = ("ARC-Easy", "ARC-Challenge", "MMLU", "GSM8K", "HumanEval")
 
 
 class StreamLoader:
