@@ -11,13 +11,21 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
+import torch
 from transformers.generation.streamers import BaseStreamer
+
+from nanochat_hf.errors import OneLineArgumentParser, UserError, run_cli
+from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens, tool_part_tokens
+from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
+from nanochat_hf.tokenizer.chat_format import PYTHON, PYTHON_OUTPUT
+from nanochat_hf.training.model_source import load_pretrained
+
+PROG = "chat"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory or Hub repo id (tokenizer alongside)")
     parser.add_argument("--prompt", default=None, help="answer this one message and exit (default: interactive)")
     parser.add_argument("--temperature", type=float, default=0.6, help="0 = greedy")
@@ -41,11 +49,6 @@ class ReplyPrinter(BaseStreamer):
     of their own."""
 
     def __init__(self, tokenizer, at_line_start: bool = True, out=None):
-        # imported here, as in main(): the package loads torch and transformers' models, and argument errors
-        # are reported before that
-        from nanochat_hf.inference import tool_part_tokens
-        from nanochat_hf.tokenizer.chat_format import PYTHON, PYTHON_OUTPUT
-
         self.tokenizer, self.out = tokenizer, out or sys.stdout
         opening, self.closers, self.stops = tool_part_tokens(tokenizer)
         labels = {PYTHON: "  [calculator] ", PYTHON_OUTPUT: "  [result] "}
@@ -97,44 +100,29 @@ class ReplyPrinter(BaseStreamer):
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    return run_cli(PROG, lambda: chat(args))
+
+
+def chat(args: argparse.Namespace) -> int:
+    """One reply (--prompt) or the REPL; bad input (arguments, the model folder) raises UserError or OSError."""
     if (args.max_new_tokens is not None and args.max_new_tokens < 1) or args.temperature < 0 or args.top_k < 0:
-        print("error: --max-new-tokens must be >= 1, --temperature >= 0, --top-k >= 0", file=sys.stderr)
-        return 2
-    local = Path(args.model).expanduser()
-    if (local.is_absolute() or args.model.startswith((".", "~"))) and not local.is_dir():
-        print(f"error: --model {args.model}: no such model directory", file=sys.stderr)
-        return 2
-    source = str(local) if local.is_dir() else args.model  # else a Hub repo id
-
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
-    from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens
-    from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
-
+        raise UserError("--max-new-tokens must be >= 1, --temperature >= 0, --top-k >= 0")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = (
         getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
     )
     top_k = args.top_k or None
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
-        model = AutoModelForCausalLM.from_pretrained(source, dtype=dtype).to(device).eval()
-    except (OSError, ValueError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    model, tokenizer = load_pretrained(args.model, dtype)
+    model = model.to(device).eval()
 
     sequence_len = model.config.sequence_len
     if args.max_new_tokens is None:
         args.max_new_tokens = min(256, sequence_len // 2)
     if args.max_new_tokens > sequence_len - 2:
-        print(
-            f"error: --max-new-tokens {args.max_new_tokens} leaves no room for a prompt within the model's "
-            f"sequence_len {sequence_len}",
-            file=sys.stderr,
+        raise UserError(
+            f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt within the model's "
+            f"sequence_len {sequence_len}"
         )
-        return 2
 
     def reply(messages: list[dict], at_line_start: bool) -> dict:
         prompt = render_for_completion(tokenizer, {"messages": messages}, max_tokens=None)  # fit_prompt keeps the end

@@ -20,25 +20,18 @@ from pathlib import Path
 
 import torch
 from accelerate import PartialState
-from transformers import AutoModelForCausalLM, AutoTokenizer
 
-import nanochat_hf  # noqa: F401  (registers the model with the Auto classes)
-from nanochat_hf.data.tasks import check_data_file
-from nanochat_hf.errors import one_line
-from nanochat_hf.evaluation import (
-    EVAL_TASKS,
-    results_table,
-    run_chat_eval,
-    scores_as_dicts,
-    task_by_name,
-    write_report_section,
-)
+from nanochat_hf.errors import OneLineArgumentParser, UserError, error_line, first_rank, one_line, run_cli
+from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
+from nanochat_hf.tasks import EVAL_TASKS, check_data_file, task_by_name
 from nanochat_hf.training.device import cpu_threads
-from nanochat_hf.training.model_source import load_hf_dir
+from nanochat_hf.training.model_source import load_pretrained
+
+PROG = "chat_eval"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="model directory or Hub repo id (tokenizer alongside)")
     parser.add_argument("--tasks", default=",".join(EVAL_TASKS), help="comma-separated (default: all six)")
     parser.add_argument("--max_problems", type=int, default=None, help="per task: the first N after the shuffle")
@@ -71,43 +64,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def check_args(args: argparse.Namespace) -> str | None:
-    """One line saying what is wrong, or None."""
+def check_args(args: argparse.Namespace) -> None:
+    """UserError in one line saying what is wrong with the arguments."""
     try:
         args.tasks = [task_by_name(t.strip()).name for t in args.tasks.split(",") if t.strip()]
         files = {}
         for item in args.data_files:
             name, eq, paths = item.partition("=")
             if not eq or not paths:
-                return f"--data_files {item!r}: expected TASK=FILE[,FILE]"
+                raise UserError(f"--data_files {item!r}: expected TASK=FILE[,FILE]")
             files[task_by_name(name).name] = paths.split(",")
-    except ValueError as e:
-        return str(e)
+    except ValueError as e:  # an unknown task name (evaluation/tasks.py, until it raises UserError)
+        raise UserError(one_line(e)) from None
     missing = [f for paths in files.values() for f in paths if not Path(f).is_file()]
     if missing:
-        return f"--data_files: no such file {missing[0]}"
+        raise UserError(f"--data_files: no such file {missing[0]}")
     args.data_files = files
     if not args.tasks:
-        return "--tasks: no task given"
+        raise UserError("--tasks: no task given")
     if (args.max_problems is not None and args.max_problems < 1) or args.batch_size < 1 or args.max_new_tokens < 1:
-        return "--max_problems, --batch_size and --max_new_tokens must be >= 1"
+        raise UserError("--max_problems, --batch_size and --max_new_tokens must be >= 1")
     if args.temperature < 0 or args.top_k < 0:
-        return "--temperature and --top_k must be >= 0"
+        raise UserError("--temperature and --top_k must be >= 0")
     if args.num_threads is not None and args.num_threads < 1:
-        return "--num_threads must be >= 1"
-    local = Path(args.model).expanduser()
-    if (local.is_absolute() or args.model.startswith((".", "~"))) and not local.is_dir():
-        return f"--model {args.model}: no such model directory"
-    return None
+        raise UserError("--num_threads must be >= 1")
 
 
 def check_inputs(args: argparse.Namespace) -> None:
-    """Everything that can be checked before the model is loaded and the evaluation runs; ValueError / OSError in
-    one line: data files (empty, not JSON, binary, not parquet), the --json / --report paths writable, a local
-    model folder complete (config, readable safetensors, tokenizer files; `load_hf_dir` checks them)."""
+    """Everything that can be checked before the model is loaded and the evaluation runs; UserError / OSError in
+    one line: data files (empty, not JSON, binary, not parquet), the --json / --report paths writable."""
     for task, paths in args.data_files.items():
         for path in paths:
-            check_data_file(path, f"--data_files {task}")
+            try:
+                check_data_file(path, f"--data_files {task}")
+            except ValueError as e:  # data/tasks.py's DataLoadError, until it is a UserError
+                raise UserError(one_line(e)) from None
     for flag, target in (("--json", args.json), ("--report", args.report)):
         if target:
             _check_writable(flag, Path(target))
@@ -116,47 +107,36 @@ def check_inputs(args: argparse.Namespace) -> None:
 def _check_writable(flag: str, target: Path) -> None:
     """The results must not be lost after the whole evaluation ran: prove now that `target` can be written."""
     if target.is_dir():
-        raise ValueError(f"{flag} {target} is a directory; expected a file path")
+        raise UserError(f"{flag} {target} is a directory; expected a file path")
     if target.exists() and not os.access(target, os.W_OK):
-        raise ValueError(f"{flag} {target} is not writable")
+        raise UserError(f"{flag} {target} is not writable")
     folder = target.parent
     try:  # files are written to a temporary name beside the target and renamed (see nanochat_hf.atomic)
         fd, probe = tempfile.mkstemp(prefix=".write-test-", dir=folder)
         os.close(fd)
         os.unlink(probe)
     except OSError as e:
-        raise ValueError(f"{flag} {target}: cannot write in {folder} ({e.strerror})") from None
+        raise UserError(f"{flag} {target}: cannot write in {folder} ({e.strerror})") from None
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    error = check_args(args)
-    if error:
-        print(f"error: {error}", file=sys.stderr)
-        return 2
+    return run_cli(PROG, lambda: evaluate(args))
 
-    try:
-        check_inputs(args)
-    except (ValueError, OSError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+
+def evaluate(args: argparse.Namespace) -> int:
+    """Check the arguments and inputs, load the model, evaluate (each process its share), print and write the
+    results on the main process; bad input raises UserError / OSError before the evaluation starts."""
+    check_args(args)
+    check_inputs(args)
     # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
     state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
     if state.device.type == "cpu":
         torch.set_num_threads(cpu_threads(args.num_threads, state.num_processes))
-    local = Path(args.model).expanduser()
     dtype = (
         getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else torch.float32)
     )
-    try:
-        if local.is_dir():
-            model, tokenizer = load_hf_dir(local, dtype=dtype)
-        else:  # a hub repo id
-            tokenizer = AutoTokenizer.from_pretrained(args.model)
-            model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype)
-    except (OSError, ValueError) as e:
-        print(f"error: {one_line(e)}", file=sys.stderr)
-        return 2
+    model, tokenizer = load_pretrained(args.model, dtype)
     model = model.to(state.device).eval()
 
     def skipped(task: str, reason: str) -> None:
@@ -177,11 +157,11 @@ def main(argv: list[str] | None = None) -> int:
             args.data_files,
             skip_unavailable=skipped,
         )
-    except ValueError as e:  # malformed local rows: one line
-        print(f"error: {e}", file=sys.stderr)
-        return 1
-    if not scores:
-        print("error: no task could be evaluated (see the lines above)", file=sys.stderr)
+    except ValueError as e:  # malformed local rows (evaluation/tasks.py, until it raises UserError)
+        raise UserError(one_line(e)) from None
+    if not scores:  # every task skipped (said above): nothing to report, though no argument was wrong
+        if first_rank():
+            print(error_line(PROG, "no task could be evaluated (see the lines above)"), file=sys.stderr)
         return 1
     if state.is_main_process:
         print(results_table(scores))

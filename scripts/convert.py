@@ -20,14 +20,11 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
-from typing import NoReturn
 
+from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native
+from nanochat_hf.errors import OneLineArgumentParser, run_cli
 
-class OneLineParser(argparse.ArgumentParser):
-    """argparse's errors as one line (it prints the usage first), exit code 2 as argparse."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+PROG = "convert"
 
 
 def step_number(value: str) -> int:
@@ -37,8 +34,8 @@ def step_number(value: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineParser)
+    parser = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=OneLineArgumentParser)
     overwrite_help = "replace the files this command writes where they exist (other files, and the source, are kept)"
 
     p = sub.add_parser("from-nanochat", help="nanochat model_<step>.pt + meta_<step>.json -> Hugging Face directory")
@@ -86,36 +83,33 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    # after parsing: --help needs no torch
-    from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native
+    return run_cli(PROG, lambda: convert(args))
 
-    try:
-        if args.command == "from-nanochat":
-            tokenizer_dir = args.tokenizer_dir or nanochat_tokenizer_dir(args.checkpoint_dir)
-            out = from_nanochat(
-                args.checkpoint_dir,
-                args.output,
-                tokenizer_dir,
-                step=args.step,
-                dtype=args.dtype,
-                trust_pickle=args.trust_pickle,
-                overwrite=args.overwrite,
-            )
-        elif args.command == "to-nanochat":
-            out = to_nanochat(
-                args.model,
-                args.output,
-                step=args.step,
-                tokenizer_output_dir=args.tokenizer_output,
-                overwrite=args.overwrite,
-            )
-        else:
-            out = to_native(args.model, args.output, overwrite=args.overwrite)
-    except (ValueError, OSError) as e:  # OSError: missing, existing or unwritable paths
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+
+def convert(args: argparse.Namespace) -> None:
+    """Bad input (a missing, damaged or foreign file, an --output that is refused) raises UserError or OSError."""
+    if args.command == "from-nanochat":
+        tokenizer_dir = args.tokenizer_dir or nanochat_tokenizer_dir(args.checkpoint_dir)
+        out = from_nanochat(
+            args.checkpoint_dir,
+            args.output,
+            tokenizer_dir,
+            step=args.step,
+            dtype=args.dtype,
+            trust_pickle=args.trust_pickle,
+            overwrite=args.overwrite,
+        )
+    elif args.command == "to-nanochat":
+        out = to_nanochat(
+            args.model,
+            args.output,
+            step=args.step,
+            tokenizer_output_dir=args.tokenizer_output,
+            overwrite=args.overwrite,
+        )
+    else:
+        out = to_native(args.model, args.output, overwrite=args.overwrite)
     print(f"wrote {out}")
-    return 0
 
 
 if __name__ == "__main__":

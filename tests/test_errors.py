@@ -45,3 +45,17 @@ def test_argument_errors_read_the_same_way(capsys):
     assert capsys.readouterr().err.endswith(
         "preview_data: error: argument --n: invalid int value: 'many' (see --help)\n"
     )
+
+
+def test_other_ranks_exit_the_same_without_a_line(capsys, monkeypatch):
+    def no_task():
+        raise UserError("--tasks: no task given")
+
+    monkeypatch.setenv("RANK", "1")  # torchrun / accelerate launch: rank 0 says it
+    assert run_cli("chat_eval", no_task) == 2
+    parser = OneLineArgumentParser(prog="chat_eval")
+    parser.add_argument("--n", type=int)
+    with pytest.raises(SystemExit) as exit_:
+        parser.parse_args(["--n", "many"])
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err == ""

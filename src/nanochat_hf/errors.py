@@ -6,7 +6,8 @@ layer that reports bad input.
   where we call them and raised again as `UserError`, keeping `one_line` of their message.
 - An entry point runs its work through `run_cli`: a `UserError`, or an `OSError` (a path missing or unwritable, a
   full disk), is printed once as `<prog>: error: <one line>` and the exit code is 2; anything else is a bug and
-  keeps its traceback. Argument errors (`OneLineArgumentParser`) read the same way.
+  keeps its traceback. Argument errors (`OneLineArgumentParser`) read the same way. In a run of several processes
+  (torchrun, accelerate launch) only rank 0 prints the line; every rank exits with the same code.
 
 `UserError` is a `ValueError`, so code that catches `ValueError` around a call (as transformers' conventions and
 our tests do) keeps working. The model and configuration files are shipped as remote code and import only torch and
@@ -16,6 +17,7 @@ transformers: they raise `ValueError`, and the layer that loads them says which 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import NoReturn
@@ -38,19 +40,26 @@ def error_line(prog: str, error: BaseException | str) -> str:
     return f"{prog}: error: {one_line(error)}"
 
 
-def run_cli(prog: str, main: Callable[[], int | None], *, show: bool = True) -> int:
+def first_rank() -> bool:
+    """Rank 0 of a torchrun / accelerate launch (its RANK variable), known before any process group exists; True
+    for a single process."""
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def run_cli(prog: str, main: Callable[[], int | None], *, show: bool | None = None) -> int:
     """`main()`'s exit code (0 for None); a `UserError` or `OSError` it raises becomes one line on stderr (when
-    `show`: in a multi-process run only rank 0 says it) and exit code 2."""
+    `show`, by default on rank 0 only: in a multi-process run one process says it) and exit code 2."""
     try:
         return main() or 0
     except (UserError, OSError) as e:
-        if show:
+        if first_rank() if show is None else show:
             print(error_line(prog, e), file=sys.stderr, flush=True)
         return 2
 
 
 class OneLineArgumentParser(argparse.ArgumentParser):
-    """argparse with its errors in the same one-line form (argparse prints the usage first), exit code 2."""
+    """argparse with its errors in the same one-line form (argparse prints the usage first), said by rank 0 only;
+    exit code 2."""
 
     def error(self, message: str) -> NoReturn:
-        self.exit(2, error_line(self.prog, f"{message} (see --help)") + "\n")
+        self.exit(2, error_line(self.prog, f"{message} (see --help)") + "\n" if first_rank() else None)

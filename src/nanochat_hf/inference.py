@@ -21,6 +21,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 from transformers.generation.streamers import BaseStreamer
 
+from .errors import UserError
 from .tokenizer import render_for_completion
 from .tokenizer.chat_format import (
     OUTPUT_END,
@@ -275,11 +276,11 @@ class CalculatorToolProcessor(LogitsProcessor):
 
 def _check_options(max_new_tokens: int, temperature: float, top_k: int | None) -> None:
     if not isinstance(max_new_tokens, int) or max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
+        raise UserError(f"max_new_tokens must be a positive int, got {max_new_tokens!r}")
     if not temperature >= 0.0:
-        raise ValueError(f"temperature must be >= 0, got {temperature!r}")
+        raise UserError(f"temperature must be >= 0, got {temperature!r}")
     if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
-        raise ValueError(f"top_k must be None or a positive int, got {top_k!r}")
+        raise UserError(f"top_k must be None or a positive int, got {top_k!r}")
 
 
 def fit_prompt(prompt: list[int], sequence_len: int, max_new_tokens: int) -> list[int]:
@@ -289,7 +290,7 @@ def fit_prompt(prompt: list[int], sequence_len: int, max_new_tokens: int) -> lis
     if len(prompt) <= keep:
         return prompt
     if keep < 2:
-        raise ValueError(
+        raise UserError(
             f"max_new_tokens={max_new_tokens} leaves no room for a prompt within the model's "
             f"sequence_len={sequence_len}"
         )
@@ -315,7 +316,7 @@ def generate_tokens(
     """
     _check_options(max_new_tokens, temperature, top_k)
     if not prompts or not all(prompts):
-        raise ValueError("prompts must be a non-empty list of non-empty token id lists")
+        raise UserError("prompts must be a non-empty list of non-empty token id lists")
     ids = special_token_ids(tokenizer)
     stops = [ids[name] for name in STOP_TOKENS]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids[PAD_TOKEN]

@@ -4,6 +4,7 @@ nothing written. Run as a user runs it: a subprocess."""
 from __future__ import annotations
 
 import json
+import runpy
 import shutil
 import subprocess
 import sys
@@ -58,7 +59,7 @@ def test_bad_nanochat_meta(case, nanochat_base, tmp_path):
         tmp_path / "hf",
         "--trust-pickle",
     )
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert code == 2 and len(err) == 1 and err[0].startswith("convert: error: "), err
     assert all(w in err[0] for w in words), err
     assert not (tmp_path / "hf").exists()
 
@@ -99,7 +100,7 @@ def test_bad_model_dir(case, hf_dir, tmp_path):
     breaker(model)
     out = tmp_path / "base_checkpoints" / "out"  # nanochat's layout (to-nanochat puts the tokenizer beside it)
     code, err = run(tmp_path, command, "--model", model, "--output", out)
-    assert code == 2 and len(err) == 1 and err[0].startswith("error: "), err
+    assert code == 2 and len(err) == 1 and err[0].startswith("convert: error: "), err
     assert all(w in err[0] for w in words), err
     assert not out.exists() and not (tmp_path / "tokenizer").exists()
 
@@ -109,8 +110,29 @@ def test_bad_model_dir(case, hf_dir, tmp_path):
     [
         (["to-nanochat", "--model", "m", "--output", "o", "--step", "-1"], ["--step", "'-1'", "non-negative"]),
         (["from-nanochat", "--checkpoint-dir", "c", "--output", "o", "--overwrite", "--dtype", "int8"], ["--dtype"]),
+        (["to-native", "--model", "m"], ["--output", "required"]),
+        (["to-gguf"], ["invalid choice: 'to-gguf'"]),
     ],
 )
 def test_bad_command_line_is_one_line(tmp_path, args, words):
     code, err = run(tmp_path, *args)
-    assert code == 2 and len(err) == 1 and all(w in err[0] for w in words), err
+    # argparse names the subcommand's parser "convert <subcommand>"
+    assert code == 2 and len(err) == 1 and err[0].startswith("convert") and ": error: " in err[0], err
+    assert all(w in err[0] for w in words), err
+
+
+def test_a_missing_source_is_one_line(tmp_path):
+    code, err = run(tmp_path, "to-native", "--model", tmp_path / "nowhere", "--output", tmp_path / "out")
+    assert code == 2 and err == [f"convert: error: {tmp_path / 'nowhere'}: model directory not found"], err
+
+
+def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
+    """Only bad input is turned into one line: an error of ours (here a RuntimeError) reaches the user whole."""
+    script = runpy.run_path(str(SCRIPT))
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setitem(script["convert"].__globals__, "to_native", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        script["main"](["to-native", "--model", str(tmp_path), "--output", str(tmp_path / "out")])

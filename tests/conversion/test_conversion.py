@@ -13,6 +13,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.conversion import find_nanochat_checkpoint, load_from_nanochat, to_nanochat, to_native
+from nanochat_hf.errors import UserError
 from nanochat_hf.tokenizer import SPECIAL_TOKENS, load_nanochat_tokenizer, token_bytes
 
 SAMPLE = "the fox thinks: 12345 thoughts,  three\n\n  theses!  ünïcode 日本 <|bos|><|assistant_end|>"
@@ -221,27 +222,27 @@ BAD_CHECKPOINTS = {
     "no_dir": (lambda c: __import__("shutil").rmtree(c), FileNotFoundError, "ckpt", "not found"),
     "no_model": (lambda c: (c / "model_000005.pt").unlink(), FileNotFoundError, "ckpt", "no model_<step>.pt"),
     "no_meta": (lambda c: (c / "meta_000005.json").unlink(), FileNotFoundError, "meta_000005.json", "no such file"),
-    "bad_json": (lambda c: (c / "meta_000005.json").write_text("{oops"), ValueError, "meta_000005.json", "JSON"),
+    "bad_json": (lambda c: (c / "meta_000005.json").write_text("{oops"), UserError, "meta_000005.json", "JSON"),
     "no_model_config": (
         lambda c: (c / "meta_000005.json").write_text("{}"),
-        ValueError,
+        UserError,
         "meta_000005.json",
         "model_config",
     ),
     "corrupt_weights": (
         lambda c: (c / "model_000005.pt").write_bytes(b"\x00garbage" * 10),
-        ValueError,
+        UserError,
         "model_000005.pt",
         "cannot be read",
     ),
     "shape_mismatch": (
         lambda c: _break_meta(c, n_embd=128, n_head=8, n_kv_head=4),
-        ValueError,
+        UserError,
         "model_000005.pt",
         "has shape",
     ),
-    "layer_mismatch": (lambda c: _break_meta(c, n_layer=3), ValueError, "model_000005.pt", "missing"),
-    "tokenizer_vocab": (lambda c: _vocab_320(c), ValueError, "tokenizer.pkl", "tokenizer has 300 tokens"),
+    "layer_mismatch": (lambda c: _break_meta(c, n_layer=3), UserError, "model_000005.pt", "missing"),
+    "tokenizer_vocab": (lambda c: _vocab_320(c), UserError, "tokenizer.pkl", "tokenizer has 300 tokens"),
 }
 
 
@@ -271,7 +272,7 @@ def test_bad_nanochat_input_gives_a_clear_error_and_writes_nothing(nanochat_base
 def test_untrusted_pickle_is_refused(nanochat_base, tmp_path):
     from nanochat_hf.conversion import from_nanochat
 
-    with pytest.raises(ValueError, match="trust_pickle=True"):
+    with pytest.raises(UserError, match="trust_pickle=True"):
         from_nanochat(nanochat_base / "base_checkpoints" / "d2", tmp_path / "hf", nanochat_base / "tokenizer")
     assert not (tmp_path / "hf").exists()
 
@@ -282,13 +283,13 @@ def test_bad_hf_dir_gives_a_clear_error_and_writes_nothing(hf_dir, tmp_path):
     for name in ("config.json", "model.safetensors"):
         (broken / name).write_bytes((hf_dir / name).read_bytes())
     (broken / "model.safetensors").write_bytes(b"not safetensors at all")
-    with pytest.raises(ValueError, match=r"model\.safetensors: cannot be read as safetensors"):
+    with pytest.raises(UserError, match=r"model\.safetensors: cannot be read as safetensors"):
         to_nanochat(broken, tmp_path / "out")
     (broken / "model.safetensors").unlink()
     with pytest.raises(FileNotFoundError, match=r"model\.safetensors: no such file"):
         to_native(broken, tmp_path / "out")
     (broken / "config.json").write_text(json.dumps({"model_type": "llama"}))
-    with pytest.raises(ValueError, match=r"config\.json: model_type is 'llama'"):
+    with pytest.raises(UserError, match=r"config\.json: model_type is 'llama'"):
         to_nanochat(broken, tmp_path / "out")
     assert not (tmp_path / "out").exists()
 

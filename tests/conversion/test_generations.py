@@ -21,6 +21,7 @@ from safetensors.torch import load_file, save_file
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.conversion import from_nanochat, load_from_nanochat, read_nanochat_checkpoint, to_nanochat, to_native
 from nanochat_hf.conversion.generations import nanochat_shapes
+from nanochat_hf.errors import UserError
 
 DATA = Path(__file__).parent / "data"
 REFERENCE = json.loads((DATA / "nanochat_generations.json").read_text())
@@ -271,7 +272,7 @@ def test_bad_checkpoint_is_refused_in_one_line(generation_base, tmp_path, case):
     ckpt = shutil.copytree(checkpoint(generation_base, commit), tmp_path / "base_checkpoints" / commit)
     breaker(ckpt)
     out = tmp_path / "hf"
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(UserError) as info:
         from_nanochat(ckpt, out, generation_base / "tokenizer", trust_pickle=True)
     message = str(info.value)
     assert "\n" not in message and named in message and all(w in message for w in words), message
@@ -307,7 +308,7 @@ def test_a_model_nanochat_cannot_build_is_not_written(g5_hf, tmp_path, change, w
         state = load_file(model / "model.safetensors")
         save_file({k: v for k, v in state.items() if "smear" not in k}, model / "model.safetensors")
     out = tmp_path / "nanochat" / "base_checkpoints" / "d3"
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(UserError) as info:
         to_nanochat(model, out)
     message = str(info.value)
     assert "\n" not in message and all(w in message for w in words), message
@@ -315,7 +316,7 @@ def test_a_model_nanochat_cannot_build_is_not_written(g5_hf, tmp_path, change, w
 
 
 def test_to_native_exports_g0_and_refuses_later_generations(generation_base, g5_hf, tmp_path):
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(UserError) as info:
         to_native(g5_hf, tmp_path / "native")
     message = str(info.value)
     assert "\n" not in message and "G5" in message and "NanoChatForCausalLM" in message

@@ -38,33 +38,41 @@ def _data(tmp_path: Path, name: str, content: bytes) -> list[str]:
 CASES = {
     "data file not JSON": (
         lambda m, t: _data(t, "g.jsonl", b"question,answer\n1,2\n"),
-        "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON",
+        "chat_eval: error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON",
     ),
     "data file empty": (
         lambda m, t: _data(t, "g.jsonl", b""),
-        "error: --data_files GSM8K: data file {tmp}/g.jsonl is empty (expected rows as JSON objects)",
+        "chat_eval: error: --data_files GSM8K: data file {tmp}/g.jsonl is empty (expected rows as JSON objects)",
     ),
     "data file binary": (
         lambda m, t: _data(t, "g.jsonl", bytes(range(256)) * 4),
-        "error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON (not UTF-8)",
+        "chat_eval: error: --data_files GSM8K: data file {tmp}/g.jsonl line 1 is not JSON (not UTF-8)",
     ),
     "parquet not parquet": (
         lambda m, t: _data(t, "g.parquet", b'{"question": "x"}\n'),
-        "error: --data_files GSM8K: data file {tmp}/g.parquet is not a parquet file",
+        "chat_eval: error: --data_files GSM8K: data file {tmp}/g.parquet is not a parquet file",
     ),
     "truncated model.safetensors": (
         lambda m, t: (m / "model.safetensors").write_bytes((m / "model.safetensors").read_bytes()[:2000]) and [],
-        "error: {tmp}/model/model.safetensors: not a readable safetensors file",
+        "chat_eval: error: {tmp}/model/model.safetensors: not a readable safetensors file",
     ),
     "no tokenizer files": (
         lambda m, t: [(m / f).unlink() for f in ("tokenizer.json", "tokenizer_config.json")] and [],
-        "error: {tmp}/model: no tokenizer in the model folder (tokenizer.json expected",
+        "chat_eval: error: {tmp}/model: no tokenizer in the model folder (tokenizer.json expected",
     ),
     "--json in a missing folder": (
         lambda m, t: ["--json", str(t / "nope" / "r.json")],
-        "error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file",
+        "chat_eval: error: --json {tmp}/nope/r.json: cannot write in {tmp}/nope (No such file",
     ),
-    "--report a folder": (lambda m, t: ["--report", str(t)], "error: --report {tmp} is a directory; expected a file"),
+    "--report a folder": (
+        lambda m, t: ["--report", str(t)],
+        "chat_eval: error: --report {tmp} is a directory; expected a file",
+    ),
+    "unknown task": (lambda m, t: ["--tasks", "ARC-Hard"], "chat_eval: error: unknown chat-eval task 'ARC-Hard'"),
+    "no model folder": (
+        lambda m, t: ["--model", str(t / "nope")],
+        "chat_eval: error: --model {tmp}/nope: no such model directory",
+    ),
 }
 
 
@@ -78,6 +86,24 @@ def test_bad_input_is_one_line_before_any_work(case, script, model_dir, tmp_path
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith(message.format(tmp=tmp_path)), err
     assert not evaluated
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--batch_size", "0"], "chat_eval: error: --max_problems, --batch_size and --max_new_tokens must be >= 1\n"),
+        (["--batch_size", "all"], "chat_eval: error: argument --batch_size: invalid int value: 'all' (see --help)\n"),
+    ],
+)
+def test_bad_arguments_in_a_fresh_process(model_dir, args, line):
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chat_eval.py"), "--model", str(model_dir), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 2 and proc.stderr == line, proc.stderr
 
 
 @pytest.mark.slow

@@ -72,7 +72,32 @@ def test_repl_ends_on_eof(model_dir, monkeypatch, capsys):
 def test_bad_model_dir_is_one_line_error(tmp_path, capsys):
     chat = load_script()
     assert chat.main(["--model", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
-    assert capsys.readouterr().err == f"error: --model {tmp_path / 'missing'}: no such model directory\n"
+    assert capsys.readouterr().err == f"chat: error: --model {tmp_path / 'missing'}: no such model directory\n"
+    (tmp_path / "damaged").mkdir()
+    (tmp_path / "damaged" / "tokenizer.json").write_text("{}")
+    (tmp_path / "damaged" / "config.json").write_text("{oops")
+    assert chat.main(["--model", str(tmp_path / "damaged"), "--prompt", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"chat: error: {tmp_path / 'damaged' / 'config.json'}: not valid JSON"), err
+    assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize(
+    "args, line",
+    [
+        (["--top-k", "-1"], "chat: error: --max-new-tokens must be >= 1, --temperature >= 0, --top-k >= 0\n"),
+        (["--top-k", "many"], "chat: error: argument --top-k: invalid int value: 'many' (see --help)\n"),
+    ],
+)
+def test_bad_arguments_in_a_fresh_process(model_dir, args, line):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "hi", *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""},
+    )
+    assert proc.returncode == 2 and proc.stderr == line, proc.stderr
 
 
 @pytest.mark.slow
@@ -118,13 +143,11 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
     )
     assert proc.returncode == 2
     assert proc.stderr.splitlines()[-1] == (
-        "error: --max-new-tokens 63 leaves no room for a prompt within the model's sequence_len 64"
+        "chat: error: --max-new-tokens 63 leaves no room for a prompt within the model's sequence_len 64"
     )
 
 
 def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch, capsys):
-    import nanochat_hf.inference
-
     chat = load_script()
     seen = []
 
@@ -132,7 +155,7 @@ def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(mode
         seen.extend(prompts)
         return [[tok.convert_tokens_to_ids("<|assistant_end|>")]]
 
-    monkeypatch.setattr(nanochat_hf.inference, "generate_tokens", capture)
+    monkeypatch.setattr(chat, "generate_tokens", capture)
     lines = iter(["hello there " * 1200, "what about the zebra?", "quit"])  # the first one alone is over 2048
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
     assert chat.main(["--model", str(model_dir), "--temperature", "0", "--device", "cpu"]) == 0

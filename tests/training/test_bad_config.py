@@ -1,9 +1,15 @@
 """Bad configuration fails fast: one clear `mid_train: error:` line, no traceback, nothing trained or written."""
 
+import os
+import subprocess
+import sys
+
 import pytest
 from torch._inductor import config as inductor_config
 
 from nanochat_hf.training.run import main
+
+from .conftest import REPO_ROOT
 
 
 def _fails(argv, capsys, tmp_path, *expected):
@@ -113,3 +119,41 @@ def test_mixture_smaller_than_one_step_is_refused_instead_of_cycled(capsys, tmp_
         "its rows would be repeated within a step",
     )
     assert not (tmp_path / "out").exists()  # made for the run, removed with the refusal
+
+
+def test_a_bad_flag_value_reads_the_same_way(capsys, tmp_path):
+    _fails(["--device_batch_size", "many"], capsys, tmp_path, "argument --device_batch_size", "'many'", "--help")
+
+
+def test_other_ranks_exit_the_same_without_a_line(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("RANK", "1")  # rank 0 says it; every rank exits with 2
+    for argv in (["--device_batch_size", "0"], ["--device_batch_size", "many"]):
+        with pytest.raises(SystemExit) as exc:
+            main([*argv, "--output_dir", str(tmp_path / "out"), "--report_to", "none"])
+        assert exc.value.code == 2
+        assert capsys.readouterr().err == ""
+
+
+def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
+    """Only bad input becomes one line: an error of ours (here a RuntimeError in setup) reaches the user whole."""
+    from nanochat_hf.training import run
+
+    def broken(argv):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(run, "setup", broken)
+    with pytest.raises(RuntimeError, match="a bug"):
+        main(["--output_dir", str(tmp_path / "out")])
+
+
+def test_bad_config_in_a_fresh_process(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(REPO_ROOT / "scripts" / "mid_train.py"), "--device_batch_size", "0"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"},
+    )
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr == "mid_train: error: device_batch_size=0 must be a positive integer\n", proc.stderr

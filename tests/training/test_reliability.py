@@ -294,7 +294,7 @@ def test_full_disk_during_the_final_save(run, capsys):
     with _file_size_limit(1 << 20):
         line = _fail([*args, "--save_steps", "0", "--output_dir", str(final)], capsys)  # no checkpoints
     assert line.startswith(f"mid_train: error: the model could not be saved in {final}: a file would exceed"), line
-    assert list(final.iterdir()) == []  # no .tmp-save left
+    assert list(final.iterdir()) == []  # no staging folder left
 
 
 def test_jit_checkpoint_on_sigterm_resumes_with_the_same_logged_losses(run, monkeypatch):

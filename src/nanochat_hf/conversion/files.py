@@ -7,40 +7,42 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
+
 
 def check_positive_ints(fields: dict, required: tuple[str, ...], optional: tuple[str, ...], where: str) -> None:
-    """One-line ValueError naming the first field of `fields` that is missing or not a positive integer."""
+    """One-line UserError naming the first field of `fields` that is missing or not a positive integer."""
     for key in required + optional:
         if key not in fields or (key in optional and fields[key] is None):
             if key in required:
-                raise ValueError(f"{where}: missing field {key!r} (a positive integer)")
+                raise UserError(f"{where}: missing field {key!r} (a positive integer)")
             continue
         value = fields[key]
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            raise ValueError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
+            raise UserError(f"{where}: field {key!r} must be a positive integer, got {value!r}")
 
 
 def check_state_dict(
     state_dict: dict[str, torch.Tensor], expected: dict[str, tuple[int, ...]], weights: Path, config_source: Path
 ) -> None:
-    """Raise a one-line ValueError naming `weights` if its keys or shapes are not `expected` (the tensors of the
+    """Raise a one-line UserError naming `weights` if its keys or shapes are not `expected` (the tensors of the
     config read from `config_source`)."""
     missing = [k for k in expected if k not in state_dict]
     unexpected = sorted(state_dict.keys() - expected.keys())
     if missing:
-        raise ValueError(
+        raise UserError(
             f"{weights}: missing {len(missing)} tensor(s) {config_source.name} implies, e.g. {missing[0]!r}"
         )
     if unexpected:
-        raise ValueError(
+        raise UserError(
             f"{weights}: {len(unexpected)} tensor(s) {config_source.name} does not imply, e.g. {unexpected[0]!r}"
         )
     for key, shape in expected.items():
         got = tuple(state_dict[key].shape)
         if got != shape:
-            raise ValueError(f"{weights}: {key} has shape {got} but {config_source.name} implies {shape}")
+            raise UserError(f"{weights}: {key} has shape {got} but {config_source.name} implies {shape}")
         if not state_dict[key].is_floating_point():
-            raise ValueError(f"{weights}: {key} has dtype {state_dict[key].dtype}, expected a floating point tensor")
+            raise UserError(f"{weights}: {key} has dtype {state_dict[key].dtype}, expected a floating point tensor")
 
 
 def common_dtype(state_dict: dict[str, torch.Tensor]) -> torch.dtype:
@@ -61,7 +63,7 @@ def parse_dtype(dtype: str | torch.dtype | None) -> torch.dtype | None:
         "fp16": torch.float16,
     }
     if dtype not in allowed:
-        raise ValueError(f"dtype must be one of {sorted(allowed)}, got {dtype!r}")
+        raise UserError(f"dtype must be one of {sorted(allowed)}, got {dtype!r}")
     return allowed[dtype]
 
 

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 
+from ..errors import UserError
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..model.modeling_nanochat_gpt import SMEAR_CHANNELS
 from .files import check_positive_ints
@@ -160,7 +161,7 @@ def layer_windows(
 
 def _check_pattern(pattern: object, where: str) -> str:
     if not isinstance(pattern, str) or not pattern or not set(pattern.upper()) <= {"S", "L"}:
-        raise ValueError(
+        raise UserError(
             f"{where}: model_config.window_pattern must be a non-empty string of S and L (nanochat's "
             f"short and long windows), got {pattern!r}"
         )
@@ -171,23 +172,23 @@ def window_pattern_of(
     config: NanoChatGPTConfig, generation: Generation, preferred: str | None, config_path: Path
 ) -> str:
     """A ``window_pattern`` under which nanochat's loader builds the layers of `config`: `preferred` (the source
-    meta's) when it does, else the shortest that does. One-line ValueError when none can (a window nanochat
+    meta's) when it does, else the shortest that does. One-line UserError when none can (a window nanochat
     would not compute for this sequence_len)."""
     types, window, seq = list(config.layer_types), config.sliding_window, config.sequence_len
     if "sliding_attention" in types:
         short = generation.short_window(seq)
         if window - 1 >= seq:
-            raise ValueError(
+            raise UserError(
                 f"{config_path}: sliding_window {window} is larger than sequence_len {seq}: nanochat's "
                 f"short window is {short} keys before the query for this sequence_len"
             )
         if window != short + 1:
-            raise ValueError(
+            raise UserError(
                 f"{config_path}: sliding_window {window} is not nanochat's {generation.name} short window "
                 f"for sequence_len {seq} ({short} keys before the query, sliding_window {short + 1})"
             )
         if types[-1] != "full_attention":
-            raise ValueError(
+            raise UserError(
                 f"{config_path}: layer_types ends with 'sliding_attention'; nanochat's last layer "
                 f"always attends to the whole context"
             )
@@ -225,7 +226,7 @@ def _generation_of_keys(keys: set[str], shapes: dict[str, tuple[int, ...]], mode
             if any(k.startswith("bigram") for k in unknown)
             else ""
         )
-        raise ValueError(
+        raise UserError(
             f"{model_path}: tensor(s) of no nanochat model generation G0-G5: {', '.join(unknown[:6])}"
             f"{' ...' if len(unknown) > 6 else ''}{hint}"
         )
@@ -234,34 +235,34 @@ def _generation_of_keys(keys: set[str], shapes: dict[str, tuple[int, ...]], mode
     ve = sorted(k for k in keys if _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k))
     if len(lambdas) == 1:
         other = "x0_lambdas" if lambdas[0] == "resid_lambdas" else "resid_lambdas"
-        raise ValueError(f"{model_path}: has {lambdas[0]} but not {other} (nanochat writes both from aa530cd on)")
+        raise UserError(f"{model_path}: has {lambdas[0]} but not {other} (nanochat writes both from aa530cd on)")
     if smear and len(smear) < len(_SMEAR_KEYS):
-        raise ValueError(
+        raise UserError(
             f"{model_path}: has {smear[0]} but not {next(k for k in _SMEAR_KEYS if k not in keys)} "
             "(nanochat writes smear_gate, smear_lambda and backout_lambda together from a825e63 on)"
         )
     later = smear[:1] or ve[:1]
     if later and not lambdas:
-        raise ValueError(
+        raise UserError(
             f"{model_path}: has {later[0]} but no resid_lambdas/x0_lambdas: no nanochat generation has "
             "one without the other"
         )
     if smear and not ve:
-        raise ValueError(f"{model_path}: has {smear[0]} (G5) but no value_embeds.*: G5 models have value embeddings")
+        raise UserError(f"{model_path}: has {smear[0]} (G5) but no value_embeds.*: G5 models have value embeddings")
     if not ve:
         return BY_NAME["G1"] if lambdas else BY_NAME["G0"]
     widths = {shapes[k][-1] for k in ve if _GATE_KEY.fullmatch(k) and len(shapes[k]) == 2}
     gate = next((k for k in ve if _GATE_KEY.fullmatch(k)), None)
     if gate is None:
-        raise ValueError(f"{model_path}: has {ve[0]} but no transformer.h.<i>.attn.ve_gate.weight (G3 on)")
+        raise UserError(f"{model_path}: has {ve[0]} but no transformer.h.<i>.attn.ve_gate.weight (G3 on)")
     if widths not in ({32}, {12}):
-        raise ValueError(
+        raise UserError(
             f"{model_path}: {gate} has shape {tuple(shapes[gate])}: nanochat's ve_gate reads 32 "
             "channels (G3, a91743c) or 12 (G4 6ed7d1d, G5 a825e63)"
         )
     if smear:
         if widths == {32}:
-            raise ValueError(f"{model_path}: {gate} reads 32 channels (G3) but {smear[0]} is G5's (12 channels)")
+            raise UserError(f"{model_path}: {gate} reads 32 channels (G3) but {smear[0]} is G5's (12 channels)")
         return BY_NAME["G5"]
     return BY_NAME["G3"] if widths == {32} else BY_NAME["G4"]
 
@@ -270,11 +271,11 @@ def model_config_of(meta: dict, meta_path: Path) -> dict:
     """The meta's ``model_config``, checked: nanochat's six positive integers, and no field of no generation."""
     model_config = meta.get("model_config")
     if not isinstance(model_config, dict):
-        raise ValueError(f"{meta_path}: no 'model_config' object (nanochat's meta JSON has one)")  # noqa: TRY004
+        raise UserError(f"{meta_path}: no 'model_config' object (nanochat's meta JSON has one)")  # noqa: TRY004
     check_positive_ints(model_config, NANOCHAT_CONFIG_KEYS, (), f"{meta_path}: model_config")
     unknown = sorted(set(model_config) - set(NANOCHAT_CONFIG_KEYS) - {"window_pattern"})
     if unknown:
-        raise ValueError(f"{meta_path}: model_config field(s) of no nanochat generation G0-G5: {', '.join(unknown)}")
+        raise UserError(f"{meta_path}: model_config field(s) of no nanochat generation G0-G5: {', '.join(unknown)}")
     return model_config
 
 
@@ -284,7 +285,7 @@ def detect(
     """Our config of a nanochat checkpoint (keys without ``_orig_mod.``), from its tensor names
     and meta's `model_config` (checked by ``model_config_of``); the window pattern from the meta, else from the
     parent base checkpoint's meta, else "L" (as nanochat's own loader assumes) with a one-line warning. Raises a
-    one-line ValueError naming the file and key for a tensor of no generation, a meta that contradicts the keys,
+    one-line UserError naming the file and key for a tensor of no generation, a meta that contradicts the keys,
     or a value embedding on the wrong layer."""
     shapes = {k: tuple(v.shape) for k, v in state_dict.items()}
     generation = _generation_of_keys(set(state_dict), shapes, model_path)
@@ -292,7 +293,7 @@ def detect(
     if pattern is not None:
         _check_pattern(pattern, str(meta_path))
         if generation.name == "G0":
-            raise ValueError(
+            raise UserError(
                 f"{meta_path}: model_config.window_pattern is set but {model_path.name} has no "
                 "resid_lambdas/x0_lambdas: nanochat writes window_pattern only for models that have "
                 "them (fbc1484 on)"
@@ -330,7 +331,7 @@ def detect(
             sliding_window=sliding_window,
         )
     except ValueError as e:
-        raise ValueError(f"{meta_path}: {e}") from None
+        raise UserError(f"{meta_path}: {e}") from None
     ve_layers = sorted(int(m.group(1)) for k in state_dict if (m := _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k)))
     wrong = [i for i in ve_layers if i not in config.value_embedding_layers]
     if wrong:
@@ -339,7 +340,7 @@ def detect(
             for k in state_dict
             if (m := _VE_KEY.fullmatch(k) or _GATE_KEY.fullmatch(k)) and int(m.group(1)) == wrong[0]
         )
-        raise ValueError(
+        raise UserError(
             f"{model_path}: {key} is on layer {wrong[0]}, but nanochat puts value embeddings on layers "
             f"{config.value_embedding_layers} of {n_layer} (i % 2 == (n_layer - 1) % 2)"
         )
@@ -351,7 +352,7 @@ def detect(
 
 def generation_of(config: NanoChatGPTConfig, config_path: Path) -> Generation:
     """The nanochat generation whose model `config` describes (G1 for G1's fields without a sliding layer: the
-    same model as G2 with window_pattern "L"), or a one-line ValueError naming `config_path` and the fields."""
+    same model as G2 with window_pattern "L"), or a one-line UserError naming `config_path` and the fields."""
     fields = _fields(config)
     windowed = "sliding_attention" in config.layer_types
     for generation in GENERATIONS:
@@ -363,14 +364,14 @@ def generation_of(config: NanoChatGPTConfig, config_path: Path) -> Generation:
             break  # G0 with sliding layers
         padded = -(-config.vocab_size // PAD_VOCAB_SIZE_TO) * PAD_VOCAB_SIZE_TO
         if config.padded_vocab_size != padded and (generation.name != "G0" or config.pad_vocab_size_to != 1):
-            raise ValueError(
+            raise UserError(
                 f"{config_path}: pad_vocab_size_to {config.pad_vocab_size_to}: nanochat pads the "
                 f"vocabulary to a multiple of {PAD_VOCAB_SIZE_TO} ({generation.name})"
             )
         return generation
     g0 = _generation_fields(GENERATIONS[0])
     differ = ", ".join(f"{k}={v!r}" for k, v in fields.items() if v != g0.get(k)) or "none"
-    raise ValueError(
+    raise UserError(
         f"{config_path}: no nanochat generation (G0-G5) has these fields: {differ}"
         f"{', sliding layers' if windowed else ''}"
     )

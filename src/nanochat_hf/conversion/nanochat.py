@@ -12,7 +12,7 @@ import torch
 from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBase
 
 from ..atomic import staged_dir, write_text
-from ..errors import one_line
+from ..errors import UserError, one_line
 from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..paths import nanochat_base_dir
@@ -70,7 +70,7 @@ def find_nanochat_checkpoint(
     (else the most recently modified), the latest step. The tokenizer lives in ``<base>/tokenizer``.
     """
     if source not in SOURCE_FOLDERS:
-        raise ValueError(f"source must be one of {sorted(SOURCE_FOLDERS)}, got {source!r}")
+        raise UserError(f"source must be one of {sorted(SOURCE_FOLDERS)}, got {source!r}")
     root = Path(base_dir) if base_dir is not None else nanochat_base_dir()
     folder = root / SOURCE_FOLDERS[source]
     if model_tag is None:
@@ -116,12 +116,12 @@ def read_nanochat_checkpoint(
     try:
         state_dict = torch.load(model_path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 -- any failure here means a corrupt or foreign file
-        raise ValueError(
+        raise UserError(
             f"{model_path}: cannot be read by torch.load(weights_only=True) ({type(e).__name__}: "
             f"{str(e).splitlines()[0] if str(e) else ''})"
         ) from None
     if not isinstance(state_dict, dict) or not all(isinstance(v, torch.Tensor) for v in state_dict.values()):
-        raise ValueError(f"{model_path}: expected a state dict of tensors, got {type(state_dict).__name__}")
+        raise UserError(f"{model_path}: expected a state dict of tensors, got {type(state_dict).__name__}")
     state_dict = {k.removeprefix("_orig_mod."): v for k, v in state_dict.items()}
     config = detect(state_dict, model_config, model_path, meta_path)
     check_state_dict(state_dict, nanochat_shapes(config), model_path, meta_path)
@@ -131,7 +131,7 @@ def read_nanochat_checkpoint(
 def _load_tokenizer(tokenizer_dir: str | os.PathLike, config: NanoChatGPTConfig, trust_pickle: bool):
     tokenizer = load_nanochat_tokenizer(tokenizer_dir, trust_pickle=trust_pickle)
     if len(tokenizer) != config.vocab_size:
-        raise ValueError(
+        raise UserError(
             f"{Path(tokenizer_dir) / 'tokenizer.pkl'}: tokenizer has {len(tokenizer)} tokens but the "
             f"model's vocab_size is {config.vocab_size}"
         )
@@ -238,7 +238,7 @@ def to_nanochat(
     model_dir, output_dir = Path(model_dir), Path(output_dir)
     has_tokenizer = (model_dir / "tokenizer.json").is_file()
     if has_tokenizer and tokenizer_output_dir is None and not output_dir.resolve().parent.name.endswith("_checkpoints"):
-        raise ValueError(
+        raise UserError(
             f"{output_dir}: --output is not a nanochat checkpoint folder <base>/<source>_checkpoints/<tag>"
             " (nanochat reads the tokenizer from <base>/tokenizer): write there, or pass "
             "--tokenizer-output DIR"
@@ -260,9 +260,9 @@ def to_nanochat(
         try:
             tokenizer = AutoTokenizer.from_pretrained(model_dir)
         except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
-            raise ValueError(f"{model_dir / 'tokenizer.json'}: cannot be loaded ({one_line(e)})") from None
+            raise UserError(f"{model_dir / 'tokenizer.json'}: cannot be loaded ({one_line(e)})") from None
         if len(tokenizer) != config.vocab_size:
-            raise ValueError(
+            raise UserError(
                 f"{model_dir / 'tokenizer.json'}: tokenizer has {len(tokenizer)} tokens but the "
                 f"model's vocab_size is {config.vocab_size}"
             )

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from transformers import NanoChatConfig
 
 from ..atomic import staged_dir
-from ..errors import one_line
+from ..errors import UserError, one_line
 from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig
 from .files import check_output, check_positive_ints, check_state_dict, files_in
@@ -98,7 +98,7 @@ def native_config(config: NanoChatGPTConfig):
 def config_from_native(raw: dict) -> NanoChatGPTConfig:
     """Our config from a native NanoChat config.json (rotary tables in float32, as the native model computes them)."""
     if raw.get("intermediate_size", 4 * raw.get("hidden_size", 0)) != 4 * raw.get("hidden_size", 0):
-        raise ValueError(f"intermediate_size {raw.get('intermediate_size')} is not 4 * hidden_size")
+        raise UserError(f"intermediate_size {raw.get('intermediate_size')} is not 4 * hidden_size")
     rope = raw.get("rope_parameters") or {}
     return NanoChatGPTConfig(
         vocab_size=raw["vocab_size"],
@@ -125,7 +125,7 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     elif index.is_file():
         weight_map = read_json(index).get("weight_map")
         if not isinstance(weight_map, dict):
-            raise ValueError(f"{index}: no 'weight_map' object")
+            raise UserError(f"{index}: no 'weight_map' object")
         files = [model_dir / name for name in sorted(set(weight_map.values()))]
     else:
         raise FileNotFoundError(f"{single}: no such file (nor {index.name})")
@@ -136,7 +136,7 @@ def read_hf_weights(model_dir: Path) -> dict[str, torch.Tensor]:
         try:
             state_dict.update(load_file(path))
         except (SafetensorError, OSError, ValueError) as e:
-            raise ValueError(f"{path}: cannot be read as safetensors ({e})") from None
+            raise UserError(f"{path}: cannot be read as safetensors ({e})") from None
     return state_dict
 
 
@@ -168,9 +168,9 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
         elif model_type == "nanochat":
             config = config_from_native(raw)
         else:
-            raise ValueError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
+            raise UserError(f"model_type is {model_type!r}, expected 'nanochat_gpt' (or transformers' 'nanochat')")
     except (TypeError, ValueError, KeyError, AttributeError) as e:
-        raise ValueError(f"{config_path}: {one_line(e)}") from None
+        raise UserError(f"{config_path}: {one_line(e)}") from None
     state_dict = read_hf_weights(model_dir)
     if model_type == "nanochat":
         state_dict = native_to_nanochat_names(state_dict)
@@ -182,7 +182,7 @@ def read_hf_model(model_dir: str | os.PathLike) -> tuple[dict[str, torch.Tensor]
 
 
 def check_native_exportable(config: NanoChatGPTConfig, config_path: Path) -> None:
-    """One-line ValueError unless `config` is nanochat's December 2025 model (G0), the one transformers' NanoChat
+    """One-line UserError unless `config` is nanochat's December 2025 model (G0), the one transformers' NanoChat
     implements; it names what the native class lacks."""
     generation = generation_of(config, config_path)
     if generation.name == "G0":
@@ -199,7 +199,7 @@ def check_native_exportable(config: NanoChatGPTConfig, config_path: Path) -> Non
         )
         if present
     ]
-    raise ValueError(
+    raise UserError(
         f"{config_path}: a nanochat {generation.name} model: transformers' NanoChatForCausalLM has no "
         f"{', '.join(lacks)}, so only December 2025 (G0) models export to it; this one loads with "
         "trust_remote_code=True"

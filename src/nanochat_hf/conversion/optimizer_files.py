@@ -20,6 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..errors import UserError
 from ..jsonfile import read_json
 from ..optim import MuonAdamW, NorMuonAdamW, build_optimizer
 from ..optim.head import ADAMW_GROUPS, SMALL_NUMEL, head_group_of, nanochat_order
@@ -41,7 +42,7 @@ def rank_files(path: str | Path) -> list[Path]:
     path = Path(path)
     match = FILE_PATTERN.fullmatch(path.name)
     if match is None:
-        raise ValueError(f"{path}: not a nanochat optimizer file name (expected optim_<step>_rank<r>.pt)")
+        raise UserError(f"{path}: not a nanochat optimizer file name (expected optim_<step>_rank<r>.pt)")
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such file")
     found = {
@@ -51,7 +52,7 @@ def rank_files(path: str | Path) -> list[Path]:
     }
     missing = sorted(set(range(max(found) + 1)) - set(found))
     if missing:
-        raise ValueError(
+        raise UserError(
             f"{path.parent / f'optim_{match.group(1)}_rank{missing[0]}.pt'}: missing (found ranks "
             f"{sorted(found)}; nanochat writes one file per rank 0..W-1)"
         )
@@ -62,7 +63,7 @@ def _load(path: Path) -> Any:
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 -- pickle/zip errors of every kind: one line naming the file
-        raise ValueError(f"{path}: not a readable optimizer file ({str(e).strip().splitlines()[0][:200]})") from None
+        raise UserError(f"{path}: not a readable optimizer file ({str(e).strip().splitlines()[0][:200]})") from None
 
 
 # ---- nanochat's parameter numbering ------------------------------------------------------------------------------
@@ -91,7 +92,7 @@ def _g0_layout(model: torch.nn.Module, world: int) -> tuple[list[str], list[list
         if n not in ("lm_head.weight", "transformer.wte.weight") and not n.startswith("transformer.h.")
     ]
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"parameter {unknown[0]!r}: a G0-era optimizer file has no state for it (G0 models have "
             "only transformer.h.*, transformer.wte.weight and lm_head.weight)"
         )
@@ -110,7 +111,7 @@ def _check_groups(path: Path, saved: list[dict], expected: list[tuple[str, list[
     got = [(g.get("kind", "muon" if "momentum" in g else "adamw"), len(g["params"])) for g in saved]
     want = [(kind, len(names)) for kind, names in expected]
     if got != want:
-        raise ValueError(
+        raise UserError(
             f"{path}: its optimizer groups (kind, parameters) {got} do not match this model's {want}: "
             "a file of another model or generation"
         )
@@ -119,7 +120,7 @@ def _check_groups(path: Path, saved: list[dict], expected: list[tuple[str, list[
 def _cat_rows(path: Path, pieces: list[Tensor], shape: tuple[int, ...], name: str) -> Tensor:
     full = torch.cat([p.float() for p in pieces]) if len(pieces) > 1 else pieces[0].float()
     if tuple(full.shape) != shape:
-        raise ValueError(
+        raise UserError(
             f"{path}: state of {name} has shape {tuple(full.shape)} across {len(pieces)} rank files, "
             f"the model's parameter has {shape}: a file of another model or world size"
         )
@@ -159,7 +160,7 @@ def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[F
                     if stack.shape[0] != len(group) or (
                         key == "momentum_buffer" and stack.shape[1:] != shapes[group[0]]
                     ):
-                        raise ValueError(
+                        raise UserError(
                             f"{files[0]}: {key} of the {shapes[group[0]]} matrices has shape "
                             f"{tuple(states[0][key].shape)}: a file of another model or world size"
                         )
@@ -168,13 +169,13 @@ def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[F
             index += len(group)
         return full, world, "head"
     if not all(isinstance(d, list) and len(d) == 2 for d in data):
-        raise ValueError(
+        raise UserError(
             f"{files[0]}: neither nanochat format (a MuonAdamW state_dict, or the G0-era list "
             "[AdamW state_dict, Muon state_dict])"
         )
     sharded = ["zero_buffer" in g for g in data[0][1]["param_groups"]]
     if any(sharded) != (world > 1):
-        raise ValueError(
+        raise UserError(
             f"{files[0]}: written by {'several processes' if any(sharded) else 'one process'} but the "
             f"folder holds {world} rank file(s): a file set of another world size"
         )
@@ -235,7 +236,7 @@ def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullStat
 
 def check_world_size(path: str | Path, world: int, ours: int) -> None:
     if world != ours:
-        raise ValueError(
+        raise UserError(
             f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
             f"{ours}: warm-start with {world} (its state is sharded per rank)"
         )
@@ -304,7 +305,7 @@ def nanochat_files(
     def part(n: str, t: Tensor, r: int, whole: bool) -> Tensor:
         if not whole:
             if shapes[n][0] % world:
-                raise ValueError(
+                raise UserError(
                     f"{n}: {shapes[n][0]} rows do not split over {world} processes, which nanochat's "
                     "sharded AdamW needs"
                 )

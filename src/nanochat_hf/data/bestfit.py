@@ -29,6 +29,7 @@ import pyarrow as pa
 import torch
 from datasets import Dataset
 
+from ..errors import UserError
 from .packing import MicroBatchStream, check_stream_inputs, conversation_lengths
 
 BUFFER_SIZE = 100  # nanochat's buffer_size
@@ -121,7 +122,7 @@ class BestFitStream(MicroBatchStream):
         self.cap = max_seq_len + 1
         self._lengths = conversation_lengths(token_ds)
         if self._lengths.min() < 1:
-            raise ValueError(f"BestFitStream: conversation row {int(np.argmin(self._lengths))} has no tokens")
+            raise UserError(f"BestFitStream: conversation row {int(np.argmin(self._lengths))} has no tokens")
         self.buffer_size = buffer_size
         self._packer = _BestFit(self._lengths, self.cap, rank, world_size, buffer_size)
         self.micro_batches = 0  # handed out since the start
@@ -183,12 +184,12 @@ class BestFitStream(MicroBatchStream):
             ("conversations", len(self._lengths)),
         ):
             if state.get(key) != mine:
-                raise ValueError(
+                raise UserError(
                     f"data state does not match this stream: {key}={state.get(key)} in the saved state, "
                     f"{mine} here (same data and batch settings are needed to resume)"
                 )
         if not isinstance(state.get("micro_batches"), int) or state["micro_batches"] < 0:
-            raise ValueError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
+            raise UserError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
         self._packer.load_state_dict(state)
         self.micro_batches = state["micro_batches"]
 

@@ -12,6 +12,8 @@ import pyarrow.compute as pc
 import torch
 from datasets import Dataset
 
+from ..errors import UserError
+
 
 @runtime_checkable
 class MicroBatchStream(Protocol):
@@ -60,7 +62,7 @@ class _Sequence:
         self.cum = np.cumsum(lengths[self.index])
         self.period_tokens = int(self.cum[-1])
         if self.period_tokens == 0:
-            raise ValueError("PackedStream: every conversation is empty")
+            raise UserError("PackedStream: every conversation is empty")
 
     def tokens_before(self, k: int) -> int:
         """Tokens of the first k conversations of the sequence."""
@@ -82,18 +84,19 @@ class _Sequence:
 def check_stream_inputs(
     kind: str, token_ds: Dataset, max_seq_len: int, device_batch_size: int, rank: int, world_size: int
 ) -> None:
-    """One-line ValueError for arguments no micro-batch stream (`kind`: its class name) can work with."""
+    """One-line error for arguments no micro-batch stream (`kind`: its class name) can work with: `UserError` for
+    settings and data, ValueError for a caller's mistake (a rank outside the world, an untokenized dataset)."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank must be in [0, {world_size}), got {rank}")
     if max_seq_len < 1 or device_batch_size < 1:
-        raise ValueError(f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}")
+        raise UserError(f"max_seq_len and device_batch_size must be >= 1, got {max_seq_len} and {device_batch_size}")
     missing = {"input_ids", "labels"} - set(token_ds.column_names)
     if missing:
         raise ValueError(
             f"{kind} needs a tokenized dataset (tokenize_conversations): no column {', '.join(sorted(missing))}"
         )
     if len(token_ds) < world_size:
-        raise ValueError(f"{kind}: {len(token_ds)} conversations for {world_size} processes")
+        raise UserError(f"{kind}: {len(token_ds)} conversations for {world_size} processes")
 
 
 def conversation_lengths(token_ds: Dataset) -> np.ndarray:
@@ -209,12 +212,12 @@ class PackedStream(MicroBatchStream):
             ("num_micro_batches", self._num),
         ):
             if key in state and state[key] != mine:
-                raise ValueError(
+                raise UserError(
                     f"data state does not match this stream: {key}={state[key]} in the saved state, "
                     f"{mine} here (same data and batch settings are needed to resume)"
                 )
         if not isinstance(state.get("micro_batches"), int) or state["micro_batches"] < 0:
-            raise ValueError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
+            raise UserError(f"data state: micro_batches={state.get('micro_batches')!r}, expected an integer >= 0")
         self.micro_batches = state["micro_batches"]
 
     # ---- reading ----------------------------------------------------------------------------------------

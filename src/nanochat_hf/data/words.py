@@ -25,6 +25,8 @@ import re
 
 from english_words import get_english_words_set
 
+from ..errors import UserError
+
 DEMO_WORDS_SIZE = 256
 
 
@@ -45,9 +47,9 @@ WORD_LISTS = {"full": english_words, "demo": demo_words}
 
 
 def word_list(name: str = "full") -> tuple[str, ...]:
-    """The word list called `name` (see the module docstring); ValueError for an unknown name."""
+    """The word list called `name` (see the module docstring); UserError for an unknown name."""
     if name not in WORD_LISTS:
-        raise ValueError(f"unknown word list {name!r} (expected one of: {', '.join(WORD_LISTS)})")
+        raise UserError(f"unknown word list {name!r} (expected one of: {', '.join(WORD_LISTS)})")
     return WORD_LISTS[name]()
 
 

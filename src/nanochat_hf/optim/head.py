@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..errors import UserError
 from .kernels import adamw_update, normuon_update
 from .optimizer import SMEAR_PARAMS, MuonAdamW, _all_gather_single, _Done, generation_group
 
@@ -63,7 +64,7 @@ def head_group_of(name: str) -> str:
     group = generation_group(key)  # G1-G5's parameters beside the blocks: the same groups as in recipe 2025-12
     if group is not None:
         return group
-    raise ValueError(
+    raise UserError(
         f"parameter {name!r} belongs to no optimizer group of recipe 2026-07: expected transformer.h.*, "
         f"transformer.wte.weight, lm_head.weight, value_embeds.*, resid_lambdas, x0_lambdas or "
         f"{', '.join(SMEAR_PARAMS)}"
@@ -104,7 +105,7 @@ def head_param_groups(
         if p.requires_grad:
             group = head_group_of(name)
             if group == "muon" and p.ndim != 2:
-                raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
+                raise UserError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
             named.setdefault(group, []).append((name, p))
     members = {
         group: [p for _, p in sorted(items, key=lambda item: nanochat_order(item[0]))] for group, items in named.items()

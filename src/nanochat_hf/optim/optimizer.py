@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ..errors import UserError
 from .kernels import adamw_update, muon_update
 
 # torch 2.13 renamed the single-tensor collectives; older releases only have the *_tensor names
@@ -160,13 +161,13 @@ class MuonAdamW(torch.optim.Optimizer):
         """
         saved_groups = state_dict["param_groups"]
         if len(saved_groups) != len(self.param_groups):
-            raise ValueError(
+            raise UserError(
                 f"optimizer state_dict has {len(saved_groups)} param groups, "
                 f"this optimizer has {len(self.param_groups)}"
             )
         layout = state_dict.get("sharding", {"world_size": 1, "rank": 0})
         if (layout["world_size"], layout["rank"]) != (self.world_size, self.rank):
-            raise ValueError(
+            raise UserError(
                 f"optimizer state_dict was saved by rank {layout['rank']} of {layout['world_size']}, "
                 f"this is rank {self.rank} of {self.world_size}: the state is sharded per rank, resume "
                 "with the number of processes that saved it"
@@ -174,7 +175,7 @@ class MuonAdamW(torch.optim.Optimizer):
         by_index: dict[int, Tensor] = {}
         for group, saved in zip(self.param_groups, saved_groups):
             if len(group["params"]) != len(saved["params"]) or saved.get("name", group["name"]) != group["name"]:
-                raise ValueError(
+                raise UserError(
                     f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
                     f"params does not match group {group['name']!r} with {len(group['params'])}"
                 )
@@ -460,7 +461,7 @@ def build_optimizer(
         key = name.removeprefix("module.").removeprefix("_orig_mod.")
         if key.startswith("transformer.h."):
             if p.ndim != 2:
-                raise ValueError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
+                raise UserError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
             matrices.append(p)
         elif key == "transformer.wte.weight":
             wte.append(p)
@@ -469,7 +470,7 @@ def build_optimizer(
         elif (group := generation_group(key)) is not None:
             later[group].append(p)
         else:
-            raise ValueError(
+            raise UserError(
                 f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
                 "transformer.wte.weight, lm_head.weight or a G1-G5 resid/x0 lambda, value embedding, "
                 "smear or backout parameter"

@@ -22,6 +22,7 @@ from collections.abc import Mapping, Sequence
 from tokenizers import Tokenizer
 from transformers import PreTrainedTokenizerFast
 
+from ..errors import UserError
 from .chat_format import (
     ASSISTANT_END,
     ASSISTANT_START,
@@ -64,11 +65,11 @@ def normalize_messages(conversation: Mapping | Sequence) -> list[dict]:
 
     `conversation` is ``{"messages": [...]}`` or the list of messages. User and system content may be a list of
     text parts; it is returned as one string. Returns messages alternating user, assistant, ... (new dicts; the
-    input is not modified). Raises ValueError naming the message and what is wrong.
+    input is not modified). Raises UserError naming the message and what is wrong.
     """
     if isinstance(conversation, Mapping):
         if "messages" not in conversation:
-            raise ValueError("conversation must have a 'messages' list")
+            raise UserError("conversation must have a 'messages' list")
         conversation = conversation["messages"]
     out = [dict(m) for m in check_conversation(conversation)]
     system = ""
@@ -145,7 +146,7 @@ def render_conversations(
         try:
             plans.append(_plan(normalize_messages(conv), ids, texts))
         except ValueError as e:
-            raise ValueError(f"conversation {i} of the batch: {e}") from None
+            raise UserError(f"conversation {i} of the batch: {e}") from None
     encoded = _encode(backend, texts)
     rendered = [_assemble(plan, encoded, max_tokens) for plan in plans]
     return [r[0] for r in rendered], [r[1] for r in rendered]
@@ -156,7 +157,7 @@ def render_conversation(
 ) -> tuple[list[int], list[int]]:
     """(ids, mask) of one conversation as nanochat renders it for training; mask 1 = trained assistant token.
 
-    Truncated to `max_tokens` (None: no truncation). Raises ValueError for a malformed conversation.
+    Truncated to `max_tokens` (None: no truncation). Raises UserError for a malformed conversation.
     """
     backend, ids = _renderer(tokenizer)
     texts: list[str] = []

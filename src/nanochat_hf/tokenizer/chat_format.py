@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from ..errors import UserError
+
 # The nine special tokens, in nanochat's order (a trained tokenizer gives them the last ids, in this order).
 BOS = "<|bos|>"  # starts every document and every conversation
 USER_START = "<|user_start|>"
@@ -71,14 +73,14 @@ TOOLS_ERROR = (
 )
 
 
-def _error(key: str, **fields: Any) -> ValueError:
-    return ValueError(ERRORS[key].format(**fields))
+def _error(key: str, **fields: Any) -> UserError:
+    return UserError(ERRORS[key].format(**fields))
 
 
 def check_conversation(
     messages: Any, *, allow_system: bool = True, strings_only: bool = False, needs_reply: bool = False
 ) -> Sequence[Mapping]:
-    """Validate a conversation's list of messages; return it unchanged. Raises ValueError naming the message (and
+    """Validate a conversation's list of messages; return it unchanged. Raises UserError naming the message (and
     part) and what is expected.
 
     Valid: an optional leading system message, then user, assistant, ... alternating; user/system content a string
@@ -88,7 +90,7 @@ def check_conversation(
     an assistant message: training data).
     """
     if isinstance(messages, (str, bytes)) or not isinstance(messages, Sequence):
-        raise ValueError(f"conversation 'messages' must be a list, got {type(messages).__name__}")
+        raise UserError(f"conversation 'messages' must be a list, got {type(messages).__name__}")
     if len(messages) == 0:
         raise _error("empty")
     for i, m in enumerate(messages):
@@ -103,7 +105,7 @@ def check_conversation(
             raise _error("role", i=i, role=m["role"], expected=expected)
         _check_content(m["content"], i, expected, strings_only)
     if needs_reply and len(messages) - start < 2:
-        raise ValueError(f"conversation needs a user and an assistant message, got {len(messages) - start} message(s)")
+        raise UserError(f"conversation needs a user and an assistant message, got {len(messages) - start} message(s)")
     return messages
 
 
@@ -121,14 +123,14 @@ def _check_content(content: Any, i: int, role: str, strings_only: bool) -> None:
         if not isinstance(part.get("text"), str):
             raise _error("part_text", i=i, j=j, role=role, kind=type(part.get("text")).__name__)
     if strings_only:  # well-formed parts, but this caller takes strings only
-        raise ValueError(f"message {i} ({role}) content must be a string, got {kind}")
+        raise UserError(f"message {i} ({role}) content must be a string, got {kind}")
 
 
 def special_token_ids(tokenizer: Any) -> dict[str, int]:
-    """{special token: its id} of a nanochat tokenizer (any transformers tokenizer); one-line ValueError naming
+    """{special token: its id} of a nanochat tokenizer (any transformers tokenizer); one-line UserError naming
     the tokens it lacks."""
     ids = {name: tokenizer.convert_tokens_to_ids(name) for name in SPECIAL_TOKENS}
     missing = [name for name, i in ids.items() if i is None or i == tokenizer.unk_token_id]
     if missing:
-        raise ValueError(f"tokenizer lacks nanochat special tokens {missing}: not a nanochat tokenizer")
+        raise UserError(f"tokenizer lacks nanochat special tokens {missing}: not a nanochat tokenizer")
     return ids

@@ -19,6 +19,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ..atomic import write_bytes
+from ..errors import UserError
 from .chat_format import SPECIAL_TOKENS
 from .tokenizer import (
     TOKEN_BYTES_CONVENTIONS,
@@ -54,12 +55,12 @@ def read_tiktoken_pickle(path: str | os.PathLike) -> dict:
     try:
         obj = _EncodingUnpickler(io.BytesIO(path.read_bytes())).load()
     except (pickle.UnpicklingError, EOFError, AttributeError, TypeError, ValueError) as e:
-        raise ValueError(f"{path}: not a pickled tiktoken.Encoding ({e})") from None
+        raise UserError(f"{path}: not a pickled tiktoken.Encoding ({e})") from None
     state = getattr(obj, "state", None)
     if isinstance(state, str):
-        raise ValueError(f"{path}: pickles tiktoken's registered encoding {state!r} by name, not a nanochat vocab")
+        raise UserError(f"{path}: pickles tiktoken's registered encoding {state!r} by name, not a nanochat vocab")
     if not isinstance(state, dict) or not {"pat_str", "mergeable_ranks", "special_tokens"} <= state.keys():
-        raise ValueError(f"{path}: not a pickled tiktoken.Encoding (no pat_str/mergeable_ranks/special_tokens)")
+        raise UserError(f"{path}: not a pickled tiktoken.Encoding (no pat_str/mergeable_ranks/special_tokens)")
     return state
 
 
@@ -77,7 +78,7 @@ def _merge_for(token: bytes, ranks: dict[bytes, int]) -> tuple[bytes, bytes]:
             break
         parts[best : best + 2] = [parts[best] + parts[best + 1]]
     if len(parts) != 2:
-        raise ValueError(f"token {token!r} (rank {rank}) cannot be built by merging lower-ranked tokens")
+        raise UserError(f"token {token!r} (rank {rank}) cannot be built by merging lower-ranked tokens")
     return parts[0], parts[1]
 
 
@@ -87,14 +88,14 @@ def tokenizer_from_tiktoken(
     """Fast tokenizer giving the same ids as `tiktoken.Encoding(pat_str, mergeable_ranks, special_tokens)`."""
     missing = [t for t in SPECIAL_TOKENS if t not in special_tokens]
     if missing:
-        raise ValueError(f"special_tokens lacks nanochat's {missing}")
+        raise UserError(f"special_tokens lacks nanochat's {missing}")
     singles = [bytes([b]) for b in range(256) if bytes([b]) not in mergeable_ranks]
     if singles:
-        raise ValueError(f"mergeable_ranks lacks {len(singles)} single bytes (e.g. {singles[0]!r})")
+        raise UserError(f"mergeable_ranks lacks {len(singles)} single bytes (e.g. {singles[0]!r})")
     vocab = {bytes_to_token(t): r for t, r in mergeable_ranks.items()}
     ids = list(vocab.values()) + list(special_tokens.values())
     if len(set(ids)) != len(ids):
-        raise ValueError("mergeable_ranks and special_tokens reuse some ids")
+        raise UserError("mergeable_ranks and special_tokens reuse some ids")
     # Merges in rank order: the BPE model then applies them with the same priority as tiktoken.
     merges = [
         (bytes_to_token(a), bytes_to_token(b))
@@ -119,7 +120,7 @@ def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool
     if not pkl.is_file():
         raise FileNotFoundError(f"{pkl}: no such file (expected nanochat's tokenizer directory)")
     if not trust_pickle:
-        raise ValueError(
+        raise UserError(
             f"{pkl} is a pickle, and unpickling a file can run arbitrary code: load it only from a source you "
             "trust, by passing trust_pickle=True (command line: --trust-pickle)"
         )
@@ -136,14 +137,14 @@ def load_nanochat_tokenizer(tokenizer_dir: str | os.PathLike, trust_pickle: bool
     try:
         counts = torch.load(tb_path, map_location="cpu", weights_only=True)
     except Exception as e:  # noqa: BLE001 - any failure here means a corrupt or foreign file
-        raise ValueError(f"{tb_path}: cannot be read as a tensor ({e})") from None
+        raise UserError(f"{tb_path}: cannot be read as a tensor ({e})") from None
     tokenizer.init_kwargs[TOKEN_BYTES_KEY] = token_bytes_file_convention(tokenizer, counts, tb_path)
     return tokenizer
 
 
 def token_bytes_file_convention(tokenizer: PreTrainedTokenizerFast, counts: object, path: str | os.PathLike) -> str:
     """Which of nanochat's conventions a token_bytes.pt tensor follows: "raw" (its tok_train.py since 2ce972a) or
-    "decoded" (before). One-line ValueError naming the first token that follows neither."""
+    "decoded" (before). One-line UserError naming the first token that follows neither."""
     candidates = {c: token_bytes(tokenizer, c) for c in TOKEN_BYTES_CONVENTIONS}
     n = len(tokenizer)
     if not isinstance(counts, torch.Tensor) or counts.shape != (n,) or counts.is_floating_point():
@@ -152,14 +153,14 @@ def token_bytes_file_convention(tokenizer: PreTrainedTokenizerFast, counts: obje
             if isinstance(counts, torch.Tensor)
             else type(counts).__name__
         )
-        raise ValueError(f"{path}: expected an integer tensor of shape ({n},) for the vocab, got {shape}")
+        raise UserError(f"{path}: expected an integer tensor of shape ({n},) for the vocab, got {shape}")
     counts = counts.long()
     for convention, expected in candidates.items():
         if torch.equal(counts, expected):
             return convention
     closest = min(candidates, key=lambda c: int((counts != candidates[c]).sum()))
     bad = int((counts != candidates[closest]).nonzero()[0, 0])
-    raise ValueError(
+    raise UserError(
         f"{path}: token {bad} counts {int(counts[bad])} bytes, which follows neither of nanochat's conventions: "
         f"its raw bytes are {int(candidates['raw'][bad])} (nanochat since 2ce972a), its decoded string has "
         f"{int(candidates['decoded'][bad])} UTF-8 bytes (before)"
@@ -197,4 +198,4 @@ def _split_pattern(tokenizer: PreTrainedTokenizerFast) -> str:
     for p in pre.get("pretokenizers", [pre]):
         if p.get("type") == "Split":
             return p["pattern"]["Regex"]
-    raise ValueError("tokenizer has no Split regex pre-tokenizer: not a nanochat tokenizer")
+    raise UserError("tokenizer has no Split regex pre-tokenizer: not a nanochat tokenizer")

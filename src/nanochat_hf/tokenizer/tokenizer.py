@@ -13,6 +13,7 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
+from ..errors import UserError
 from .chat_format import BOS_TOKEN, EOS_TOKEN, PAD_TOKEN, SPECIAL_TOKENS
 from .template import CHAT_TEMPLATE
 
@@ -80,7 +81,7 @@ def wrap_backend(backend: Tokenizer) -> PreTrainedTokenizerFast:
     """
     missing = [t for t in SPECIAL_TOKENS if backend.token_to_id(t) is None]
     if missing:
-        raise ValueError(f"tokenizer lacks nanochat special tokens {missing}")
+        raise UserError(f"tokenizer lacks nanochat special tokens {missing}")
     return PreTrainedTokenizerFast(
         tokenizer_object=backend,
         bos_token=BOS_TOKEN,
@@ -117,7 +118,7 @@ def train_tokenizer(texts: Iterable[str], vocab_size: int) -> PreTrainedTokenize
     """
     n_special = len(SPECIAL_TOKENS)
     if vocab_size < 256 + n_special:
-        raise ValueError(f"vocab_size={vocab_size} is too small: need at least 256 bytes + {n_special} specials")
+        raise UserError(f"vocab_size={vocab_size} is too small: need at least 256 bytes + {n_special} specials")
     backend = _bare_backend(models.BPE(byte_fallback=False, fuse_unk=False, ignore_merges=True))
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size - n_special,
@@ -152,7 +153,7 @@ def token_bytes_convention(tokenizer: PreTrainedTokenizerFast) -> str:
     """The tokenizer's byte-count convention: "decoded" (nanochat before 2ce972a, our default) or "raw"."""
     convention = tokenizer.init_kwargs.get(TOKEN_BYTES_KEY, "decoded")
     if convention not in TOKEN_BYTES_CONVENTIONS:
-        raise ValueError(f"tokenizer's {TOKEN_BYTES_KEY} is {convention!r}, expected one of {TOKEN_BYTES_CONVENTIONS}")
+        raise UserError(f"tokenizer's {TOKEN_BYTES_KEY} is {convention!r}, expected one of {TOKEN_BYTES_CONVENTIONS}")
     return convention
 
 
@@ -166,7 +167,7 @@ def token_bytes(tokenizer: PreTrainedTokenizerFast, convention: str | None = Non
     """
     convention = token_bytes_convention(tokenizer) if convention is None else convention
     if convention not in TOKEN_BYTES_CONVENTIONS:
-        raise ValueError(f"token_bytes convention {convention!r}, expected one of {TOKEN_BYTES_CONVENTIONS}")
+        raise UserError(f"token_bytes convention {convention!r}, expected one of {TOKEN_BYTES_CONVENTIONS}")
     special = _special_ids(tokenizer)
     added = tokenizer.added_tokens_decoder
     vocab = tokenizer.backend_tokenizer.get_vocab(with_added_tokens=True)

@@ -25,9 +25,10 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from nanochat_hf.evaluation.tasks import task_by_name
 from nanochat_hf.optim import RECIPES
+from nanochat_hf.tasks import EVAL_TASKS, task_by_name
 
+from ..errors import OneLineArgumentParser, UserError, one_line
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
 from .inherit import find_meta, inherit, inheritance_lines
 
@@ -112,10 +113,14 @@ def _own_help(parser: HfArgumentParser) -> None:
         actions[knob].help = f"{actions[knob].help} (default: {shown})"
 
 
+class _OneLineParser(OneLineArgumentParser, HfArgumentParser):
+    """HfArgumentParser with argument errors in one line (`mid_train: error: ...`)."""
+
+
 def _refuse_removed(names, where: str) -> None:
     removed = sorted(set(names) & set(REMOVED))
     if removed:
-        raise ValueError(f"{where}: {removed[0]} is no longer an argument: {REMOVED[removed[0]]}")
+        raise UserError(f"{where}: {removed[0]} is no longer an argument: {REMOVED[removed[0]]}")
 
 
 @dataclass
@@ -273,8 +278,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     chat_eval_tasks: str | None = field(
         default=None,
         metadata={
-            "help": "comma list of chat-eval tasks run after training (ARC-Easy, ARC-Challenge, MMLU, GSM8K, "
-            "HumanEval, SpellingBee; the hub ones need their data); results go to report.md and the model card"
+            "help": f"comma list of chat-eval tasks run after training ({', '.join(EVAL_TASKS)}; the hub ones need "
+            "their data); results go to report.md and the model card"
         },
     )
     chat_eval_max_problems: int | None = field(
@@ -332,7 +337,10 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         self._resolve_aliases()
         self._check_nanochat_knobs()
         self._derive()
-        super().__post_init__()
+        try:
+            super().__post_init__()
+        except ValueError as e:  # transformers' own checks of its fields (e.g. save_steps vs eval_steps)
+            raise UserError(one_line(e)) from None
 
     # ---- validation steps (each raises ValueError with one line) ------------------------------------------
     def _refuse_unused(self) -> None:
@@ -340,7 +348,7 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         for name, hint in REFUSED.items():
             value = getattr(self, name)
             if value != defaults[name] and str(value) != str(defaults[name]):
-                raise ValueError(f"{name}={value} is not used by this recipe: {hint}")
+                raise UserError(f"{name}={value} is not used by this recipe: {hint}")
 
     def _resolve_aliases(self) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
@@ -350,47 +358,47 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
                 setattr(self, knob, int(theirs) if theirs is not None else theirs)
             elif theirs not in (default, ours):
                 theirs = int(theirs) if float(theirs).is_integer() else theirs
-                raise ValueError(f"{knob}={ours} and {hf}={theirs} conflict: they are the same setting, give one")
+                raise UserError(f"{knob}={ours} and {hf}={theirs} conflict: they are the same setting, give one")
             else:
                 setattr(self, hf, ours)
         if self.bf16 is not None:
             wanted = "bfloat16" if self.bf16 else "float32"
             if self.dtype not in ("auto", wanted):
-                raise ValueError(f"dtype={self.dtype} and bf16={self.bf16} conflict: they are the same setting")
+                raise UserError(f"dtype={self.dtype} and bf16={self.bf16} conflict: they are the same setting")
             self.dtype = wanted
         if self.per_device_eval_batch_size not in (None, self.device_batch_size):
-            raise ValueError(
+            raise UserError(
                 f"per_device_eval_batch_size={self.per_device_eval_batch_size}: validation uses "
                 f"device_batch_size ({self.device_batch_size}), as nanochat does"
             )
 
     def _check_nanochat_knobs(self) -> None:
         if self.optimizer_recipe not in RECIPES:
-            raise ValueError(f"optimizer_recipe={self.optimizer_recipe}: expected one of {', '.join(RECIPES)}")
-        for name in ("device_batch_size", "max_seq_len", "total_batch_size", "eval_tokens"):
+            raise UserError(f"optimizer_recipe={self.optimizer_recipe}: expected one of {', '.join(RECIPES)}")
+        for name in ("device_batch_size", "max_seq_len", "total_batch_size", "eval_tokens", "demo_depth"):
             if getattr(self, name) <= 0:
-                raise ValueError(f"{name}={getattr(self, name)} must be a positive integer")
+                raise UserError(f"{name}={getattr(self, name)} must be a positive integer")
         if self.dtype not in ("auto", "bfloat16", "float32"):
-            raise ValueError(f"dtype={self.dtype!r}: expected one of auto, bfloat16, float32")
+            raise UserError(f"dtype={self.dtype!r}: expected one of auto, bfloat16, float32")
         if self.embedding_dtype not in ("auto", "bfloat16", "float32"):
-            raise ValueError(f"embedding_dtype={self.embedding_dtype!r}: expected one of auto, bfloat16, float32")
+            raise UserError(f"embedding_dtype={self.embedding_dtype!r}: expected one of auto, bfloat16, float32")
         if self.num_iterations == 0 or self.num_iterations < -1:
-            raise ValueError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
+            raise UserError(f"num_iterations={self.num_iterations}: expected -1 (one epoch) or a positive count")
         if self.packing not in ("stream", "bestfit"):
-            raise ValueError(f"packing={self.packing!r}: expected stream or bestfit")
+            raise UserError(f"packing={self.packing!r}: expected stream or bestfit")
         if self.chatcore_every > 0 and self.eval_every > 0 and self.chatcore_every % self.eval_every:
-            raise ValueError(
+            raise UserError(
                 f"chatcore_every={self.chatcore_every} must be a multiple of eval_every="
                 f"{self.eval_every} (ChatCORE runs with the evaluations)"
             )
         if not 0 < self.warmdown_ratio <= 1:
-            raise ValueError(f"warmdown_ratio={self.warmdown_ratio}: expected a fraction in (0, 1]")
+            raise UserError(f"warmdown_ratio={self.warmdown_ratio}: expected a fraction in (0, 1]")
         if self.max_grad_norm < 0:
-            raise ValueError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
+            raise UserError(f"max_grad_norm={self.max_grad_norm} must be >= 0 (0: no clipping)")
         for name in self.chat_eval_task_list:
             task_by_name(name)  # one line naming the unknown task and the known ones
         if self.chat_eval_max_problems is not None and self.chat_eval_max_problems <= 0:
-            raise ValueError(f"chat_eval_max_problems={self.chat_eval_max_problems} must be a positive integer")
+            raise UserError(f"chat_eval_max_problems={self.chat_eval_max_problems} must be a positive integer")
 
     @property
     def chat_eval_task_list(self) -> list[str]:
@@ -401,13 +409,13 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         tokens_per_micro = self.device_batch_size * self.max_seq_len * world
         if self.total_batch_size % tokens_per_micro:
-            raise ValueError(
+            raise UserError(
                 f"total_batch_size={self.total_batch_size} is not divisible by device_batch_size*max_seq_len*"
                 f"world_size = {self.device_batch_size}*{self.max_seq_len}*{world} = {tokens_per_micro}"
             )
         accumulation = self.total_batch_size // tokens_per_micro
         if self.gradient_accumulation_steps not in (None, accumulation):
-            raise ValueError(
+            raise UserError(
                 f"gradient_accumulation_steps={self.gradient_accumulation_steps} conflicts with "
                 f"total_batch_size: {self.total_batch_size} / ({tokens_per_micro} tokens per micro-batch"
                 f" on all processes) = {accumulation}; set total_batch_size instead"
@@ -432,7 +440,7 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         else:
             self.bf16 = self.dtype == "bfloat16"
         if self.embedding_dtype == "bfloat16" and not self.bf16:
-            raise ValueError(
+            raise UserError(
                 "embedding_dtype=bfloat16 needs bf16 autocast (dtype=bfloat16, or auto on CUDA): in "
                 "float32 the embedding's bfloat16 output cannot feed the float32 layers"
             )
@@ -455,13 +463,13 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
         where = getattr(e, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
         problem = getattr(e, "problem", None) or "malformed"
-        raise ValueError(f"config file {path}: not valid YAML{line} ({problem})") from None
+        raise UserError(f"config file {path}: not valid YAML{line} ({problem})") from None
     if not isinstance(values, dict):
-        raise ValueError(f"config file {path}: expected a mapping of argument names to values")
+        raise UserError(f"config file {path}: expected a mapping of argument names to values")
     _refuse_removed(values, f"config file {path}")
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
+        raise UserError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
     return values
 
 
@@ -498,8 +506,9 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     """
     argv = list(sys.argv[1:] if argv is None else argv)
     _refuse_removed(_flags(argv), "command line")
-    parser = HfArgumentParser(
+    parser = _OneLineParser(
         MidTrainingArguments,
+        prog="mid_train",
         formatter_class=_HelpFormatter,
         description=(
             "Mid-train a nanochat model: mid_train.py [config.yaml] [--flag value ...]. The defaults shown are the "
@@ -512,7 +521,7 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     if argv and argv[0].endswith((".yaml", ".yml")):
         config = _drop_overridden(_config_defaults(Path(argv.pop(0)), known), argv)
     else:
-        peek = argparse.ArgumentParser(add_help=False)
+        peek = _OneLineParser([], prog="mid_train", add_help=False)
         peek.add_argument("--model_source", default=None)
         source = peek.parse_known_args(argv)[0].model_source
         if source in (None, "", "demo"):
@@ -530,7 +539,7 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
 def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str]) -> tuple[dict | None, Path | None]:
     """With inherit_from_base: the meta values of the inherited arguments that neither the config nor a flag
     gives (`given`) become defaults. (None, None) without inherit_from_base."""
-    peek = argparse.ArgumentParser(add_help=False)
+    peek = _OneLineParser([], prog="mid_train", add_help=False)
     for name, kind in (
         ("inherit_from_base", string_to_bool),
         ("model_source", str),

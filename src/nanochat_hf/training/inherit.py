@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..conversion import find_nanochat_checkpoint
 from ..conversion.nanochat import NANOCHAT_META_FILE, available_steps
+from ..errors import UserError
 from ..jsonfile import read_json
 
 # (argument, where nanochat's chat_sft.py reads it in the meta)
@@ -72,7 +73,7 @@ def inherit(meta_path: Path | None, given: set[str], model_source: str | None) -
         return {}
     names = ", ".join(name for name, _ in wanted)
     if meta_path is None:
-        raise ValueError(
+        raise UserError(
             f"inherit_from_base: model_source={model_source!r} has no nanochat meta (meta_<step>.json "
             f"or {NANOCHAT_META_FILE}) to inherit {names} from; give them in the config or as flags"
         )
@@ -80,7 +81,7 @@ def inherit(meta_path: Path | None, given: set[str], model_source: str | None) -
     values = {name: _meta_value(meta, name, where) for name, where in wanted}
     missing = [name for name, value in values.items() if value is None]
     if missing:
-        raise ValueError(
+        raise UserError(
             f"{meta_path}: no {', '.join(missing)} to inherit (nanochat's base_train writes "
             f"{', '.join(n for n, w in INHERITED if w == 'meta')} at the top level and the LRs in "
             f"user_config); give them in the config or as flags"
@@ -88,7 +89,7 @@ def inherit(meta_path: Path | None, given: set[str], model_source: str | None) -
     for name, value in values.items():
         is_int = name in ("max_seq_len", "device_batch_size", "total_batch_size")
         if isinstance(value, bool) or not isinstance(value, int if is_int else (int, float)) or value <= 0:
-            raise ValueError(
+            raise UserError(
                 f"{meta_path}: {name}={value!r} cannot be inherited (expected a positive "
                 f"{'integer' if is_int else 'number'})"
             )

@@ -12,7 +12,7 @@ from ..conversion import find_nanochat_checkpoint, load_from_nanochat, nanochat_
 from ..conversion.files import check_positive_ints
 from ..conversion.generations import BY_NAME, layer_windows
 from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
-from ..errors import one_line
+from ..errors import UserError, one_line
 from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, EOS_TOKEN
@@ -53,7 +53,7 @@ def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
     config_path = path / "config.json"
     raw = read_json(config_path)
     if not isinstance(raw.get("model_type"), str):
-        raise ValueError(f"{config_path}: no 'model_type' (a Hugging Face model config names its model type)")
+        raise UserError(f"{config_path}: no 'model_type' (a Hugging Face model config names its model type)")
     if raw["model_type"] == NanoChatGPTConfig.model_type:
         check_positive_ints(
             raw, ("sequence_len", "vocab_size", "n_layer", "n_head", "n_embd"), ("n_kv_head",), str(config_path)
@@ -63,22 +63,38 @@ def load_hf_dir(path: Path, dtype: torch.dtype | None = None):
             with safe_open(str(weights), framework="pt"):
                 pass
         except (SafetensorError, OSError) as e:
-            raise ValueError(f"{weights}: not a readable safetensors file ({one_line(e)})") from None
+            raise UserError(f"{weights}: not a readable safetensors file ({one_line(e)})") from None
     try:
         model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
     except (OSError, ValueError, TypeError, KeyError, SafetensorError) as e:
-        raise ValueError(f"{path}: the model cannot be loaded ({one_line(e)})") from None
+        raise UserError(f"{path}: the model cannot be loaded ({one_line(e)})") from None
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
-        raise ValueError(f"{path}: the tokenizer cannot be loaded ({one_line(e)})") from None
+        raise UserError(f"{path}: the tokenizer cannot be loaded ({one_line(e)})") from None
+    return model, tokenizer
+
+
+def load_pretrained(name: str, dtype: torch.dtype | None = None, flag: str = "--model"):
+    """(model, tokenizer) of a local model folder (`load_hf_dir`) or a Hub repo id; UserError in one line naming
+    `flag` and `name` when there is no such folder or the Hub's cannot be loaded (chat.py's, chat_eval.py's --model)."""
+    local = Path(name).expanduser()
+    if local.is_dir():
+        return load_hf_dir(local, dtype)
+    if local.is_absolute() or name.startswith((".", "~")):
+        raise UserError(f"{flag} {name}: no such model directory")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(name)
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype)
+    except (OSError, ValueError) as e:  # ValueError: e.g. the model config's own checks
+        raise UserError(f"{flag} {name}: cannot be loaded ({one_line(e)})") from None
     return model, tokenizer
 
 
 def _demo_model(args: MidTrainingArguments):
     tokenizer = demo_tokenizer()
     if args.demo_generation not in BY_NAME:
-        raise ValueError(f"demo_generation {args.demo_generation!r}: expected one of {', '.join(BY_NAME)}")
+        raise UserError(f"demo_generation {args.demo_generation!r}: expected one of {', '.join(BY_NAME)}")
     generation, sequence_len = BY_NAME[args.demo_generation], max(args.max_seq_len, DEMO_SEQUENCE_LEN)
     # nanochat's defaults of that generation: its window_pattern "SSSL", the vocabulary padded to 64 (bc51da8, G1 on)
     layer_types, sliding_window = layer_windows(generation, "SSSL", sequence_len, args.demo_depth)
@@ -110,7 +126,7 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
         elif path.is_dir() and _is_nanochat_dir(path):
             model, tokenizer = _load_nanochat(path, args)
         elif path.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
-            raise ValueError(
+            raise UserError(
                 f"model_source={source!r}: not a Hugging Face model dir (config.json), a nanochat checkpoint dir "
                 "(model_<step>.pt / base_checkpoints/), a hub repo id (user/name), or 'demo'"
             )
@@ -118,9 +134,8 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
             try:
                 model = AutoModelForCausalLM.from_pretrained(source)
                 tokenizer = AutoTokenizer.from_pretrained(source)
-            except OSError as e:
-                first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-                raise ValueError(f"model_source={source!r}: could not load it from the hub ({first})") from None
+            except (OSError, ValueError, TypeError, KeyError) as e:  # ValueError: e.g. the config's own checks
+                raise UserError(f"model_source={source!r}: could not load it from the hub ({one_line(e)})") from None
     if tokenizer is None:
         raise FileNotFoundError(f"model_source={source!r}: no tokenizer found")
     check_compatible(model, tokenizer, args)
@@ -131,10 +146,10 @@ def load_model_and_tokenizer(args: MidTrainingArguments):
 def check_compatible(model, tokenizer, args: MidTrainingArguments) -> None:
     vocab = model.config.vocab_size
     if len(tokenizer) > vocab:
-        raise ValueError(f"vocab mismatch: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}")
+        raise UserError(f"vocab mismatch: tokenizer has {len(tokenizer)} tokens but the model's vocab_size is {vocab}")
     missing = [t for t in (BOS, ASSISTANT_START, ASSISTANT_END) if t not in tokenizer.get_vocab()]
     if missing:
-        raise ValueError(f"tokenizer lacks nanochat's special token(s) {', '.join(missing)}")
+        raise UserError(f"tokenizer lacks nanochat's special token(s) {', '.join(missing)}")
     if args.max_seq_len > model.config.sequence_len:
         # rotary tables cover sequence_len positions (nanochat precomputes 10x; ours are computed on the fly)
         model.config.sequence_len = args.max_seq_len

@@ -10,9 +10,9 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..atomic import write_bytes, write_text
 from ..data.mixture import read_mixture
-from ..data.tasks import HUB_TASKS
 from ..evaluation import model_index_results, results_table, write_report_section
 from ..model import NanoChatGPTConfig
+from ..tasks import MIXTURE_TASKS
 from .checkpoint.layout import CURVES_FILE, MODEL_CARD_FILE, REPORT_FILE
 
 
@@ -88,9 +88,10 @@ def _hub_datasets(mixture: str | None) -> list[str]:
     _, specs, _ = read_mixture(mixture, split="train")
     ids = []
     for spec in specs:
-        if spec.task not in HUB_TASKS or spec.data_files:
+        task = MIXTURE_TASKS[spec.task]
+        if task.kind != "hub" or spec.data_files:
             continue
-        name = spec.path or HUB_TASKS[spec.task].dataset
+        name = spec.path or task.dataset
         if not os.path.exists(name) and name not in ids:
             ids.append(name)
     return ids

@@ -24,11 +24,11 @@ import transformers
 from ..atomic import remove_staging_leftovers
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
 from ..data.bestfit import rows_cut_message
-from ..data.synthetic import simple_spelling
-from ..errors import one_line
+from ..errors import UserError, error_line, first_rank, one_line
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
 from ..jsonfile import read_json
+from ..tasks.spelling import simple_spelling
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
@@ -49,17 +49,18 @@ from .report import write_report
 from .trainer import MidTrainer
 
 logger = logging.getLogger("nanochat_hf.mid_train")
+PROG = "mid_train"
+_is_main = first_rank  # rank 0 of torchrun / accelerate launch, known before any process group exists
+
+# The errors of bad input a run stops on in one line (exit code 2). ValueError: the modules that still raise it for
+# bad input (data/mixture.py, data/tasks.py, evaluation/tasks.py, the checkpoint checks) until they raise UserError.
+BAD_INPUT = (UserError, OSError, ValueError)
 
 
-def _is_main() -> bool:
-    """Rank 0 (of torchrun / accelerate launch), known before any process group exists."""
-    return int(os.environ.get("RANK", "0")) == 0
-
-
-def _fail(message: str, code: int = 2) -> None:
+def _fail(error: BaseException | str, code: int = 2) -> None:
     """One line on stderr (from rank 0 only: every rank fails the same way), exit `code` on every rank."""
     if _is_main():
-        print(f"mid_train: error: {one_line(message)}", file=sys.stderr, flush=True)
+        print(error_line(PROG, error), file=sys.stderr, flush=True)
     sys.exit(code)
 
 
@@ -70,19 +71,19 @@ def _say(lines: list[str]) -> None:
 
 
 def on_main_process(args: MidTrainingArguments, fn: Callable[[], Any]) -> Any:
-    """fn() on the main process only; every process gets its result, or its ValueError/OSError as a ValueError
-    (so that all ranks stop with the same one line instead of the others waiting at the next collective)."""
+    """fn() on the main process only; every process gets its result, or its bad-input error as a UserError (so that
+    all ranks stop with the same one line instead of the others waiting at the next collective)."""
     outcome: list = [None]
     if args.process_index == 0:
         try:
             outcome = [(True, fn())]
-        except (ValueError, OSError) as e:
-            outcome = [(False, str(e))]
+        except BAD_INPUT as e:
+            outcome = [(False, one_line(e))]
     if args.world_size > 1 and dist.is_initialized():
         dist.broadcast_object_list(outcome, src=0)
     ok, value = outcome[0]
     if not ok:
-        raise ValueError(value)
+        raise UserError(value)
     return value
 
 
@@ -115,7 +116,7 @@ def check_resume(
     tokenizer=None,
 ) -> dict:
     """This run's fingerprint (data stream, optimizer setup, model config, data format, code version), compared with
-    the checkpoint's when resuming: ValueError naming a changed field; a changed LR is applied (by `MidTrainer`)
+    the checkpoint's when resuming: UserError naming a changed field; a changed LR is applied (by `MidTrainer`)
     and said."""
     fingerprint = run_fingerprint(
         args,
@@ -138,7 +139,7 @@ def setup(argv: list[str] | None = None):
     args = parse_args(argv)
     RUN["args"] = args
     if args.train_mixture and not args.val_mixture:
-        raise ValueError(
+        raise UserError(
             f"train_mixture={args.train_mixture} needs a val_mixture too (may be the same file when it "
             "has a `val:` split)"
         )
@@ -180,7 +181,7 @@ def check_compiler(args: MidTrainingArguments) -> None:
     try:
         cpp_builder.get_cpp_compiler()
     except InvalidCxxCompiler:
-        raise ValueError(
+        raise UserError(
             "torch_compile=true on CPU needs a C++ compiler and none was found (set $CXX or install "
             "g++ / clang++), or pass --torch_compile false to train eager"
         ) from None
@@ -269,7 +270,7 @@ def chat_eval(trainer) -> None:
                 trainer.chat_eval_scores += run_chat_eval(
                     model, trainer.processing_class, [task], args.chat_eval_max_problems, seed=args.seed
                 )
-        except (ValueError, OSError, ConnectionError) as e:  # e.g. a hub task while offline
+        except BAD_INPUT as e:  # e.g. a hub task while offline (ConnectionError, an OSError)
             _say([f"chat eval {task} skipped: {one_line(e).removeprefix(f'{task}: ')}"])
     if trainer.chat_eval_scores and _is_main():
         print(f"chat evaluation:\n{results_table(trainer.chat_eval_scores)}", flush=True)
@@ -390,12 +391,14 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         try:
             trainer = build_trainer(*setup(argv))
-        except (ValueError, FileNotFoundError) as e:
-            _fail(str(e))
+        except BAD_INPUT as e:
+            _fail(e)
         try:
             return finish(trainer, train(trainer))
         except (NonFiniteLossError, DiskFullError) as e:  # DiskFullError: a checkpoint or the final save
-            _fail(str(e), code=1)
+            _fail(e, code=1)
+        except (UserError, OSError) as e:  # e.g. a resumed checkpoint's data state that does not match
+            _fail(e)
     except KeyboardInterrupt:
         interrupted()
     finally:  # output_dir is free again (a refused run leaves no empty folder it made)
