@@ -32,13 +32,13 @@ import torch
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 from transformers.utils import logging as hf_logging
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
+from ..jsonfile import read_json, write_json
 from ..optim import build_optimizer
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
@@ -51,26 +51,29 @@ from .callbacks import (
     StepEndJITCheckpoint,
     device_peak_flops,
 )
-from .checkpoint_check import check_checkpoint_world_size, save_fingerprint
-from .checkpoint_io import (
-    DATA_STATE_FILE,
-    OPTIMIZER_FILE,
-    SCHEDULER_FILE,
-    STATE_FILE,
+from .checkpoint.check import check_checkpoint_world_size, save_fingerprint
+from .checkpoint.files import (
     disk_full_as_one_line,
     load_optimizer_state,
     load_rng_state,
-    read_json,
     save_optimizer_state,
     save_rng_state,
     tensor_bytes,
     usual_modes,
-    write_json,
 )
+from .checkpoint.layout import (
+    DATA_STATE_FILE,
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
+    STATE_FILE,
+    TRAINING_ARGS_FILE,
+    checkpoint_name,
+    replaced_name,
+)
+from .checkpoint.output_dir import staged_final_save
 from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
 from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
-from .output_dir import final_save_staging_dir, publish_staged
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
 
@@ -293,8 +296,8 @@ class MidTrainer(Trainer):
     def _save_checkpoint(self, model, trial) -> None:
         """The stock save, into a fresh folder: a checkpoint-<step> already there (an earlier run's, or a damaged
         one skipped on resume) is renamed aside and removed only once the new one is complete."""
-        target = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        aside = target.with_name(f".replaced-{target.name}-{os.getpid()}")
+        target = Path(self._get_output_dir(trial=trial)) / checkpoint_name(self.state.global_step)
+        aside = target.with_name(replaced_name(target.name))
         if self.args.should_save and target.exists():
             os.replace(target, aside)
         self.accelerator.wait_for_everyone()
@@ -385,12 +388,9 @@ class MidTrainer(Trainer):
         if not self.args.should_save:
             return
         out = Path(output_dir or self.args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = final_save_staging_dir(out)
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-        with disk_full_as_one_line(
-            "the model", out, tensor_bytes(model.state_dict()), lambda: shutil.rmtree(tmp, ignore_errors=True)
-        ):
+        # a full disk: staged_final_save has removed its staging folder by the time the error is reworded
+        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict())), staged_final_save(out) as tmp:
             bars = hf_logging.is_progress_bar_enabled()
             if self.args.disable_tqdm:  # transformers' "Writing model shards" bar follows --disable_tqdm too
                 hf_logging.disable_progress_bar()
@@ -401,9 +401,7 @@ class MidTrainer(Trainer):
                     hf_logging.enable_progress_bar()
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
-            write_json(tmp / "training_args.json", self.args.to_dict())
-        usual_modes(tmp)
-        publish_staged(tmp)
+            write_json(tmp / TRAINING_ARGS_FILE, self.args.to_dict())
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
