@@ -15,8 +15,16 @@ from huggingface_hub import HfApi
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
+from transformers.trainer_utils import HubStrategy
 
+from .checkpoint.layout import (
+    CONFIG_FILE,
+    MODEL_INDEX,
+    OPTIMIZER_FILE,
+    RNG_TENSORS_FILE,
+    TRAINING_ARGS_FILE,
+    checkpoint_name,
+)
 from .schedule import muon_momentum
 
 # bf16 dense peak per device, for MFU (nanochat uses the H100 number)
@@ -239,16 +247,17 @@ class CheckpointHubPush(TrainerCallback):
 
     MODEL_FILES = [
         "*.safetensors",
-        "model.safetensors.index.json",
-        "config.json",
+        MODEL_INDEX,
+        CONFIG_FILE,
         "generation_config.json",
         "*.py",
         "tokenizer*",
         "special_tokens_map.json",
         "chat_template.*",
-        "training_args.json",
+        TRAINING_ARGS_FILE,
     ]
-    NOT_MODEL_FILES = ["optimizer.*", "rng_state.*"]  # safetensors too, but checkpoint pieces
+    # safetensors too, but every rank's checkpoint pieces
+    NOT_MODEL_FILES = [OPTIMIZER_FILE.format(rank="*"), RNG_TENSORS_FILE.format(rank="*")]
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer  # for its hub_model_id (rank 0, set by the stock __init__) and callback handler
@@ -261,7 +270,7 @@ class CheckpointHubPush(TrainerCallback):
         if not args.hub_always_push and not all(job.done() for job in self.jobs):
             return
         self.trainer.callback_handler.on_push_begin(args, state, control)
-        folder = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+        folder = Path(args.output_dir) / checkpoint_name(state.global_step)
         message = f"Training in progress, step {state.global_step}"
         common = dict(repo_id=self.trainer.hub_model_id, folder_path=folder, token=args.hub_token)
         common.update(run_as_future=True, revision=args.hub_revision)
