@@ -13,19 +13,18 @@ import argparse
 import os
 import statistics
 import sys
-from typing import NoReturn
 
-# nanochat_hf (and with it torch, transformers, datasets) is imported inside the functions that use it, so that
-# --help and argument errors answer at once instead of after seconds of imports
+from transformers import AutoTokenizer
+
+from nanochat_hf.data import PackedStream, demo_tokenizer, load_mixture, loads, read_mixture, tokenize_conversations
+from nanochat_hf.errors import OneLineArgumentParser, UserError, one_line, run_cli
+from nanochat_hf.tokenizer import load_nanochat_tokenizer, render_conversation
+from nanochat_hf.tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, USER_START
+from nanochat_hf.training.arguments import config_values
+
+PROG = "preview_data"
 GREEN, RESET = "\033[32m", "\033[0m"
 OPEN, CLOSE = "[[", "]]"
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """argparse's errors as one line (it prints the usage first), exit code 2 as argparse."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
 
 def positive_int(value: str) -> int:
@@ -41,7 +40,7 @@ def non_negative_int(value: str) -> int:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = OneLineParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "config",
         nargs="?",
@@ -73,35 +72,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def load_tokenizer(path: str | None, trust_pickle: bool):
-    """The demo tokenizer, or the one in `path`; ValueError / OSError in one line when it is not usable."""
-    from nanochat_hf.data import demo_tokenizer
-    from nanochat_hf.tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, USER_START
-
+    """The demo tokenizer, or the one in `path`; UserError / OSError in one line when it is not usable."""
     if path is None:
         return demo_tokenizer()
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--tokenizer {path}: no such directory (expected a tokenizer folder)")
     if os.path.isfile(os.path.join(path, "tokenizer.pkl")) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
-        from nanochat_hf.tokenizer import load_nanochat_tokenizer
-
         return load_nanochat_tokenizer(path, trust_pickle=trust_pickle)
-    from transformers import AutoTokenizer
-
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"--tokenizer {path}: cannot be loaded ({first})") from None
+        raise UserError(f"--tokenizer {path}: cannot be loaded ({one_line(e)})") from None
     missing = [t for t in (BOS, USER_START, ASSISTANT_START, ASSISTANT_END) if t not in tokenizer.get_vocab()]
     if missing:
-        raise ValueError(f"--tokenizer {path}: lacks nanochat's special token(s) {', '.join(missing)}")
+        raise UserError(f"--tokenizer {path}: lacks nanochat's special token(s) {', '.join(missing)}")
     return tokenizer
 
 
 def show(tokenizer, conversation: dict, max_tokens: int, color: bool) -> str:
     """The rendered conversation with assistant-trained tokens (mask 1) highlighted."""
-    from nanochat_hf.tokenizer import render_conversation
-
     ids, mask = render_conversation(tokenizer, conversation, max_tokens=max_tokens)
     out, start = [], 0
     for i in range(1, len(ids) + 1):
@@ -116,17 +105,11 @@ def show(tokenizer, conversation: dict, max_tokens: int, color: bool) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    try:
-        return preview(args)
-    except (ValueError, OSError) as e:  # bad input: one line, no traceback
-        print(f"preview_data: error: {e}", file=sys.stderr)
-        return 2
+    return run_cli(PROG, lambda: preview(args))
 
 
 def preview(args: argparse.Namespace) -> int:
-    from nanochat_hf.data import PackedStream, load_mixture, loads, read_mixture, tokenize_conversations
-    from nanochat_hf.training.arguments import config_values
-
+    """Bad input (the config, the mixture and its files, the tokenizer, batch settings) raises UserError / OSError."""
     config = config_values(args.config)
     if args.mixture is None:
         args.mixture = (
@@ -137,14 +120,17 @@ def preview(args: argparse.Namespace) -> int:
     W = args.world_size
     args.total_batch_size = args.total_batch_size or config["total_batch_size"]
     if args.total_batch_size % (B * T * W):
-        raise ValueError(
+        raise UserError(
             f"total_batch_size {args.total_batch_size} is not divisible by device_batch_size * "
             f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}"
         )
     grad_accum = args.total_batch_size // (B * T * W)
-    read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
-    tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
-    ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
+    try:  # data/mixture.py and data/tasks.py raise ValueError for bad input until they raise UserError
+        read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
+        tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
+        ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
+    except ValueError as e:
+        raise UserError(one_line(e)) from None
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     name = args.mixture or "offline demo mixture"
     marked = "green" if color else f"between {OPEN} and {CLOSE}"

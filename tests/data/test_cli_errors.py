@@ -162,13 +162,14 @@ def test_bad_input_is_one_line(case, tmp_path, tok_dir, main, capsys, monkeypatc
         err = capsys.readouterr().err.strip().splitlines()
     assert code == 2, err
     assert len(err) == 1, err
-    assert "error:" in err[0] and all(w in err[0] for w in words), err
+    assert err[0].startswith("preview_data: error: ") and all(w in err[0] for w in words), err
 
 
 def test_malformed_yaml(tmp_path, tok_dir):
     (tmp_path / "mix.yaml").write_text("tasks:\n  - {task: gsm8k, split: test\n  - oops: [\n")
     code, err = run(tmp_path, "--mixture", "mix.yaml", "--tokenizer", tok_dir)
-    assert code == 2 and len(err) == 1 and "mix.yaml: not valid YAML" in err[0] and "line " in err[0], err
+    assert code == 2 and len(err) == 1 and err[0].startswith("preview_data: error: "), err
+    assert "mix.yaml: not valid YAML" in err[0] and "line " in err[0], err
 
 
 def test_damage_past_the_first_line_still_ends_in_one_error_line(tmp_path, tok_dir):

@@ -11,7 +11,10 @@ A mixture file is either one mixture::
       - {task: simple_spelling, split: train, size: 200000}
 
 or several, keyed by split name (``train: {seed, tasks}``, ``val: {...}``), chosen with ``split``.
-Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config, data_files, words (see TaskSpec).
+``task`` names a task of the registry (`nanochat_hf.tasks.MIXTURE_TASKS`: its key or nanochat's name), which loads
+and converts the rows; a hub task's rows are reported by their row number in the source when malformed (skipped,
+or raised with ``strict``). Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config,
+data_files, words (see TaskSpec).
 ``words`` (simple_spelling, spelling_bee): the word list to draw from, "full" (default, nanochat's tasks) or
 "demo" (256 short words, for the offline demo; see words.py).
 In a single-mixture file, a task without ``split`` uses "train" when loading split "train", else "test".

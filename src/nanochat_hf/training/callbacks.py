@@ -256,8 +256,7 @@ class CheckpointHubPush(TrainerCallback):
         "chat_template.*",
         TRAINING_ARGS_FILE,
     ]
-    # safetensors too, but every rank's checkpoint pieces
-    NOT_MODEL_FILES = [OPTIMIZER_FILE.format(rank="*"), RNG_TENSORS_FILE.format(rank="*")]
+    NOT_MODEL_FILES = [OPTIMIZER_FILE.format(rank="*"), RNG_TENSORS_FILE.format(rank="*")]  # safetensors too
 
     def __init__(self, trainer) -> None:
         self.trainer = trainer  # for its hub_model_id (rank 0, set by the stock __init__) and callback handler

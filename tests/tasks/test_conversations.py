@@ -1,5 +1,5 @@
-"""Tasks: fixture files in each hub dataset's layout go through the hub loading code and render as nanochat does
-(docs/nanochat.md, section 4)."""
+"""The tasks' training conversations: fixture files in each hub dataset's layout go through the hub loading code and
+a mixture and render as nanochat does (docs/nanochat.md, section 4); the spelling tasks draw nanochat's rows."""
 
 import json
 import random
