@@ -6,7 +6,7 @@ batched vs one-at-a-time generation, side by side in one run.
 The model is a fresh demo-sized `NanoChatGPTForCausalLM` (depth 4: width 256, 2 heads; the demo tokenizer of 4096
 tokens, fp32 on CPU unless cuda is there); its weights are random, so every reply runs to --max_new_tokens (the most
 work a reply can be). Problems are offline rows in the hub layouts: MMLU-style multiple choice (categorical) and
-GSM8K-style questions (generative), from `nanochat_hf.data.synthetic`. Batched and one-at-a-time runs alternate,
+GSM8K-style questions (generative), from `nanochat_hf.tasks.demo`. Batched and one-at-a-time runs alternate,
 --repeats times; the best time of each is shown.
 """
 
@@ -22,8 +22,9 @@ from pathlib import Path
 import torch
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-from nanochat_hf.data import demo_tokenizer, synthetic
-from nanochat_hf.evaluation import EVAL_TASKS, evaluate_task, load_problems
+from nanochat_hf.data import demo_tokenizer
+from nanochat_hf.evaluation import evaluate_task, load_problems
+from nanochat_hf.tasks import EVAL_TASKS, demo
 
 
 def main() -> None:
@@ -55,7 +56,7 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         files = {}
-        for task, row in (("MMLU", synthetic.multiple_choice_row), ("GSM8K", synthetic.arithmetic_row)):
+        for task, row in (("MMLU", demo.multiple_choice_row), ("GSM8K", demo.arithmetic_row)):
             path = Path(tmp) / f"{task}.jsonl"
             path.write_text("".join(json.dumps(row(i, "test")) + "\n" for i in range(args.problems)))
             files[task] = load_problems(EVAL_TASKS[task], [str(path)])

@@ -31,15 +31,61 @@ import time
 import torch
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-from nanochat_hf.optim import (
-    MuonAdamW,
-    NorMuonAdamW,
-    head_state_bytes_per_rank,
-    newton_schulz,
-    ns_batch_size,
-    state_bytes_per_rank,
-)
+from nanochat_hf.optim import MuonAdamW, NorMuonAdamW, newton_schulz, ns_batch_size
+from nanochat_hf.optim.head import SMALL_NUMEL
 from nanochat_hf.optim.kernels import POLAR_EXPRESS_COEFFS
+
+
+# ---- optimizer state per rank: the sharding rules of the two recipes (tests/optim checks them against 2-process runs)
+def state_bytes_per_rank(
+    muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]], world_size: int
+) -> list[int]:
+    """Optimizer state bytes each rank holds after a step of recipe 2025-12, from the sharding rule in
+    `nanochat_hf.optim.optimizer`'s docstring.
+
+    ``muon_shapes``: the Muon matrices in group order (one float32 momentum buffer each, on the owning rank);
+    ``adamw_shapes``: the AdamW parameters (two float32 moments for the rank's ceil(n/W) rows of dim 0).
+    """
+    per_rank = [0] * world_size
+    counts: dict[tuple[int, ...], int] = {}
+    for shape in muon_shapes:
+        i = counts.get(tuple(shape), 0)
+        counts[tuple(shape)] = i + 1
+        per_rank[i % world_size] += 4 * torch.Size(shape).numel()
+    for shape in adamw_shapes:
+        k = -(-shape[0] // world_size)
+        row = torch.Size(shape[1:]).numel()
+        for r in range(world_size):
+            rows = max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
+            per_rank[r] += 2 * 4 * rows * row
+    return per_rank
+
+
+def head_state_bytes_per_rank(
+    muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]], world_size: int
+) -> list[int]:
+    """Optimizer state bytes each rank holds after a step of recipe 2026-07, from the layout in
+    `nanochat_hf.optim.head`'s docstring.
+
+    ``muon_shapes``: every Muon matrix (stacked by shape: k = ceil(K/W) float32 momentum matrices per rank plus the
+    factored second moment); ``adamw_shapes``: the AdamW parameters (two float32 moments: whole when smaller than
+    SMALL_NUMEL elements, else for the rank's ceil(n/W) rows of dim 0).
+    """
+    per_rank = [0] * world_size
+    counts: dict[tuple[int, ...], int] = {}
+    for shape in muon_shapes:
+        counts[tuple(shape)] = counts.get(tuple(shape), 0) + 1
+    for (rows, cols), n in counts.items():
+        k = -(-n // world_size)
+        for r in range(world_size):
+            per_rank[r] += 4 * k * (rows * cols + max(rows, cols))
+    for shape in adamw_shapes:
+        numel, row = torch.Size(shape).numel(), torch.Size(shape[1:]).numel()
+        k = shape[0] if world_size == 1 or numel < SMALL_NUMEL else -(-shape[0] // world_size)
+        for r in range(world_size):
+            rows = shape[0] if k == shape[0] else max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
+            per_rank[r] += 2 * 4 * rows * row
+    return per_rank
 
 
 def model_shapes(depth: int, vocab: int = 65536) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:

@@ -21,16 +21,9 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 
-from nanochat_hf.data.tasks import check_data_file
 from nanochat_hf.errors import OneLineArgumentParser, UserError, error_line, first_rank, one_line, run_cli
-from nanochat_hf.evaluation import (
-    EVAL_TASKS,
-    results_table,
-    run_chat_eval,
-    scores_as_dicts,
-    task_by_name,
-    write_report_section,
-)
+from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
+from nanochat_hf.tasks import EVAL_TASKS, check_data_file, task_by_name
 from nanochat_hf.training.device import cpu_threads
 from nanochat_hf.training.model_source import load_pretrained
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from nanochat_hf.atomic import make_temp_dir, staged_dir, write_bytes, write_text
+from nanochat_hf.atomic import make_temp_dir, remove_staging_leftovers, staged_dir, write_bytes, write_text
 
 
 def mode(path: Path) -> int:
@@ -83,3 +83,18 @@ def test_staged_dir_error_leaves_nothing(tmp_path):
     with pytest.raises(FileExistsError, match="not a directory"):
         with staged_dir(tmp_path / "file"):
             pass
+
+
+def test_leftovers_of_a_killed_staging_are_removed_and_nothing_else(tmp_path):
+    target = tmp_path / "out"
+    target.mkdir()
+    with pytest.raises(RuntimeError), staged_dir(target) as staging:
+        leftover = target / (staging.name + "-copy")  # what a killed process leaves: the staging folder, named so
+        leftover.mkdir()
+        (leftover / "model.safetensors").write_text("half")
+        raise RuntimeError("killed")
+    other = make_temp_dir(target, "elsewhere")  # another target's staging, and the user's own files
+    (target / ".nanochat_hf-tmp-out.txt").write_text("a file, not a staging folder")
+    (target / "mine").mkdir()
+    remove_staging_leftovers(target)
+    assert sorted(p.name for p in target.iterdir()) == sorted([other.name, ".nanochat_hf-tmp-out.txt", "mine"])

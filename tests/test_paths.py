@@ -1,13 +1,15 @@
 """One base-dir default and one cache-key scheme (nanochat_hf.paths), used by every caller."""
 
+import dataclasses
 import importlib
 import json
 import sys
 
 import pytest
 
+from nanochat_hf import tasks
 from nanochat_hf.conversion import find_nanochat_checkpoint
-from nanochat_hf.data import tasks
+from nanochat_hf.data import mixture
 from nanochat_hf.paths import cache_key, nanochat_base_dir
 
 
@@ -17,7 +19,7 @@ def test_nanochat_base_dir_is_one_default_for_checkpoints_and_the_identity_file(
     assert nanochat_base_dir() == tmp_path / "home" / ".cache" / "nanochat"
     monkeypatch.setenv("NANOCHAT_BASE_DIR", str(tmp_path / "base"))
     assert nanochat_base_dir() == tmp_path / "base"
-    assert tasks.identity_file("identity") == tmp_path / "base" / "identity_conversations.jsonl"
+    assert tasks.MIXTURE_TASKS["identity"].default_file() == tmp_path / "base" / "identity_conversations.jsonl"
     with pytest.raises(FileNotFoundError, match=str(tmp_path / "base")):  # the checkpoint search looks there too
         find_nanochat_checkpoint()
 
@@ -46,16 +48,14 @@ def test_hub_task_conversion_is_cached_by_the_data_and_the_converting_code(tmp_p
     rows = [{"question": "What is 3 times 4?", "answer": "3*4=<<3*4=12>>12\n#### 12"}]
     data = tmp_path / "gsm8k.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    spec = tasks.TaskSpec(task="gsm8k", data_files=[str(data)])
+    spec = mixture.TaskSpec(task="gsm8k", data_files=[str(data)])
     cache = str(tmp_path / "cache")
-    first = tasks.load_task(spec, cache_dir=cache).dataset["conversation"]
+    first = mixture.load_task(spec, cache_dir=cache).dataset["conversation"]
     calls = []
-    gsm8k = tasks.HUB_TASKS["gsm8k"]
-    monkeypatch.setitem(
-        tasks.HUB_TASKS, "gsm8k", tasks.HubTask(gsm8k.dataset, lambda row: calls.append(row), gsm8k.config)
-    )
-    assert tasks.load_task(spec, cache_dir=cache).dataset["conversation"] == first and not calls  # cached
-    real = tasks.cache_key
-    monkeypatch.setattr(tasks, "cache_key", lambda *parts: real("edited converter", *parts))  # as if the code changed
-    tasks.load_task(spec, cache_dir=cache)
+    gsm8k = dataclasses.replace(tasks.MIXTURE_TASKS["gsm8k"], conversation=lambda row: calls.append(row))
+    monkeypatch.setitem(tasks.MIXTURE_TASKS, "gsm8k", gsm8k)
+    assert mixture.load_task(spec, cache_dir=cache).dataset["conversation"] == first and not calls  # cached
+    real = mixture.cache_key
+    monkeypatch.setattr(mixture, "cache_key", lambda *parts: real("edited converter", *parts))  # as if code changed
+    mixture.load_task(spec, cache_dir=cache)
     assert len(calls) == 1  # converted again

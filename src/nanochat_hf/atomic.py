@@ -18,6 +18,11 @@ from pathlib import Path
 TMP_PREFIX = ".nanochat_hf-tmp-"
 
 
+def _temp_prefix(name: str) -> str:
+    """How a temporary for `name` (a file being replaced, a folder being staged) is named: this prefix + random."""
+    return f"{TMP_PREFIX}{name}."
+
+
 def current_umask() -> int:
     """The process umask, read without changing it where Linux shows it (setting it is racy with threads)."""
     try:
@@ -41,7 +46,7 @@ def replacing(path: str | os.PathLike, mode: int | None = None) -> Iterator[Path
     """Yield a temporary file name beside `path` for a writer that wants a name (safetensors' ``save_file``); when
     the block ends without error the file is renamed over `path` (mode 0666 & ~umask, or `mode`), else removed."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(dir=path.parent, prefix=f"{TMP_PREFIX}{path.name}.")
+    fd, name = tempfile.mkstemp(dir=path.parent, prefix=_temp_prefix(path.name))
     os.close(fd)
     tmp = Path(name)
     try:
@@ -71,9 +76,18 @@ def write_text(path: str | os.PathLike, text: str, mode: int | None = None) -> P
 
 def make_temp_dir(parent: str | os.PathLike, name: str = "") -> Path:
     """An empty new folder in `parent` with mode 0777 & ~umask (mkdtemp's is 0700)."""
-    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=f"{TMP_PREFIX}{name}."))
+    tmp = Path(tempfile.mkdtemp(dir=parent, prefix=_temp_prefix(name)))
     _fix_mode(tmp, 0o777)
     return tmp
+
+
+def remove_staging_leftovers(target: str | os.PathLike) -> None:
+    """Remove the staging folders a killed `staged_dir(target)` left inside `target` (call it only where no other
+    process can be staging into `target` now, e.g. an output_dir this run holds)."""
+    target = Path(target)
+    for path in target.iterdir():
+        if path.name.startswith(_temp_prefix(target.name)) and path.is_dir() and not path.is_symlink():
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _staged_files(tmp: Path) -> list[Path]:

@@ -9,7 +9,6 @@ import torch
 from huggingface_hub import ModelCardData
 
 from nanochat_hf.evaluation import (
-    EVAL_TASKS,
     ChatCORE,
     TaskScore,
     categorical_outcomes,
@@ -21,6 +20,7 @@ from nanochat_hf.evaluation import (
     run_chat_eval,
     write_report_section,
 )
+from nanochat_hf.tasks import EVAL_TASKS
 from nanochat_hf.tokenizer import render_for_completion
 
 ROOT = Path(__file__).resolve().parents[2]

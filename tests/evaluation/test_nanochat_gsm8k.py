@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from nanochat_hf.evaluation import EVAL_TASKS, load_problems
-from nanochat_hf.evaluation.tasks import check_final_number
+from nanochat_hf.evaluation import load_problems
 from nanochat_hf.inference import decode_completion, parts_from_tokens
+from nanochat_hf.tasks import EVAL_TASKS
+from nanochat_hf.tasks.gsm8k import check_final_number
 from nanochat_hf.tokenizer import load_nanochat_tokenizer
 
 DATA = Path(__file__).parent / "data"

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from nanochat_hf.evaluation import EVAL_TASKS, load_problems, run_program
+from nanochat_hf.evaluation import load_problems, run_program
 from nanochat_hf.evaluation.sandbox import MECHANISMS, sandbox_mechanisms
-from nanochat_hf.evaluation.tasks import check_humaneval, humaneval_program
+from nanochat_hf.tasks import EVAL_TASKS
+from nanochat_hf.tasks.humaneval import check as check_humaneval
+from nanochat_hf.tasks.humaneval import program as humaneval_program
 
 
 @pytest.fixture

@@ -77,6 +77,85 @@ def step_on_average(model, opt, batch_list):
     opt.zero_grad(set_to_none=True)
 
 
+def optim_step_benchmark():
+    """benchmarks/optim_step.py as a module: the state-per-rank rules it prints are checked here against real runs."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "optim_step.py"
+    spec = importlib.util.spec_from_file_location("optim_step_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def consolidated_state_dict(opt):
+    """The single-process state dict of a sharded `MuonAdamW` / `NorMuonAdamW`, gathered from every rank's shard
+    (collective: call on all ranks); a one-process optimizer can load it. Test-only: it reads the optimizers'
+    private layout helpers (`_rows`, `_replicated`, `_muon_chunk`, `optimizer._shape_buckets`)."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim import NorMuonAdamW
+    from nanochat_hf.optim.optimizer import _all_gather_single, _shape_buckets
+
+    sd = opt.state_dict()
+    if opt.world_size == 1:
+        return sd
+    group_ranks = None if opt.process_group is None else dist.get_process_group_ranks(opt.process_group)
+
+    def gather_rows(p, local):  # a tensor whose dim 0 is sharded in ceil(n/W) rows per rank, whole again
+        k, start, end = opt._rows(p)
+        padded = local.new_zeros((k, *local.shape[1:]))
+        padded[: end - start] = local
+        full = local.new_empty((k * opt.world_size, *local.shape[1:]))
+        _all_gather_single(full, padded, group=opt.process_group)
+        return full[: p.shape[0]].clone()
+
+    index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
+    head = isinstance(opt, NorMuonAdamW)
+    state = {}
+    for group in opt.param_groups:
+        if group["kind"] == "adamw":
+            for p in group["params"]:
+                if p in opt.state:  # AdamW steps on every rank together: every rank has it
+                    st = opt.state[p]
+                    if head and opt._replicated(p):
+                        state[index[id(p)]] = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
+                    else:
+                        state[index[id(p)]] = {
+                            "step": st["step"],
+                            **{k: gather_rows(p, st[k]) for k in ("exp_avg", "exp_avg_sq")},
+                        }
+            continue
+        if head:  # one stack per group, every rank holding ceil(K/W) matrices of each buffer
+            p = group["params"][0]
+            if p in opt.state:
+                k, _, _ = opt._muon_chunk(group)
+                full = {}
+                for key, local in opt.state[p].items():
+                    gathered = local.new_empty((k * opt.world_size, *local.shape[1:]))
+                    _all_gather_single(
+                        gathered.flatten(0, 1), local.flatten(0, 1).contiguous(), group=opt.process_group
+                    )
+                    full[key] = gathered[: len(group["params"])].clone()
+                state[index[id(p)]] = full
+            continue
+        for bucket in _shape_buckets(group["params"]):  # matrix i of a same-shape bucket lives on rank i % W
+            for i, p in enumerate(bucket):
+                owner = i % opt.world_size if group_ranks is None else group_ranks[i % opt.world_size]
+                flag = torch.tensor([float(p in opt.state)], device=p.device)
+                dist.broadcast(flag, owner, group=opt.process_group)
+                if flag.item():
+                    buf = (
+                        opt.state[p]["momentum_buffer"]
+                        if p in opt.state
+                        else torch.empty(p.shape, dtype=torch.float32, device=p.device)
+                    )
+                    dist.broadcast(buf, owner, group=opt.process_group)
+                    state[index[id(p)]] = {"momentum_buffer": buf.clone()}
+    return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
+
+
 def _muon_names(model):
     return [n for n, _ in model.named_parameters() if n.startswith("transformer.h.")]
 
@@ -142,7 +221,7 @@ def dist_worker(rank, world, port, steps):
                 assert torch.allclose(p, q, rtol=2e-6, atol=1e-7), f"{name}: max diff {diff}"
 
         # 3. state genuinely sharded, exactly as much as the sharding rule says (benchmarks/optim_step.py prints it)
-        from nanochat_hf.optim import state_bytes_per_rank
+        state_bytes_per_rank = optim_step_benchmark().state_bytes_per_rank
 
         muon_shapes = [tuple(p.shape) for n, p in model.named_parameters() if n in muon_names]
         adamw_shapes = [tuple(p.shape) for n, p in model.named_parameters() if n not in muon_names]
@@ -154,7 +233,7 @@ def dist_worker(rank, world, port, steps):
         assert fraction <= 0.55, f"rank {rank} holds {fraction:.1%} of the single-process optimizer state"
 
         # 4. the consolidated state equals the single-process optimizer's state
-        full = opt.consolidated_state_dict()
+        full = consolidated_state_dict(opt)
         ref_sd = ref_opt.state_dict()
         assert full["state"].keys() == ref_sd["state"].keys()
         for i, st in full["state"].items():
@@ -267,7 +346,7 @@ def head_dist_worker(rank, world, port, out_dir, max_grad_norm):
         opt.max_grad_norm = max_grad_norm
         assert opt.reduces_gradients and opt.world_size == world
         head_steps(model, opt, grads)
-        full = opt.consolidated_state_dict()
+        full = consolidated_state_dict(opt)
         own = state_bytes(opt.state_dict())
         mine = flat_params(model)
         everyone = [torch.empty_like(mine) for _ in range(world)]

@@ -147,9 +147,11 @@ def test_trainer_places_batches_unchanged_on_cpu(monkeypatch, tmp_path):
 
     monkeypatch.setattr(torch.Tensor, "pin_memory", no_pinning)
     trainer = build_trainer(*setup([*TINY_ARGS, "--dry_run", "true", "--output_dir", str(tmp_path)]))
-    batch = next(iter(trainer.get_train_dataloader()))
-    placed, stock = trainer._prepare_inputs(batch), Trainer._prepare_inputs(trainer, batch)
-    assert all(placed[k] is batch[k] and stock[k] is batch[k] for k in batch)  # on CPU: the tensors themselves
+    raw = next(trainer.make_stream(trainer.train_dataset).read())  # a fresh stream: the same first micro-batch
+    batch = next(iter(trainer.get_train_dataloader()))  # the loader places the tensors (to_device)
+    assert batch.keys() == raw.keys() and all(torch.equal(batch[k], raw[k]) for k in raw)
+    stock = Trainer._prepare_inputs(trainer, batch)  # then the Trainer's placement finds them in place
+    assert all(stock[k] is batch[k] for k in batch)  # on CPU: the tensors themselves
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")

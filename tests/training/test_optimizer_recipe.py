@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 
-from nanochat_hf.training.checkpoint_check import check_fingerprint
-from nanochat_hf.training.checkpoint_io import load_optimizer_state
+from nanochat_hf.training.checkpoint.check import check_fingerprint
+from nanochat_hf.training.checkpoint.files import load_optimizer_state
 from nanochat_hf.training.run import main
 
 pytestmark = pytest.mark.slow

@@ -98,6 +98,28 @@ def test_files_keep_umask_mode_and_no_pickles(run):
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staging leftovers
 
 
+def test_the_run_writes_exactly_the_files_the_layout_declares(run, tmp_path):
+    """Every file of output_dir and of its checkpoints is either transformers' own (what save_pretrained writes for
+    the model and the tokenizer) or named in checkpoint/layout.py: a name spelled anywhere else would show here."""
+    from transformers import AutoTokenizer
+
+    from nanochat_hf import NanoChatGPTForCausalLM
+    from nanochat_hf.training.checkpoint import layout
+
+    _, out, _, _ = run
+    NanoChatGPTForCausalLM.from_pretrained(out).save_pretrained(tmp_path / "hf")
+    AutoTokenizer.from_pretrained(out).save_pretrained(tmp_path / "hf")
+    transformers_own = {p.name for p in (tmp_path / "hf").iterdir()}
+    model = transformers_own | {layout.TRAINING_ARGS_FILE}
+    ours = {layout.FINGERPRINT_FILE, *layout.SHARED_FILES, *(f.format(rank=0) for f in layout.PER_RANK_FILES)}
+    for step in (2, 4):
+        assert {p.name for p in (out / layout.checkpoint_name(step)).iterdir()} == model | ours
+    run_files = {layout.TRAINER_STATE_FILE, layout.REPORT_FILE, layout.CURVES_FILE, layout.MODEL_CARD_FILE}
+    checkpoints = {layout.checkpoint_name(2), layout.checkpoint_name(4)}
+    assert {p.name for p in out.iterdir()} == model | run_files | checkpoints
+    assert all(layout.CHECKPOINT_RE.match(name) for name in checkpoints)
+
+
 def test_output_dir_refusals_keep_the_earlier_run(run, capsys):
     tmp, out, args, _ = run
     before = _tree(out)
@@ -272,7 +294,7 @@ def test_full_disk_during_the_final_save(run, capsys):
     with _file_size_limit(1 << 20):
         line = _fail([*args, "--save_steps", "0", "--output_dir", str(final)], capsys)  # no checkpoints
     assert line.startswith(f"mid_train: error: the model could not be saved in {final}: a file would exceed"), line
-    assert list(final.iterdir()) == []  # no .tmp-save left
+    assert list(final.iterdir()) == []  # no staging folder left
 
 
 def test_jit_checkpoint_on_sigterm_resumes_with_the_same_logged_losses(run, monkeypatch):

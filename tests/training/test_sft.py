@@ -190,10 +190,17 @@ def test_completion_only_rows(monkeypatch):
 def test_chatcore_every_n_steps_and_at_the_end(tmp_path, monkeypatch, capsys):
     """ChatCORE at the evaluations of every chatcore_every-th step and the last (not step 0); a task whose data
     cannot be loaded (a hub task offline) is skipped in one line."""
+    import datasets
+    import huggingface_hub
+
     from nanochat_hf.training import trainer as trainer_module
     from nanochat_hf.training.run import main
 
+    # offline as a run started with HF_HUB_OFFLINE=1 (both libraries read it at import): without this, the hub task
+    # failed only after huggingface_hub's retries against an unreachable network, about 24 s per evaluation
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(trainer_module, "CHATCORE_TASKS", ("SpellingBee", "ARC-Easy"))
     out, mixture = tmp_path / "out", tmp_path / "mix.yaml"
     mixture.write_text(

@@ -1,22 +1,15 @@
-"""Arguments, schedules, bits per byte, exact match and checkpoint serialisation."""
+"""Arguments, schedules, bits per byte and exact match."""
 
 import dataclasses
 import math
 import random
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import yaml
 
 from nanochat_hf.training.arguments import DEMO_CONFIG, MidTrainingArguments, parse_args
-from nanochat_hf.training.checkpoint_io import (
-    load_optimizer_state,
-    load_rng_state,
-    save_optimizer_state,
-    save_rng_state,
-)
 from nanochat_hf.training.evaluation import ExactMatch, evaluate_bpb
 from nanochat_hf.training.schedule import lr_multiplier, muon_momentum, nanochat_scheduler, steps_progress
 
@@ -203,38 +196,6 @@ def test_exact_match_metric():
     m = ExactMatch()
     m.add_batch(predictions=["cat:c,a,t ", "dog"], references=["cat:c,a,t", "dog:d,o,g"])
     assert m.compute()["exact_match"] == 0.5
-
-
-def test_optimizer_state_roundtrip(tmp_path):
-    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-    from nanochat_hf.optim import build_optimizer
-
-    model = NanoChatGPTForCausalLM(NanoChatGPTConfig(vocab_size=64, n_layer=1, n_head=1, n_kv_head=1, n_embd=64))
-    opt = build_optimizer(model)
-    model(input_ids=torch.randint(0, 64, (2, 9)), labels=torch.randint(0, 64, (2, 9))).loss.backward()
-    opt.step()
-    sd = opt.state_dict()
-    save_optimizer_state(sd, tmp_path / "o.safetensors")
-    back = load_optimizer_state(tmp_path / "o.safetensors")
-    assert back["param_groups"] == sd["param_groups"]
-    assert {k: v for k, v in back.items() if k not in ("state", "param_groups")} == {
-        k: v for k, v in sd.items() if k not in ("state", "param_groups")
-    }
-    for pid, st in sd["state"].items():
-        for key, value in st.items():
-            got = back["state"][pid][key]
-            assert torch.equal(got, value) if torch.is_tensor(value) else got == value
-    opt2 = build_optimizer(model)
-    opt2.load_state_dict(back)
-
-
-def test_rng_roundtrip(tmp_path):
-    save_rng_state(tmp_path, 0)
-    expected = (random.random(), np.random.rand(), torch.rand(3))
-    random.random(), np.random.rand(), torch.rand(3)
-    assert load_rng_state(tmp_path, 0)
-    got = (random.random(), np.random.rand(), torch.rand(3))
-    assert got[:2] == expected[:2] and torch.equal(got[2], expected[2])
 
 
 def test_shipped_configs_compile_and_the_tests_shared_arguments_stay_eager():

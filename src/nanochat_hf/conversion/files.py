@@ -1,25 +1,13 @@
-"""File helpers shared by the converters: reading checkpoints with clear errors, the --output policy."""
+"""File helpers shared by the converters: checking what a checkpoint holds, the --output policy (JSON files:
+`nanochat_hf.jsonfile`)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import torch
 
 from ..errors import UserError
-
-
-def read_json(path: Path) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"{path}: no such file")
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise UserError(f"{path}: not valid JSON ({e})") from None
-    if not isinstance(data, dict):
-        raise UserError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
 
 
 def check_positive_ints(fields: dict, required: tuple[str, ...], optional: tuple[str, ...], where: str) -> None:

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from ..atomic import staged_dir, write_text
 from ..errors import UserError, one_line
+from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..paths import nanochat_base_dir
 from ..tokenizer import BOS_TOKEN, EOS_TOKEN, load_nanochat_tokenizer, save_nanochat_tokenizer, token_bytes
@@ -22,7 +23,6 @@ from .files import (
     common_dtype,
     files_in,
     parse_dtype,
-    read_json,
 )
 from .generations import (
     BY_NAME,

@@ -28,8 +28,9 @@ from transformers import NanoChatConfig
 
 from ..atomic import staged_dir
 from ..errors import UserError, one_line
+from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig
-from .files import check_output, check_positive_ints, check_state_dict, files_in, read_json
+from .files import check_output, check_positive_ints, check_state_dict, files_in
 from .generations import generation_of, hf_names, nanochat_shapes
 
 NATIVE_RMS_NORM_EPS = torch.finfo(torch.float32).eps

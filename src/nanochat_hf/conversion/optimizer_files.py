@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
+from ..jsonfile import read_json
 from ..optim import MuonAdamW, NorMuonAdamW, build_optimizer
 from ..optim.head import ADAMW_GROUPS, SMALL_NUMEL, head_group_of, nanochat_order
 
@@ -433,8 +434,10 @@ def write_nanochat_optimizer(
 
 def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
     """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
-    from ..training.checkpoint_check import FINGERPRINT_DEFAULTS, FINGERPRINT_FILE  # training imports this module
-    from ..training.checkpoint_io import OPTIMIZER_FILE, load_optimizer_state, read_json
+    # imported here: nanochat_hf.training imports this module
+    from ..training.checkpoint.check import FINGERPRINT_DEFAULTS
+    from ..training.checkpoint.files import load_optimizer_state
+    from ..training.checkpoint.layout import FINGERPRINT_FILE, OPTIMIZER_FILE
 
     paths = []
     while (model_dir / OPTIMIZER_FILE.format(rank=len(paths))).is_file():

@@ -11,7 +11,10 @@ A mixture file is either one mixture::
       - {task: simple_spelling, split: train, size: 200000}
 
 or several, keyed by split name (``train: {seed, tasks}``, ``val: {...}``), chosen with ``split``.
-Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config, data_files, words (see TaskSpec).
+``task`` names a task of the registry (`nanochat_hf.tasks.MIXTURE_TASKS`: its key or nanochat's name), which loads
+and converts the rows; a hub task's rows are reported by their row number in the source when malformed (skipped,
+or raised with ``strict``). Task keys: task, split, start, stop, repeat, size (synthetic tasks), path, config,
+data_files, words (see TaskSpec).
 ``words`` (simple_spelling, spelling_bee): the word list to draw from, "full" (default, nanochat's tasks) or
 "demo" (256 short words, for the offline demo; see words.py).
 In a single-mixture file, a task without ``split`` uses "train" when loading split "train", else "test".
@@ -28,30 +31,49 @@ import dataclasses
 import logging
 import os
 import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
-from datasets import Dataset, concatenate_datasets
+from datasets import Dataset, Features, Value, concatenate_datasets
 
-from .tasks import (
-    FILE_TASKS,
-    HUB_TASKS,
-    SYNTHETIC_TASKS,
-    TASK_NAMES,
-    WORD_TASKS,
-    TaskSpec,
-    canonical_task_name,
-    check_data_file,
-    identity_file,
-    load_task,
-)
+from .. import tasks  # the registry; a module (not its names): the tasks import data.words, which imports this
+from ..errors import UserError
+from ..paths import cache_key
+from ..tokenizer import chat_format
+from . import conversation as conversation_module
+from .conversation import check_messages, dumps
 from .words import WORD_LISTS
 
 logger = logging.getLogger("nanochat_hf.data")
 
 DEFAULT_SEED = 42
 MIXTURE_KEYS = {"seed", "tasks", "name", "description"}
+
+
+@dataclass
+class TaskSpec:
+    """One entry of a mixture (see configs/mixtures/*.yaml)."""
+
+    task: str  # the task's mixture key (nanochat_hf.tasks.MIXTURE_TASKS)
+    split: str = "train"
+    start: int = 0
+    stop: int | None = None
+    repeat: int = 1
+    size: int | None = None  # synthetic tasks: number of rows
+    path: str | None = None  # hub dataset name / local dataset folder / identity JSONL file
+    config: str | None = None  # hub dataset config ("auxiliary_train", "all", "main")
+    data_files: list[str] = field(default_factory=list)  # local json/jsonl/parquet files (hub tasks)
+    words: str | None = None  # spelling tasks: word list name (words.py; None = "full")
+
+    @property
+    def label(self) -> str:
+        return f"{self.task}[{self.split}]"
+
+
 TASK_KEYS = {f.name for f in dataclasses.fields(TaskSpec)}
 
 # The offline demo: everything generated or shipped, nothing downloaded. ~17K train conversations. The spelling
@@ -92,15 +114,21 @@ def _expand(value: str, base: Path | None) -> str:
     return str(p if p.is_absolute() or base is None else base / p)
 
 
+def _keys(which: Callable[[tasks.Task], bool]) -> str:
+    """The mixture keys of the tasks `which` selects, for messages."""
+    return ", ".join(key for key, task in tasks.MIXTURE_TASKS.items() if which(task))
+
+
 def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSpec:
     if not isinstance(entry, dict) or "task" not in entry:
-        raise ValueError(f"{where}: each task entry must be a mapping with a 'task' key, got {entry!r}")
+        raise UserError(f"{where}: each task entry must be a mapping with a 'task' key, got {entry!r}")
     unknown = sorted(set(entry) - TASK_KEYS)
     if unknown:
-        raise ValueError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(TASK_KEYS))})")
-    task = canonical_task_name(entry["task"])
-    if task is None:
-        raise ValueError(f"{where}: unknown task {entry['task']!r} (known: {', '.join(TASK_NAMES)})")
+        raise UserError(f"{where}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(TASK_KEYS))})")
+    found = tasks.mixture_task(entry["task"])
+    if found is None:
+        raise UserError(f"{where}: unknown task {entry['task']!r} (known: {', '.join(tasks.MIXTURE_TASKS)})")
+    task, kind = found.key, found.kind
     where = f"{where} ({task})"
     spec = TaskSpec(**{**entry, "task": task})
     if "split" not in entry:
@@ -110,38 +138,38 @@ def _parse_task(entry: Any, where: str, split: str, base: Path | None) -> TaskSp
         if value is None and key in ("stop", "size"):
             continue
         if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
-            kind = "positive" if minimum else "non-negative"
-            raise ValueError(f"{where}: {key} must be a {kind} integer, got {value!r}")
+            sign = "positive" if minimum else "non-negative"
+            raise UserError(f"{where}: {key} must be a {sign} integer, got {value!r}")
     for key in ("split", "path", "config", "words"):
         value = getattr(spec, key)
         if value is not None and not isinstance(value, str):
-            raise ValueError(f"{where}: {key} must be a string, got {value!r}")
-    if task in SYNTHETIC_TASKS and spec.size is None:
-        raise ValueError(f"{where}: synthetic task needs 'size' (number of rows)")
-    if task not in SYNTHETIC_TASKS and spec.size is not None:
-        raise ValueError(f"{where}: 'size' only applies to synthetic tasks ({', '.join(SYNTHETIC_TASKS)})")
-    if spec.words is not None and task not in WORD_TASKS:
-        raise ValueError(f"{where}: 'words' only applies to {', '.join(WORD_TASKS)}")
+            raise UserError(f"{where}: {key} must be a string, got {value!r}")
+    if kind == "synthetic" and spec.size is None:
+        raise UserError(f"{where}: synthetic task needs 'size' (number of rows)")
+    if kind != "synthetic" and spec.size is not None:
+        raise UserError(f"{where}: 'size' only applies to synthetic tasks ({_keys(lambda t: t.kind == 'synthetic')})")
+    if spec.words is not None and not found.words:
+        raise UserError(f"{where}: 'words' only applies to {_keys(lambda t: t.words)}")
     if spec.words is not None and spec.words not in WORD_LISTS:
-        raise ValueError(f"{where}: unknown word list {spec.words!r} (expected one of: {', '.join(WORD_LISTS)})")
-    if spec.data_files and task not in HUB_TASKS:
-        raise ValueError(f"{where}: 'data_files' only applies to hub tasks ({', '.join(HUB_TASKS)})")
+        raise UserError(f"{where}: unknown word list {spec.words!r} (expected one of: {', '.join(WORD_LISTS)})")
+    if spec.data_files and kind != "hub":
+        raise UserError(f"{where}: 'data_files' only applies to hub tasks ({_keys(lambda t: t.kind == 'hub')})")
     files = [spec.data_files] if isinstance(spec.data_files, str) else spec.data_files or []
     if not isinstance(files, list) or not all(isinstance(f, str) for f in files):
-        raise ValueError(f"{where}: data_files must be a file name or a list of file names, got {spec.data_files!r}")
+        raise UserError(f"{where}: data_files must be a file name or a list of file names, got {spec.data_files!r}")
     spec.data_files = [_expand(f, base) for f in files]
     for f in spec.data_files:
         if not f.endswith((".json", ".jsonl", ".parquet")):
-            raise ValueError(f"{where}: data file {f} must be .json, .jsonl or .parquet")
+            raise UserError(f"{where}: data file {f} must be .json, .jsonl or .parquet")
         if not os.path.isfile(f):
             raise FileNotFoundError(f"{where}: data file not found: {f}")
-        check_data_file(f, where)
+        tasks.check_data_file(f, where)
     if spec.path is not None:
         local = _expand(spec.path, base)
-        if task in FILE_TASKS or os.path.exists(local):  # otherwise a hub name like "cais/mmlu"
+        if kind == "file" or os.path.exists(local):  # otherwise a hub name like "cais/mmlu"
             spec.path = local
-    if task in FILE_TASKS:
-        path = spec.path or str(identity_file(task))
+    if kind == "file":
+        path = spec.path or str(found.default_file())
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{where}: conversation file not found: {path}")
     return spec
@@ -152,26 +180,26 @@ def parse_mixture(
 ) -> tuple[int, list[TaskSpec]]:
     """Validate a mixture mapping (already read from YAML); returns (seed, task specs). Raises on any error."""
     if not isinstance(config, dict):
-        raise ValueError(f"{source}: a mixture must be a mapping with 'tasks', got {type(config).__name__}")
+        raise UserError(f"{source}: a mixture must be a mapping with 'tasks', got {type(config).__name__}")
     if "tasks" not in config:  # keyed by split
         if split not in config or split in MIXTURE_KEYS:
             splits = sorted(k for k in config if k not in MIXTURE_KEYS)
-            raise ValueError(
+            raise UserError(
                 f"{source}: no 'tasks' and no split {split!r} (splits in file: {', '.join(splits) or 'none'})"
             )
         config, source = config[split], f"{source} [{split}]"
         if not isinstance(config, dict) or "tasks" not in config:
-            raise ValueError(f"{source}: each split must be a mapping with 'tasks'")
+            raise UserError(f"{source}: each split must be a mapping with 'tasks'")
     unknown = sorted(set(config) - MIXTURE_KEYS)
     if unknown:
-        raise ValueError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(MIXTURE_KEYS))})")
+        raise UserError(f"{source}: unknown key {unknown[0]!r} (allowed: {', '.join(sorted(MIXTURE_KEYS))})")
     seed = config.get("seed", DEFAULT_SEED)
     if not isinstance(seed, int) or isinstance(seed, bool):
-        raise ValueError(f"{source}: seed must be an integer, got {seed!r}")
-    tasks = config["tasks"]
-    if not isinstance(tasks, list) or not tasks:
-        raise ValueError(f"{source}: empty mixture ('tasks' must be a non-empty list)")
-    return seed, [_parse_task(t, f"{source} task #{i}", split, base) for i, t in enumerate(tasks)]
+        raise UserError(f"{source}: seed must be an integer, got {seed!r}")
+    entries = config["tasks"]
+    if not isinstance(entries, list) or not entries:
+        raise UserError(f"{source}: empty mixture ('tasks' must be a non-empty list)")
+    return seed, [_parse_task(t, f"{source} task #{i}", split, base) for i, t in enumerate(entries)]
 
 
 def read_mixture(path: str | os.PathLike | None, split: str = "train") -> tuple[int, list[TaskSpec], str]:
@@ -185,14 +213,122 @@ def read_mixture(path: str | os.PathLike | None, split: str = "train") -> tuple[
     try:
         config = yaml.safe_load(path.read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise ValueError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        raise UserError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     except yaml.YAMLError as e:  # its message spans several lines: keep the problem and where it is
         mark = getattr(e, "problem_mark", None)
         at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(e, "problem", None) or str(e).strip().splitlines()[0]
-        raise ValueError(f"{path}: not valid YAML ({problem}{at})") from None
+        raise UserError(f"{path}: not valid YAML ({problem}{at})") from None
     seed, specs = parse_mixture(config, split, str(path), path.parent)
     return seed, specs, str(path)
+
+
+# ---------------------------------------------------------------- loading one entry
+
+
+@dataclass
+class TaskResult:
+    dataset: Dataset  # columns conversation, task
+    source: str  # file(s) or hub name, for messages
+    bad: list[tuple[int, str]]  # (row index in the source, reason) of skipped rows
+
+
+_ROW_FEATURES = Features({"conversation": Value("string"), "task": Value("string"), "error": Value("string")})
+
+
+def _convert_batch(batch: dict, task: str) -> dict:
+    convert = tasks.MIXTURE_TASKS[task].conversation
+    out = {"conversation": [], "task": [], "error": []}
+    for i in range(len(batch[tasks.SOURCE_ROW])):
+        row = {k: v[i] for k, v in batch.items() if k != tasks.SOURCE_ROW}
+        try:
+            conversation = convert(row)
+            reason = check_messages(conversation["messages"])
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            reason = f"{type(e).__name__}: {e}" if not isinstance(e, KeyError) else f"missing field {e}"
+        out["conversation"].append("" if reason else dumps(conversation))
+        out["task"].append(task)
+        out["error"].append(reason or "")
+    return out
+
+
+def _slice(n: int, spec: TaskSpec) -> range:
+    return range(n)[spec.start : spec.stop]
+
+
+def _load_hub(spec: TaskSpec, cache_dir: str | None, num_proc: int | None) -> TaskResult:
+    ds, source = tasks.load_rows(
+        tasks.MIXTURE_TASKS[spec.task],
+        spec.split,
+        f"task {spec.label}",
+        data_files=spec.data_files,
+        path=spec.path,
+        config=spec.config,
+        cache_dir=cache_dir,
+    )
+    rows = _slice(len(ds), spec)  # slices of the shuffled rows: nanochat's rows
+    if len(rows) != len(ds):
+        ds = ds.select(rows)
+    source_rows = ds[tasks.SOURCE_ROW]
+    # cached under a key of the rows and the converting code (the tasks, this module, the conversation checks)
+    fingerprint = cache_key(ds._fingerprint, spec.task, tasks, sys.modules[__name__], conversation_module, chat_format)
+    ds = ds.map(
+        _convert_batch,
+        batched=True,
+        fn_kwargs={"task": spec.task},
+        remove_columns=ds.column_names,
+        features=_ROW_FEATURES,
+        num_proc=num_proc,
+        new_fingerprint=fingerprint,
+        desc=f"Converting {spec.label}",
+    )
+    # drop the rows that failed to convert; report them by their row number in the source, in source order
+    errors = ds["error"]
+    bad = sorted((source_rows[i], e) for i, e in enumerate(errors) if e)
+    if bad:
+        ds = ds.select([i for i, e in enumerate(errors) if not e])
+    return TaskResult(ds.remove_columns("error"), source, bad)
+
+
+def _load_file(spec: TaskSpec) -> TaskResult:
+    task = tasks.MIXTURE_TASKS[spec.task]
+    path = Path(spec.path) if spec.path else task.default_file()
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError as e:
+        raise tasks.DataLoadError(
+            f"task {spec.label}: {path} is not UTF-8 text ({e.reason} at byte {e.start})"
+        ) from None
+    if not any(line.strip() for line in lines):
+        raise tasks.DataLoadError(f"task {spec.label}: {path} is empty (expected one JSON array of messages per line)")
+    convs, bad = [], []
+    for i in _slice(len(lines), spec):
+        if not lines[i].strip():
+            continue
+        try:
+            convs.append(dumps(task.conversation(lines[i])))
+        except ValueError as e:
+            bad.append((i, str(e)))
+    ds = Dataset.from_dict({"conversation": convs, "task": [spec.task] * len(convs)})
+    return TaskResult(ds, str(path), bad)
+
+
+def _load_synthetic(spec: TaskSpec) -> TaskResult:
+    generate = tasks.MIXTURE_TASKS[spec.task].conversation
+    kwargs = {"words": spec.words} if spec.words else {}
+    convs = [dumps(generate(i, spec.split, **kwargs)) for i in _slice(spec.size, spec)]
+    ds = Dataset.from_dict({"conversation": convs, "task": [spec.task] * len(convs)})
+    return TaskResult(ds, f"synthetic {spec.split} seeds", [])
+
+
+def load_task(spec: TaskSpec, cache_dir: str | None = None, num_proc: int | None = None) -> TaskResult:
+    """Load one (already validated) mixture entry; repeats are applied by the mixture."""
+    kind = tasks.MIXTURE_TASKS[spec.task].kind
+    if kind == "hub":
+        return _load_hub(spec, cache_dir, num_proc)
+    if kind == "synthetic":
+        return _load_synthetic(spec)
+    return _load_file(spec)
 
 
 def load_mixture(
@@ -221,7 +357,7 @@ def load_mixture(
         result = load_task(spec, cache_dir=cache_dir, num_proc=num_proc)
         if result.bad and strict:
             row, reason = result.bad[0]
-            raise ValueError(f"task {spec.label} ({result.source}) row {row}: {reason}")
+            raise UserError(f"task {spec.label} ({result.source}) row {row}: {reason}")
         skipped += [(spec.label, result.source, row, reason) for row, reason in result.bad]
         parts += [result.dataset] * spec.repeat
     if skipped:
@@ -238,7 +374,7 @@ def load_mixture(
         )
     ds = concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     if len(ds) == 0:
-        raise ValueError(f"{name} [{split}]: empty mixture (no valid conversation in any task)")
+        raise UserError(f"{name} [{split}]: empty mixture (no valid conversation in any task)")
     order = list(range(len(ds)))
     random.Random(seed).shuffle(order)
     return ds.select(order)

@@ -1,4 +1,4 @@
-"""nanochat's chat evaluation (ARC, MMLU, GSM8K, HumanEval, SpellingBee; ChatCORE)."""
+"""nanochat's chat evaluation (ARC, MMLU, GSM8K, HumanEval, SpellingBee; ChatCORE) of `nanochat_hf.tasks`."""
 
 from .chat_eval import (
     ChatCORE,
@@ -7,6 +7,7 @@ from .chat_eval import (
     chatcore,
     evaluate_task,
     generative_replies,
+    load_problems,
     model_index_results,
     report_section,
     results_table,
@@ -15,13 +16,9 @@ from .chat_eval import (
     write_report_section,
 )
 from .sandbox import RunResult, run_program
-from .tasks import EVAL_TASKS, EvalTask, Problem, load_problems, task_by_name
 
 __all__ = [
     "ChatCORE",
-    "EVAL_TASKS",
-    "EvalTask",
-    "Problem",
     "RunResult",
     "TaskScore",
     "categorical_outcomes",
@@ -35,6 +32,5 @@ __all__ = [
     "run_chat_eval",
     "run_program",
     "scores_as_dicts",
-    "task_by_name",
     "write_report_section",
 ]

@@ -23,12 +23,11 @@ from accelerate.utils import gather_object
 from huggingface_hub import EvalResult
 
 from ..atomic import write_text
-from ..data.tasks import DataLoadError
-from ..errors import one_line
+from ..errors import UserError, one_line
 from ..inference import decode_completion, generate_tokens
 from ..progress import Progress
+from ..tasks import EVAL_TASKS, SOURCE_ROW, DataLoadError, Problem, Task, load_rows, task_by_name
 from ..tokenizer import render_for_completion
-from .tasks import EVAL_TASKS, EvalTask, Problem, load_problems, task_by_name
 
 REPORT_HEADING = "## Chat evaluation"
 
@@ -50,6 +49,29 @@ class TaskScore:
 def chatcore(scores: list[TaskScore]) -> float | None:
     """ChatCORE: the mean over tasks of (accuracy - baseline) / (1 - baseline); None without tasks."""
     return sum(s.centered for s in scores) / len(scores) if scores else None
+
+
+# ---------------------------------------------------------------- problems
+
+
+def load_problems(
+    task: Task, data_files: list[str] | None = None, max_problems: int | None = None, cache_dir: str | None = None
+) -> list[Problem]:
+    """The task's problems (`nanochat_hf.tasks`): hub rows shuffled with seed 42 right after loading, then the first
+    `max_problems` (synthetic tasks: the first test seeds). DataLoadError: the data cannot be read."""
+    if task.kind == "synthetic":
+        n = task.eval_size if max_problems is None else min(max_problems, task.eval_size)
+        return [task.problem(i) for i in range(n)]
+    ds, source = load_rows(task, task.eval_split, task.name, data_files=data_files, cache_dir=cache_dir)
+    if max_problems is not None:
+        ds = ds.select(range(min(max_problems, len(ds))))
+    problems = []
+    for i, row in enumerate(ds.remove_columns(SOURCE_ROW)):
+        try:
+            problems.append(task.problem(row))
+        except (KeyError, TypeError, ValueError) as e:
+            raise UserError(f"{task.name}: row {i} (after the seed-42 shuffle) of {source}: {e!r}") from None
+    return problems
 
 
 # ---------------------------------------------------------------- the two modes
@@ -114,7 +136,7 @@ def generative_replies(
 def evaluate_task(
     model,
     tokenizer,
-    task: EvalTask,
+    task: Task,
     problems: list[Problem],
     batch_size: int = 8,
     max_new_tokens: int = 512,
@@ -242,8 +264,8 @@ def model_index_results(scores: list[TaskScore]) -> list[EvalResult]:
                 task_type="text-generation",
                 dataset_type=task.dataset or "nanochat-hf/spelling-bee",
                 dataset_name=s.task,
-                dataset_config=task.config,
-                dataset_split=task.split,
+                dataset_config=task.eval_config,
+                dataset_split=task.eval_split,
                 metric_type="accuracy",
                 metric_name=f"{s.mode} accuracy ({s.n} problems)",
                 metric_value=round(s.accuracy, 4),

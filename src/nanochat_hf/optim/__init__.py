@@ -1,6 +1,6 @@
 """nanochat's Muon + AdamW optimizer, single-process or sharded across torch.distributed ranks."""
 
-from .head import RECIPES, NorMuonAdamW, build_head_optimizer, head_state_bytes_per_rank
+from .head import RECIPES, NorMuonAdamW, build_head_optimizer
 from .kernels import (
     adamw_update,
     muon_lr_scale,
@@ -10,7 +10,7 @@ from .kernels import (
     ns_batch_size,
     polar_express,
 )
-from .optimizer import MuonAdamW, build_optimizer, state_bytes_per_rank
+from .optimizer import MuonAdamW, build_optimizer
 
 __all__ = [
     "RECIPES",
@@ -19,12 +19,10 @@ __all__ = [
     "adamw_update",
     "build_head_optimizer",
     "build_optimizer",
-    "head_state_bytes_per_rank",
     "muon_lr_scale",
     "muon_update",
     "newton_schulz",
     "normuon_update",
     "ns_batch_size",
     "polar_express",
-    "state_bytes_per_rank",
 ]

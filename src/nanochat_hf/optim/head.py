@@ -297,64 +297,6 @@ class NorMuonAdamW(MuonAdamW):
         for g in reduced:
             g.mul_(coef.to(g.dtype))
 
-    # ------------------------------------------------------------------------------------------ state
-    def consolidated_state_dict(self) -> dict[str, Any]:
-        """The single-process state dict, gathered from every rank's shard (collective: call on all ranks)."""
-        sd = self.state_dict()
-        if self.world_size == 1:
-            return sd
-        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
-        state: dict[int, dict[str, Any]] = {}
-        for group in self.param_groups:
-            if group["kind"] == "adamw":
-                for p in group["params"]:
-                    if p in self.state:
-                        st = self.state[p]
-                        state[index[id(p)]] = (
-                            {k: (v.clone() if torch.is_tensor(v) else v) for k, v in st.items()}
-                            if self._replicated(p)
-                            else self._gather_adamw_state(p)
-                        )
-                continue
-            p = group["params"][0]
-            if p in self.state:  # every rank steps every Muon group: all have it or none
-                k, _, _ = self._muon_chunk(group)
-                full = {}
-                for key, local in self.state[p].items():
-                    gathered = local.new_empty((k * self.world_size, *local.shape[1:]))
-                    _all_gather_single(
-                        gathered.flatten(0, 1), local.flatten(0, 1).contiguous(), group=self.process_group
-                    )
-                    full[key] = gathered[: len(group["params"])].clone()
-                state[index[id(p)]] = full
-        return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
-
-
-def head_state_bytes_per_rank(
-    muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]], world_size: int
-) -> list[int]:
-    """Optimizer state bytes each rank holds after a step of recipe 2026-07, from the layout of the module docstring.
-
-    ``muon_shapes``: every Muon matrix (stacked by shape: k = ceil(K/W) float32 momentum matrices per rank plus the
-    factored second moment); ``adamw_shapes``: the AdamW parameters (two float32 moments: whole when smaller than
-    SMALL_NUMEL elements, else for the rank's ceil(n/W) rows of dim 0).
-    """
-    per_rank = [0] * world_size
-    counts: dict[tuple[int, ...], int] = {}
-    for shape in muon_shapes:
-        counts[tuple(shape)] = counts.get(tuple(shape), 0) + 1
-    for (rows, cols), n in counts.items():
-        k = -(-n // world_size)
-        for r in range(world_size):
-            per_rank[r] += 4 * k * (rows * cols + max(rows, cols))
-    for shape in adamw_shapes:
-        numel, row = torch.Size(shape).numel(), torch.Size(shape[1:]).numel()
-        k = shape[0] if world_size == 1 or numel < SMALL_NUMEL else -(-shape[0] // world_size)
-        for r in range(world_size):
-            rows = shape[0] if k == shape[0] else max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
-            per_rank[r] += 2 * 4 * rows * row
-    return per_rank
-
 
 def build_head_optimizer(
     model: torch.nn.Module,

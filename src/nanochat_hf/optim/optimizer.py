@@ -190,35 +190,6 @@ class MuonAdamW(torch.optim.Optimizer):
         for group, saved in zip(self.param_groups, saved_groups):
             group.update({k: v for k, v in saved.items() if k != "params"})
 
-    def consolidated_state_dict(self) -> dict[str, Any]:
-        """The single-process state dict, gathered from every rank's shard (collective: call on all ranks): the
-        whole state in one place, to inspect it; a one-process optimizer can load it."""
-        sd = self.state_dict()
-        if self.world_size == 1:
-            return sd
-        index = {id(p): i for i, p in enumerate(p for g in self.param_groups for p in g["params"])}
-        state: dict[int, dict[str, Any]] = {}
-        for group in self.param_groups:
-            if group["kind"] == "adamw":
-                for p in group["params"]:
-                    if p in self.state:  # AdamW steps on every rank together: same answer everywhere
-                        state[index[id(p)]] = self._gather_adamw_state(p)
-                continue
-            for bucket in _shape_buckets(group["params"]):
-                for i, p in enumerate(bucket):
-                    owner = self._global_rank(i % self.world_size)
-                    flag = torch.tensor([float(p in self.state)], device=p.device)
-                    dist.broadcast(flag, owner, group=self.process_group)
-                    if flag.item():
-                        buf = (
-                            self.state[p]["momentum_buffer"]
-                            if p in self.state
-                            else torch.empty(p.shape, dtype=torch.float32, device=p.device)
-                        )
-                        dist.broadcast(buf, owner, group=self.process_group)
-                        state[index[id(p)]] = {"momentum_buffer": buf.clone()}
-        return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
-
     # ---------------------------------------------------------------------------------------- helpers
     def _adamw_state(self, p: Tensor, rows: int) -> dict[str, Any]:
         st = self.state[p]
@@ -240,11 +211,6 @@ class MuonAdamW(torch.optim.Optimizer):
         k = -(-p.shape[0] // self.world_size)
         start = min(self.rank * k, p.shape[0])
         return k, start, min(start + k, p.shape[0])
-
-    def _global_rank(self, group_rank: int) -> int:
-        if self.process_group is None:
-            return group_rank
-        return dist.get_global_rank(self.process_group, group_rank)
 
     def _probe_reduce_scatter(self) -> bool:
         """Whether the backend implements reduce_scatter_tensor (older gloo builds do not)."""
@@ -314,18 +280,6 @@ class MuonAdamW(torch.optim.Optimizer):
         mine[: end - start] = p[start:end]
         work = _all_gather_single(full, mine, group=pg, async_op=True)
         return work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])
-
-    def _gather_adamw_state(self, p: Tensor) -> dict[str, Any]:
-        k, start, end = self._rows(p)
-        st = self.state[p]
-        out: dict[str, Any] = {"step": st["step"]}
-        for key in ("exp_avg", "exp_avg_sq"):
-            local = torch.zeros((k, *p.shape[1:]), dtype=torch.float32, device=p.device)
-            local[: end - start] = st[key]
-            full = torch.empty((k * self.world_size, *p.shape[1:]), dtype=torch.float32, device=p.device)
-            _all_gather_single(full, local, group=self.process_group)
-            out[key] = full[: p.shape[0]].clone()
-        return out
 
     def _clip_reduced(self, adamw_outs: list[Tensor], muon_chunks: list, adamw_works: list) -> None:
         """Scale the reduced gradients so the averaged gradient's global norm is at most max_grad_norm.
@@ -428,29 +382,6 @@ class MuonAdamW(torch.optim.Optimizer):
             work.wait()
             if finish is not None:
                 finish()
-
-
-def state_bytes_per_rank(
-    muon_shapes: list[tuple[int, ...]], adamw_shapes: list[tuple[int, ...]], world_size: int
-) -> list[int]:
-    """Optimizer state bytes each rank holds after a step, from the sharding rule of the module docstring.
-
-    ``muon_shapes``: the Muon matrices in group order (one float32 momentum buffer each, on the owning rank);
-    ``adamw_shapes``: the AdamW parameters (two float32 moments for the rank's ceil(n/W) rows of dim 0).
-    """
-    per_rank = [0] * world_size
-    counts: dict[tuple[int, ...], int] = {}
-    for shape in muon_shapes:
-        i = counts.get(tuple(shape), 0)
-        counts[tuple(shape)] = i + 1
-        per_rank[i % world_size] += 4 * torch.Size(shape).numel()
-    for shape in adamw_shapes:
-        k = -(-shape[0] // world_size)
-        row = torch.Size(shape[1:]).numel()
-        for r in range(world_size):
-            rows = max(0, min(shape[0], (r + 1) * k) - min(shape[0], r * k))
-            per_rank[r] += 2 * 4 * rows * row
-    return per_rank
 
 
 SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)

@@ -25,8 +25,8 @@ import yaml
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from nanochat_hf.evaluation.tasks import task_by_name
 from nanochat_hf.optim import RECIPES
+from nanochat_hf.tasks import EVAL_TASKS, task_by_name
 
 from ..errors import OneLineArgumentParser, UserError, one_line
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
@@ -278,8 +278,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     chat_eval_tasks: str | None = field(
         default=None,
         metadata={
-            "help": "comma list of chat-eval tasks run after training (ARC-Easy, ARC-Challenge, MMLU, GSM8K, "
-            "HumanEval, SpellingBee; the hub ones need their data); results go to report.md and the model card"
+            "help": f"comma list of chat-eval tasks run after training ({', '.join(EVAL_TASKS)}; the hub ones need "
+            "their data); results go to report.md and the model card"
         },
     )
     chat_eval_max_problems: int | None = field(

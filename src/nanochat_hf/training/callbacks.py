@@ -1,17 +1,30 @@
-"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics, console lines, step-end JIT checkpoints."""
+"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics, console lines, step-end JIT checkpoints,
+hub pushes of checkpoints."""
 
 from __future__ import annotations
 
 import math
 import sys
 import time
+from concurrent.futures import Future, wait
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from huggingface_hub import HfApi
 from transformers import TrainerCallback
 from transformers.trainer_callback import ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
+from transformers.trainer_utils import HubStrategy
 
+from .checkpoint.layout import (
+    CONFIG_FILE,
+    MODEL_INDEX,
+    OPTIMIZER_FILE,
+    RNG_TENSORS_FILE,
+    TRAINING_ARGS_FILE,
+    checkpoint_name,
+)
 from .schedule import muon_momentum
 
 # bf16 dense peak per device, for MFU (nanochat uses the H100 number)
@@ -222,3 +235,58 @@ class NanoChatConsole(ProgressCallback):
     def on_train_end(self, args, state, control, **kwargs):
         if self.show_bar:
             super().on_train_end(args, state, control, **kwargs)
+
+
+class CheckpointHubPush(TrainerCallback):
+    """`--push_to_hub`: each saved checkpoint is uploaded from its own folder, in the background, by rank 0: the model
+    files (safetensors, JSON, code, tokenizer) to the repo's root, and with hub_strategy checkpoint / all_checkpoints
+    the whole folder (only safetensors and JSON) to last-checkpoint/ or checkpoint-<step>/. As the stock push: a push
+    still running skips the next one (unless hub_always_push), the end of training waits for the last, and
+    `on_push_begin` fires first. (The stock push copies the weights into output_dir and pickles the arguments there as
+    training_args.bin before uploading output_dir: `MidTrainer` turns it off.)"""
+
+    MODEL_FILES = [
+        "*.safetensors",
+        MODEL_INDEX,
+        CONFIG_FILE,
+        "generation_config.json",
+        "*.py",
+        "tokenizer*",
+        "special_tokens_map.json",
+        "chat_template.*",
+        TRAINING_ARGS_FILE,
+    ]
+    NOT_MODEL_FILES = [OPTIMIZER_FILE.format(rank="*"), RNG_TENSORS_FILE.format(rank="*")]  # safetensors too
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer  # for its hub_model_id (rank 0, set by the stock __init__) and callback handler
+        self.api = HfApi()  # one instance: its one background worker makes the uploads one after the other
+        self.jobs: list[Future] = []
+
+    def on_save(self, args, state, control, **kwargs):
+        if not state.is_world_process_zero or args.hub_strategy == HubStrategy.END:
+            return
+        if not args.hub_always_push and not all(job.done() for job in self.jobs):
+            return
+        self.trainer.callback_handler.on_push_begin(args, state, control)
+        folder = Path(args.output_dir) / checkpoint_name(state.global_step)
+        message = f"Training in progress, step {state.global_step}"
+        common = dict(repo_id=self.trainer.hub_model_id, folder_path=folder, token=args.hub_token)
+        common.update(run_as_future=True, revision=args.hub_revision)
+        self.jobs = [job for job in self.jobs if not job.done()]
+        self.jobs.append(
+            self.api.upload_folder(
+                **common,
+                commit_message=message,
+                allow_patterns=self.MODEL_FILES,
+                ignore_patterns=self.NOT_MODEL_FILES,
+            )
+        )
+        if args.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
+            where = "last-checkpoint" if args.hub_strategy == HubStrategy.CHECKPOINT else folder.name
+            self.jobs.append(
+                self.api.upload_folder(**common, path_in_repo=where, commit_message=message + ", checkpoint")
+            )
+
+    def on_train_end(self, args, state, control, **kwargs):
+        wait(self.jobs)

@@ -22,6 +22,7 @@ from accelerate.utils import parse_flag_from_env
 class DDPTimeoutOnEveryBackendMixin:
     """Put before `TrainingArguments` in the bases of a `TrainingArguments` subclass."""
 
+    # private hook: the one place TrainingArguments creates the process group (on CPU without the timeout)
     @cached_property
     def _setup_devices(self) -> torch.device:
         cpu = self.use_cpu or parse_flag_from_env("ACCELERATE_USE_CPU")

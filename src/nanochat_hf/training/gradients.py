@@ -3,7 +3,8 @@
 With several processes, `MuonAdamW` (``reduces_gradients=True``) does ALL gradient communication: it
 reduce-scatters (averages) the gradients inside its step. Therefore:
 1. DDP (which Accelerate always wraps a multi-process model in) must not all-reduce them too: `silence_ddp`
-   registers a communication hook that returns the local bucket unchanged (DDP still broadcasts rank 0's weights
+   (called by the `LocalGradients` callback when training begins, on the Trainer's wrapped model) registers a
+   communication hook that returns the local bucket unchanged (DDP still broadcasts rank 0's weights
    when wrapping, and `no_sync` during accumulation keeps its meaning). `silence_ddp` refuses an optimizer that
    does not reduce gradients itself, which would silently train each rank on its own gradients.
 2. Before the optimizer step each rank holds only its LOCAL gradient, so anything that needs the global gradient
@@ -16,6 +17,7 @@ reduce-scatters (averages) the gradients inside its step. Therefore:
 from __future__ import annotations
 
 import torch
+from transformers import TrainerCallback
 
 
 def reduces_gradients(optimizer) -> bool:
@@ -42,3 +44,14 @@ def silence_ddp(model: torch.nn.Module, optimizer) -> None:
 def clip_in_optimizer(optimizer, max_grad_norm: float) -> None:
     """Ask the sharded optimizer to clip the AVERAGED gradient to `max_grad_norm` (0: no clipping) in its step."""
     getattr(optimizer, "optimizer", optimizer).max_grad_norm = max_grad_norm
+
+
+class LocalGradients(TrainerCallback):
+    """When training begins (the Trainer has wrapped the model, in DDP with several processes, and built the
+    optimizer): `silence_ddp` on the outermost model."""
+
+    def __init__(self, trainer) -> None:
+        self.trainer = trainer  # its model_wrapped: the callbacks are handed only the unwrapped model
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        silence_ddp(self.trainer.model_wrapped, optimizer)

@@ -13,9 +13,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..conversion import find_nanochat_checkpoint
-from ..conversion.files import read_json
 from ..conversion.nanochat import NANOCHAT_META_FILE, available_steps
 from ..errors import UserError
+from ..jsonfile import read_json
 
 # (argument, where nanochat's chat_sft.py reads it in the meta)
 INHERITED = (

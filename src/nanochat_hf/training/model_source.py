@@ -9,10 +9,11 @@ from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ..conversion import find_nanochat_checkpoint, load_from_nanochat, nanochat_tokenizer_dir
-from ..conversion.files import check_positive_ints, read_json
+from ..conversion.files import check_positive_ints
 from ..conversion.generations import BY_NAME, layer_windows
 from ..data.demo import DEMO_SEQUENCE_LEN, demo_tokenizer
 from ..errors import UserError, one_line
+from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, EOS_TOKEN
 from .arguments import MidTrainingArguments

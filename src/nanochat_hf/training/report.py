@@ -10,9 +10,10 @@ from huggingface_hub import ModelCard, ModelCardData
 
 from ..atomic import write_bytes, write_text
 from ..data.mixture import read_mixture
-from ..data.tasks import HUB_TASKS
 from ..evaluation import model_index_results, results_table, write_report_section
 from ..model import NanoChatGPTConfig
+from ..tasks import MIXTURE_TASKS
+from .checkpoint.layout import CURVES_FILE, MODEL_CARD_FILE, REPORT_FILE
 
 
 def _history(trainer) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
@@ -47,7 +48,7 @@ def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
     """report.md + training_curves.png in output_dir; returns the report path."""
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    plot_curves(trainer, out / "training_curves.png")
+    plot_curves(trainer, out / CURVES_FILE)
     a = trainer.args
     keys = [
         "model_source",
@@ -74,8 +75,8 @@ def write_report(trainer, output_dir: str | os.PathLike, metrics: dict) -> Path:
     lines += [f"| world_size | {trainer.accelerator.num_processes} |", f"| device | {a.device} |"]
     lines += ["", "## Final metrics", "", "| metric | value |", "|---|---|"]
     lines += [f"| {k} | {v:.4f} |" if isinstance(v, float) else f"| {k} | {v} |" for k, v in metrics.items()]
-    lines += ["", "![training curves](training_curves.png)", ""]
-    path = out / "report.md"
+    lines += ["", f"![training curves]({CURVES_FILE})", ""]
+    path = out / REPORT_FILE
     write_text(path, "\n".join(lines))
     if trainer.chat_eval_scores:
         write_report_section(path, trainer.chat_eval_scores)
@@ -87,9 +88,10 @@ def _hub_datasets(mixture: str | None) -> list[str]:
     _, specs, _ = read_mixture(mixture, split="train")
     ids = []
     for spec in specs:
-        if spec.task not in HUB_TASKS or spec.data_files:
+        task = MIXTURE_TASKS[spec.task]
+        if task.kind != "hub" or spec.data_files:
             continue
-        name = spec.path or HUB_TASKS[spec.task].dataset
+        name = spec.path or task.dataset
         if not os.path.exists(name) and name not in ids:
             ids.append(name)
     return ids
@@ -159,6 +161,6 @@ config first, and that needs the model's code. After `import nanochat_hf` neithe
     card = ModelCard(f"---\n{_card_data(a, scores, Path(repo).name).to_yaml()}\n---\n{body}")
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "README.md"
+    path = out / MODEL_CARD_FILE
     write_text(path, str(card))
     return path

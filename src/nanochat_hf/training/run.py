@@ -21,17 +21,18 @@ import torch
 import torch.distributed as dist
 import transformers
 
+from ..atomic import remove_staging_leftovers
 from ..data import DEMO_MIXTURE, load_mixture, read_mixture, tokenize_conversations
 from ..data.bestfit import rows_cut_message
-from ..data.synthetic import simple_spelling
 from ..errors import UserError, error_line, first_rank, one_line
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
+from ..jsonfile import read_json
+from ..tasks.spelling import simple_spelling
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
 from .callbacks import NonFiniteLossError
-from .checkpoint_check import (
-    CHECKPOINT_RE,
+from .checkpoint.check import (
     check_fingerprint,
     data_format,
     load_fingerprint,
@@ -39,10 +40,11 @@ from .checkpoint_check import (
     resolve_resume_checkpoint,
     run_fingerprint,
 )
-from .checkpoint_io import TRAINER_STATE_FILE, DiskFullError, read_json
+from .checkpoint.files import DiskFullError
+from .checkpoint.layout import CHECKPOINT_RE, TRAINER_STATE_FILE
+from .checkpoint.output_dir import prepare_output_dir, release_output_dir
 from .evaluation import exact_match_accuracy
 from .model_source import load_model_and_tokenizer
-from .output_dir import FINAL_STAGING, prepare_output_dir, release_output_dir
 from .report import write_report
 from .trainer import MidTrainer
 
@@ -346,8 +348,8 @@ def interrupted() -> None:
     if not _is_main():
         sys.exit(130)
     out = Path(args.output_dir) if args is not None and not args.dry_run else None
-    if out is not None:
-        shutil.rmtree(out / FINAL_STAGING, ignore_errors=True)  # a final save cut short
+    if out is not None and out.is_dir():
+        remove_staging_leftovers(out)  # a final save cut short
     if out is None:
         what = "nothing was written"
     elif RUN.get("model_saved"):

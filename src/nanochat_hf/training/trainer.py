@@ -1,22 +1,24 @@
 """`MidTrainer`: nanochat's mid-training loop as a `transformers.Trainer` with a few hooks overridden.
 
-Every override below says what it adds; where the stock behaviour is wanted it calls `super()`.
+Public hooks and callbacks where the Trainer has them; the 8 private hooks overridden have their one-line reason
+above them and are pinned by tests/training/test_trainer_hooks.py. Where the stock behaviour is wanted: `super()`.
 - data (`get_train_dataloader`): every rank reads its own share of the packed token stream
   (`nanochat_hf.data.PackedStream`), un-prepared (Accelerate must not re-shard it), for nanochat's number of
   steps (one epoch ends as nanochat's does, see `PackedStream.epoch_steps`), the same on every rank; on CUDA the
-  micro-batches go through pinned memory with non-blocking copies (`_prepare_input`).
+  micro-batches go through pinned memory with non-blocking copies (`StreamLoader`).
 - embedding dtype (`__init__`): the token embedding cast to `args.embedding_torch_dtype` (bfloat16 on CUDA in
   bf16, as nanochat), before the optimizer exists.
 - optimizer / schedule (`create_optimizer`, `create_scheduler`): `build_optimizer` (Muon + AdamW, sharded step),
   a `LambdaLR` applying nanochat's multiplier to the schedule's progress; Muon momentum warm-up in a callback.
-- gradients (`_prepare_for_training`, `_clip_grad_norm`, `_get_grad_norm`): the contract in `gradients.py`.
+- gradients (`LocalGradients` callback, `_clip_grad_norm`, `_get_grad_norm`): the contract in `gradients.py`.
 - loss (`compute_loss`): the stock loss, plus the last micro-batch's loss handed to nanochat's logger.
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
 - checkpoints: the stock `_save_checkpoint` (best-checkpoint tracking, rotation that keeps the best, callback
   state export) into a fresh folder, with our pieces saved by the per-piece hooks it calls: safetensors/JSON only
   (plus the run fingerprint), one optimizer shard + data position + RNG state per rank, umask-derived modes; the
-  matching `_load_*` hooks restore them (and apply a changed LR). Hub pushes of checkpoints carry no pickle.
+  matching `_load_*` hooks restore them (and apply a changed LR). Hub pushes of checkpoints (`CheckpointHubPush`)
+  and the model files (`save_model`) carry no pickle.
 """
 
 from __future__ import annotations
@@ -27,66 +29,73 @@ import shutil
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, HubStrategy
-from transformers.utils import PushInProgress
 from transformers.utils import logging as hf_logging
-from transformers.utils.hub import hf_api
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
-from ..evaluation.tasks import task_by_name
+from ..jsonfile import read_json, write_json
 from ..optim import build_optimizer
 from ..progress import Progress
+from ..tasks import CHATCORE_TASKS, task_by_name
 from ..tokenizer import token_bytes as compute_token_bytes
-from .callbacks import MuonMomentumCallback, NanoChatConsole, NanoChatLogger, StepEndJITCheckpoint, device_peak_flops
-from .checkpoint_check import check_checkpoint_world_size, save_fingerprint
-from .checkpoint_io import (
-    DATA_STATE_FILE,
-    OPTIMIZER_FILE,
-    SCHEDULER_FILE,
-    STATE_FILE,
+from .callbacks import (
+    CheckpointHubPush,
+    MuonMomentumCallback,
+    NanoChatConsole,
+    NanoChatLogger,
+    StepEndJITCheckpoint,
+    device_peak_flops,
+)
+from .checkpoint.check import check_checkpoint_world_size, save_fingerprint
+from .checkpoint.files import (
     disk_full_as_one_line,
     load_optimizer_state,
     load_rng_state,
-    read_json,
     save_optimizer_state,
     save_rng_state,
     tensor_bytes,
     usual_modes,
-    write_json,
 )
+from .checkpoint.layout import (
+    DATA_STATE_FILE,
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
+    STATE_FILE,
+    TRAINING_ARGS_FILE,
+    checkpoint_name,
+    replaced_name,
+)
+from .checkpoint.output_dir import staged_final_save
 from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
-from .gradients import clip_in_optimizer, reduces_gradients, silence_ddp
-from .output_dir import final_save_staging_dir, publish_staged
+from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
 
-# nanochat's ChatCORE tasks (chat_sft.py), in its order
-CHATCORE_TASKS = ("ARC-Easy", "ARC-Challenge", "MMLU", "GSM8K", "HumanEval")
-
 
 class StreamLoader:
-    """This rank's micro-batch stream, presented to the Trainer as a sized iterable of micro-batches.
+    """This rank's micro-batch stream, presented to the Trainer as a sized iterable of micro-batches on `device`.
 
-    Iterating continues the stream from its position (resume) and runs on past the epoch if asked to.
+    Iterating continues the stream from its position (resume) and runs on past the epoch if asked to. The tensors
+    go through `to_device` (on CUDA: pinned memory, non-blocking copies; on CPU: the tensors themselves), so the
+    Trainer's own placement finds them in place.
     """
 
-    def __init__(self, stream: MicroBatchStream, num_micro_batches: int):
+    def __init__(self, stream: MicroBatchStream, num_micro_batches: int, device: torch.device | str = "cpu"):
         self.stream = stream
         self.num_micro_batches = num_micro_batches
+        self.device = device
 
     def __len__(self) -> int:
         return self.num_micro_batches
 
     def __iter__(self):
-        return self.stream.read()
+        return ({k: to_device(v, self.device) for k, v in batch.items()} for batch in self.stream.read())
 
 
 class MidTrainer(Trainer):
@@ -110,12 +119,15 @@ class MidTrainer(Trainer):
             world_size=self.accelerator.num_processes,
         )
         self.add_callback(MuonMomentumCallback())
+        self.add_callback(LocalGradients(self))
         self.add_callback(self.nanochat_log)
         if a.enable_jit_checkpoint:  # checkpoints at a step's end, after nanochat's logger and the log line
             self.add_callback(StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager))
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
+        if a.push_to_hub:
+            self.add_callback(CheckpointHubPush(self))
         if (embedding_dtype := a.embedding_torch_dtype) is not None:
             # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
             self.model.get_input_embeddings().to(embedding_dtype)
@@ -158,14 +170,8 @@ class MidTrainer(Trainer):
                     "--total_batch_size / --device_batch_size"
                 )
             steps = self.args.num_iterations if self.args.num_iterations > 0 else epoch_steps
-            self._train_loader = StreamLoader(stream, steps * ga)
+            self._train_loader = StreamLoader(stream, steps * ga, self.args.device)
         return self._train_loader
-
-    def _prepare_input(self, data):
-        """The stock placement, except that a tensor goes through `to_device` (pinned, non-blocking on CUDA)."""
-        if isinstance(data, torch.Tensor) and not self.is_deepspeed_enabled:
-            return to_device(data, self.args.device)
-        return super()._prepare_input(data)
 
     def floating_point_ops(self, inputs) -> int:
         return self.model.num_flops_per_token() * inputs["input_ids"][:, :-1].numel()
@@ -213,17 +219,12 @@ class MidTrainer(Trainer):
         return self.lr_scheduler
 
     # ---- gradients (see gradients.py) -------------------------------------------------------------------
-    def _prepare_for_training(self, max_steps, train_dataloader, resume_from_checkpoint):
-        """Stock preparation (Accelerate wraps the model in DDP with several processes), then DDP is told to
-        leave the gradient reduction to the sharded optimizer."""
-        model, train_dataloader = super()._prepare_for_training(max_steps, train_dataloader, resume_from_checkpoint)
-        silence_ddp(model, self.optimizer)
-        return model, train_dataloader
-
+    # private hook: the stock step clips each rank's local gradients; ours clips the averaged one, in the optimizer
     def _clip_grad_norm(self, model):
         """The optimizer clips in its step (see `gradients.py`): the same norm formula at every world size."""
         return None
 
+    # private hook: with several processes the stock norm of the local gradients is a wasted pass and meaningless
     def _get_grad_norm(self, model, grad_norm=None):
         """The stock norm with one process; with several the local gradients' norm means nothing (the logged
         grad_norm is then the optimizer's norm of the averaged gradient, when it clips)."""
@@ -291,18 +292,15 @@ class MidTrainer(Trainer):
         super().log(logs, start_time)
 
     # ---- checkpoints: the stock _save_checkpoint calls these per-piece hooks ------------------------------
-    def _barrier(self) -> None:
-        if dist.is_available() and dist.is_initialized():
-            dist.barrier()
-
+    # private hook: no public one runs before a checkpoint is written (set an old one aside, undo on a full disk)
     def _save_checkpoint(self, model, trial) -> None:
         """The stock save, into a fresh folder: a checkpoint-<step> already there (an earlier run's, or a damaged
         one skipped on resume) is renamed aside and removed only once the new one is complete."""
-        target = Path(self._get_output_dir(trial=trial)) / f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}"
-        aside = target.with_name(f".replaced-{target.name}-{os.getpid()}")
+        target = Path(self._get_output_dir(trial=trial)) / checkpoint_name(self.state.global_step)
+        aside = target.with_name(replaced_name(target.name))
         if self.args.should_save and target.exists():
             os.replace(target, aside)
-        self._barrier()
+        self.accelerator.wait_for_everyone()
 
         def undo() -> None:  # a full disk: the partial folder goes, the one set aside comes back
             shutil.rmtree(target, ignore_errors=True)
@@ -315,55 +313,11 @@ class MidTrainer(Trainer):
         if self.args.should_save and aside.exists():
             shutil.rmtree(aside)
 
+    # private hook: the stock push pickles the arguments into output_dir; CheckpointHubPush (on_save) pushes
     def _push_from_checkpoint(self, checkpoint_folder: str) -> None:
-        """Push the checkpoint's model files (not a pickle in sight).
+        return
 
-        Written out because the stock version copies the weights into output_dir and `torch.save`s the arguments
-        there as training_args.bin (a pickle) before uploading output_dir. Here the model files are uploaded
-        straight from the checkpoint folder (safetensors + JSON + code + tokenizer); with hub_strategy checkpoint /
-        all_checkpoints the whole folder too (it holds only safetensors and JSON).
-        """
-        a = self.args
-        if not self.is_world_process_zero() or a.hub_strategy == HubStrategy.END:
-            return
-        if not a.hub_always_push and self.push_in_progress is not None and not self.push_in_progress.is_done():
-            return
-        self.callback_handler.on_push_begin(a, self.state, self.control)
-        message = f"Training in progress, step {self.state.global_step}"
-        common = dict(
-            repo_id=self.hub_model_id,
-            folder_path=checkpoint_folder,
-            token=a.hub_token,
-            run_as_future=True,
-            revision=a.hub_revision,
-        )
-        model_files = [
-            "*.safetensors",
-            "model.safetensors.index.json",
-            "config.json",
-            "generation_config.json",
-            "*.py",
-            "tokenizer*",
-            "special_tokens_map.json",
-            "chat_template.*",
-            "training_args.json",
-        ]
-        jobs = [
-            hf_api().upload_folder(
-                **common,
-                commit_message=message,
-                allow_patterns=model_files,
-                ignore_patterns=["optimizer.*", "rng_state.*"],
-            )
-        ]
-        if a.hub_strategy in (HubStrategy.CHECKPOINT, HubStrategy.ALL_CHECKPOINTS):
-            where = "last-checkpoint" if a.hub_strategy == HubStrategy.CHECKPOINT else Path(checkpoint_folder).name
-            jobs.append(hf_api().upload_folder(**common, path_in_repo=where, commit_message=message + ", checkpoint"))
-        if self.push_in_progress is None or self.push_in_progress.is_done():
-            self.push_in_progress = PushInProgress(jobs)
-        else:
-            self.push_in_progress.jobs.extend(jobs)
-
+    # private hook: the stock one pickles one optimizer state, and no public hook writes before trainer_state.json
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
         out, rank = Path(output_dir), self.accelerator.process_index
@@ -383,17 +337,16 @@ class MidTrainer(Trainer):
                 },
             )
 
-    def _save_scaler(self, output_dir: str) -> None:  # no fp16 grad scaler in this recipe
-        return
-
+    # private hook: the stock one pickles the RNG states (rng_state.pth) of the checkpoint being written
     def _save_rng_state(self, output_dir: str) -> None:
         """Per rank; then wait for every rank, so trainer_state.json (written next, by rank 0) marks a complete
         checkpoint (`run.latest_checkpoint` only resumes from such)."""
         save_rng_state(output_dir, self.accelerator.process_index)
-        self._barrier()
+        self.accelerator.wait_for_everyone()
         if self.args.should_save:
             usual_modes(output_dir)  # safetensors' save_file makes 0600 files: the umask-derived mode instead
 
+    # private hook: reads our pieces where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """Each rank reads its own shard (checked against this run's world size), the schedule, the data position
         and the logger's state."""
@@ -415,28 +368,29 @@ class MidTrainer(Trainer):
         self.nanochat_log.load_state_dict(meta["logger"])
         self.min_val_bpb = meta["min_val_bpb"]
 
+    # private hook: restores our RNG state where the stock resume restores its pickle (at the epoch's start)
     def _load_rng_state(self, checkpoint: str | None) -> None:
         """This rank's RNG state from safetensors + JSON (the stock hook unpickles rng_state.pth)."""
         if checkpoint is not None:
             load_rng_state(checkpoint, self.accelerator.process_index)
 
-    def _load_scaler(self, checkpoint: str | None) -> None:  # no fp16 grad scaler in this recipe
-        return
-
     # ---- model files --------------------------------------------------------------------------------------
-    def _save(self, output_dir: str | None = None, state_dict: dict | None = None) -> None:
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """Our writer (`write_model`), then as the stock method a push if the user calls it with push_to_hub."""
+        self.write_model(output_dir)
+        if self.args.push_to_hub and not _internal_call:  # checkpoints and push_to_hub itself call it internally
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
+    def write_model(self, output_dir: str | None = None) -> None:
         """save_pretrained (safetensors, config + auto_map + code, generation config), tokenizer, args as JSON
         (never the stock training_args.bin pickle); staged INSIDE the target (its parent may not be writable) and
         moved in file by file (each move atomic), with the umask-derived file modes."""
         if not self.args.should_save:
             return
         out = Path(output_dir or self.args.output_dir)
-        out.mkdir(parents=True, exist_ok=True)
-        tmp = final_save_staging_dir(out)
         model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
-        with disk_full_as_one_line(
-            "the model", out, tensor_bytes(model.state_dict()), lambda: shutil.rmtree(tmp, ignore_errors=True)
-        ):
+        # a full disk: staged_final_save has removed its staging folder by the time the error is reworded
+        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict())), staged_final_save(out) as tmp:
             bars = hf_logging.is_progress_bar_enabled()
             if self.args.disable_tqdm:  # transformers' "Writing model shards" bar follows --disable_tqdm too
                 hf_logging.disable_progress_bar()
@@ -447,9 +401,7 @@ class MidTrainer(Trainer):
                     hf_logging.enable_progress_bar()
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
-            write_json(tmp / "training_args.json", self.args.to_dict())
-        usual_modes(tmp)
-        publish_staged(tmp)
+            write_json(tmp / TRAINING_ARGS_FILE, self.args.to_dict())
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():

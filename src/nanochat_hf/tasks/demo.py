@@ -1,109 +1,16 @@
-"""Synthetic tasks, each row generated from its own seeded RNG (seed = index for train, 10_000_000 + index
-otherwise), so any row can be produced alone and every machine produces the same rows.
-
-- SimpleSpelling and SpellingBee: docs/nanochat.md, section 4; ``words`` names the word list (words.py: "full", the
-  default, or the offline demo's small "demo" list).
-- Arithmetic word problems in GSM8K's row format (question, answer with ``<<expr=result>>`` calculator
-  annotations and ``#### N``) and multiple-choice questions in MMLU's row format (question, choices, answer);
-  they are converted to conversations by the same code as the real GSM8K / MMLU rows. Used by the offline demo.
-"""
+"""The offline demo's own tasks, generated from seeds (`common.row_seed`): arithmetic word problems in GSM8K's row
+format (question, answer with ``<<expr=result>>`` calculator annotations and ``#### N``) and multiple-choice
+questions in MMLU's row format (question, choices, answer), converted to conversations by GSM8K's and MMLU's own
+code; and the shipped identity conversations (identity.py)."""
 
 from __future__ import annotations
 
 import random
 import string
 
-from .words import english_words, shuffled_word_list, word_list
-
-TEST_SEED_OFFSET = 10_000_000
-
-
-def row_seed(index: int, split: str) -> int:
-    return index if split == "train" else TEST_SEED_OFFSET + index
-
-
-# ---------------------------------------------------------------- spelling
-
-
-def simple_spelling(index: int, split: str, words: str = "full") -> dict:
-    rng = random.Random(row_seed(index, split))
-    word = rng.choice(shuffled_word_list(words))  # the list shuffled once with seed 42, as nanochat
-    return {
-        "messages": [
-            {"role": "user", "content": f"Spell the word: {word}"},
-            {"role": "assistant", "content": f"{word}:{','.join(word)}"},
-        ]
-    }
-
-
-# "How many <letter> in <word>" in several phrasings and languages ({l} = letter, {w} = word).
-_BEE_PROMPTS = (
-    "How many {l} are in the word {w}?",
-    "How many times does the letter {l} appear in {w}?",
-    "how many {l} in {w}",
-    "Count the letter {l} in the word {w}.",
-    "In the word {w}, how many times do you see {l}?",
-    "What is the number of {l}'s in {w}?",
-    "Tell me how often {l} occurs in {w}.",
-    "Can you count how many {l} there are in {w}?",
-    "{w}: how many {l}?",
-    "Number of {l} in {w}?",
-    "¿Cuántas veces aparece la letra {l} en la palabra {w}?",
-    "¿Cuántas {l} tiene {w}?",
-    "Combien de fois la lettre {l} apparaît-elle dans le mot {w} ?",
-    "Combien de {l} dans {w} ?",
-    "Wie oft kommt der Buchstabe {l} im Wort {w} vor?",
-    "Wie viele {l} hat {w}?",
-    "Quante volte compare la lettera {l} nella parola {w}?",
-    "Quantas vezes a letra {l} aparece na palavra {w}?",
-    "Hoe vaak komt de letter {l} voor in het woord {w}?",
-    "Сколько раз буква {l} встречается в слове {w}?",
-    "单词{w}里有几个字母{l}？",
-    "{w}という単語に{l}は何文字ありますか？",
-    "{w}라는 단어에 {l}가 몇 번 나오나요?",
-    "{w} kelimesinde kaç tane {l} harfi var?",
-)
-
-
-def spelling_bee(index: int, split: str, words: str = "full") -> dict:
-    rng = random.Random(row_seed(index, split))
-    word = rng.choice(word_list(words))
-    letter = rng.choice(word) if rng.random() < 0.9 else rng.choice(string.ascii_lowercase)
-    count = word.count(letter)
-    template = rng.choice(_BEE_PROMPTS)
-    quote = rng.choice(("", "", "'", '"'))
-    prompt = template.format(l=f"{quote}{letter}{quote}", w=f"{quote}{word}{quote}")
-    if rng.random() < 0.3:
-        prompt = prompt.lower()
-    lines, hits = [], 0
-    for i, ch in enumerate(word, 1):
-        if ch == letter:
-            hits += 1
-            lines.append(f"{i}:{ch} hit! count={hits}")
-        else:
-            lines.append(f"{i}:{ch}")
-    manual = (
-        f"I need the number of times '{letter}' occurs in '{word}'. Spelling the word first:\n"
-        f"{word}:{','.join(word)}\n\n"
-        f"Going through the letters one at a time and counting each '{letter}':\n"
-        + "\n".join(lines)
-        + f"\n\nThat makes {count}.\n\nA second check with Python:\n\n"
-    )
-    return {
-        "messages": [
-            {"role": "user", "content": prompt},
-            {
-                "role": "assistant",
-                "content": [
-                    {"type": "text", "text": manual},
-                    {"type": "python", "text": f"'{word}'.count('{letter}')"},
-                    {"type": "python_output", "text": str(count)},
-                    {"type": "text", "text": f"\n\nPython agrees: {count}.\n\nMy final answer is:\n\n#### {count}"},
-                ],
-            },
-        ]
-    }
-
+from ..data.words import english_words
+from . import gsm8k, mmlu
+from .common import Task, row_seed
 
 # ---------------------------------------------------------------- arithmetic word problems (GSM8K rows)
 
@@ -279,3 +186,15 @@ def multiple_choice_row(index: int, split: str) -> dict:
         choices = [str(x) for x in nums]
     rng.shuffle(choices)
     return {"question": question, "choices": choices, "answer": choices.index(correct)}
+
+
+def arithmetic(index: int, split: str) -> dict:
+    return gsm8k.conversation(arithmetic_row(index, split))
+
+
+def multiple_choice(index: int, split: str) -> dict:
+    return mmlu.conversation(multiple_choice_row(index, split))
+
+
+ARITHMETIC = Task("Arithmetic", "synthetic", key="arithmetic", conversation=arithmetic)
+MULTIPLE_CHOICE = Task("MultipleChoice", "synthetic", key="multiple_choice", conversation=multiple_choice)

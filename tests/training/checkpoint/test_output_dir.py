@@ -17,16 +17,16 @@ from pathlib import Path
 
 import pytest
 
-from nanochat_hf.training.output_dir import (
-    LOCK_FILE,
+from nanochat_hf.atomic import TMP_PREFIX
+from nanochat_hf.training.checkpoint.layout import LOCK_FILE
+from nanochat_hf.training.checkpoint.output_dir import (
     OutputDirError,
-    final_save_staging_dir,
     prepare_output_dir,
-    publish_staged,
     release_output_dir,
+    staged_final_save,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+REPO_ROOT = Path(__file__).resolve().parents[3]
 NOBODY = 65534
 
 
@@ -59,7 +59,7 @@ def test_fresh_and_empty_dirs_are_created_and_accepted(tmp_path):
 
 HOLDER = """
 import sys
-from nanochat_hf.training.output_dir import prepare_output_dir
+from nanochat_hf.training.checkpoint.output_dir import prepare_output_dir
 prepare_output_dir(sys.argv[1], False, False)
 print("held", flush=True)
 sys.stdin.read()
@@ -127,32 +127,54 @@ def test_another_run_is_refused_unless_overwrite_or_resume(tmp_path, names, desc
     assert snapshot(out) == before  # refusing, overwriting-to-be and resuming all leave the earlier run intact
 
 
+def test_output_dir_refusal_says_what_it_holds_and_only_advice_that_works(tmp_path):
+    (tmp_path / "report.md").write_text("an earlier run")
+    (tmp_path / "checkpoint-4").mkdir()  # incomplete: no trainer_state.json, nothing to resume
+    with pytest.raises(OutputDirError) as refused:
+        prepare_output_dir(tmp_path, overwrite_output_dir=False, resuming=False)
+    assert str(refused.value) == (
+        f"output_dir {tmp_path} already holds a run (report.md, 1 checkpoint-* folder): pass "
+        "--overwrite_output_dir true to replace it, or choose another --output_dir"
+    )
+    (tmp_path / "checkpoint-4" / "trainer_state.json").write_text("{}")
+    with pytest.raises(OutputDirError, match="--resume_from_checkpoint true to continue it"):
+        prepare_output_dir(tmp_path, overwrite_output_dir=False, resuming=False)
+
+
 def test_an_unfinished_final_save_alone_is_not_a_run(tmp_path):
     out = tmp_path / "out"
-    (out / ".tmp-save").mkdir(parents=True)
+    (out / f"{TMP_PREFIX}out.killed").mkdir(parents=True)
     assert prepare_output_dir(out, False, False) == []
-    assert (out / ".tmp-save").is_dir()
+    assert (out / f"{TMP_PREFIX}out.killed").is_dir()
+    release_output_dir(out)
 
 
 def test_final_save_stages_inside_and_publishes_whole_files(tmp_path):
     out = earlier_run(tmp_path / "out", "model.safetensors", "notes.txt")
-    (out / ".tmp-save").mkdir()
-    (out / ".tmp-save" / "partial").write_text("from an interrupted save")
-    staging = final_save_staging_dir(out)
-    assert staging.parent == out and list(staging.iterdir()) == []
-    (staging / "model.safetensors").write_text("new weights")
-    (staging / "config.json").write_text("{}")
-    assert publish_staged(staging) == ["config.json", "model.safetensors"]
+    (out / f"{TMP_PREFIX}out.killed").mkdir()
+    (out / f"{TMP_PREFIX}out.killed" / "partial").write_text("from a save that was killed")
+    with staged_final_save(out) as staging:
+        assert staging.parent == out and list(staging.iterdir()) == []
+        assert not (out / f"{TMP_PREFIX}out.killed").exists()  # the leftover is gone
+        (staging / "model.safetensors").write_text("new weights")
+        (staging / "config.json").write_text("{}")
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt"]
     assert (out / "model.safetensors").read_text() == "new weights"
-    assert (out / "notes.txt").read_text() == "earlier run's notes.txt" and not staging.exists()
+    assert (out / "notes.txt").read_text() == "earlier run's notes.txt"
 
-    staging = final_save_staging_dir(out)
-    (staging / "report.md").write_text("new")
     (out / "report.md").mkdir()
     (out / "report.md" / "keep").write_text("user's")
-    with pytest.raises(OutputDirError, match="is a directory"):
-        publish_staged(staging)
-    assert (out / "report.md" / "keep").read_text() == "user's" and (staging / "report.md").read_text() == "new"
+    with pytest.raises(FileExistsError, match="is a directory"), staged_final_save(out) as staging:
+        (staging / "report.md").write_text("new")
+        (staging / "config.json").write_text('{"new": 1}')
+    assert (out / "report.md" / "keep").read_text() == "user's" and (out / "config.json").read_text() == "{}"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt", "report.md"]
+
+    with pytest.raises(KeyboardInterrupt), staged_final_save(out) as staging:  # Ctrl-C while saving
+        (staging / "model.safetensors").write_text("half")
+        raise KeyboardInterrupt
+    assert (out / "model.safetensors").read_text() == "new weights"
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "notes.txt", "report.md"]
 
 
 # ---- as a user who obeys permissions -----------------------------------------------------------------------------
@@ -160,14 +182,14 @@ def test_final_save_stages_inside_and_publishes_whole_files(tmp_path):
 CHILD = """
 import json, sys
 from pathlib import Path
-from nanochat_hf.training.output_dir import OutputDirError, final_save_staging_dir, prepare_output_dir, publish_staged
+from nanochat_hf.training.checkpoint.output_dir import OutputDirError, prepare_output_dir, staged_final_save
 results = {}
 for name, path in json.loads(sys.argv[1]).items():
     try:
         results[name] = ["ok", prepare_output_dir(path, False, False)]
-        staging = final_save_staging_dir(path)
-        (staging / "model.safetensors").write_text("trained")
-        results[name].append(publish_staged(staging))
+        with staged_final_save(path) as staging:
+            (staging / "model.safetensors").write_text("trained")
+        results[name].append(sorted(p.name for p in Path(path).iterdir()))
     except OutputDirError as e:
         results[name] = ["refused", str(e)]
 print(json.dumps(results))
@@ -250,7 +272,7 @@ def test_unwritable_dirs_refused_before_training_as_unprivileged_user(shared_tre
     status, message = results["ro_parent"]
     assert status == "refused" and "\n" not in message
     assert f"output_dir {ro_parent / 'new'} cannot be created: Permission denied" in message
-    assert results["writable_in_ro"] == ["ok", [], ["model.safetensors"]]
+    assert results["writable_in_ro"] == ["ok", [], [LOCK_FILE, "model.safetensors"]]  # no staging folder left
     assert (writable_in_ro / "model.safetensors").read_text() == "trained"
     after = snapshot(shared_tree)
     del after["ro_parent/out/model.safetensors"]

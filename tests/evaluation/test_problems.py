@@ -1,9 +1,9 @@
 import pytest
 from datasets import load_dataset
 
-from nanochat_hf.data import synthetic
-from nanochat_hf.evaluation import EVAL_TASKS, load_problems, task_by_name
-from nanochat_hf.evaluation.tasks import check_final_number, final_number
+from nanochat_hf.evaluation import load_problems
+from nanochat_hf.tasks import EVAL_TASKS, spelling, task_by_name
+from nanochat_hf.tasks.gsm8k import check_final_number, final_number
 
 
 def test_rows_are_shuffled_with_seed_42_then_cut(data_files):
@@ -40,7 +40,7 @@ def test_mmlu_gsm8k_humaneval_spelling_bee(data_files):
     assert he.answer == "HumanEval/0" and he.program["entry_point"] == "add"
     bee = load_problems(EVAL_TASKS["SpellingBee"], max_problems=3)
     for i, p in enumerate(bee):
-        row = synthetic.spelling_bee(i, "test")
+        row = spelling.spelling_bee(i, "test")
         assert p.messages == row["messages"][:1]
         assert p.answer == row["messages"][1]["content"][-2]["text"]  # the python_output part: the count
     assert len(load_problems(EVAL_TASKS["SpellingBee"])) == 256

@@ -11,37 +11,26 @@ import hashlib
 import inspect
 import json
 import os
-import re
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 from safetensors import safe_open
 
-from nanochat_hf.errors import one_line
-from nanochat_hf.training.checkpoint_io import (
-    DATA_STATE_FILE,
-    OPTIMIZER_FILE,
-    RNG_STATE_FILE,
-    RNG_TENSORS_FILE,
-    SCHEDULER_FILE,
+from ...errors import UserError, one_line
+from ...jsonfile import read_json, write_json
+from .layout import (
+    CHECKPOINT_RE,
+    FINGERPRINT_FILE,
+    MODEL_FILE,
+    MODEL_INDEX,
+    PER_RANK_FILES,
+    SHARED_FILES,
     STATE_FILE,
-    TRAINER_STATE_FILE,
-    read_json,
-    write_json,
 )
 
-# What the trainer writes into checkpoint-<step>/ (names in checkpoint_io.py). The model weights are either one file
-# or an index plus the shards it lists (`save_pretrained` shards large models).
-SHARED_FILES = ("config.json", SCHEDULER_FILE, STATE_FILE, TRAINER_STATE_FILE)
-PER_RANK_FILES = (OPTIMIZER_FILE, DATA_STATE_FILE, RNG_TENSORS_FILE, RNG_STATE_FILE)
-MODEL_FILE, MODEL_INDEX = "model.safetensors", "model.safetensors.index.json"
-CHECKPOINT_RE = re.compile(r"^checkpoint-(\d+)$")
-# MidTrainer writes checkpoint-<step> in place, trainer_state.json last, into a fresh folder: an incomplete one fails
-# `verify_checkpoint` and is skipped when resuming.
-AUTO_RESUME = ("true", "last", "latest")
+AUTO_RESUME = ("true", "last", "latest")  # --resume_from_checkpoint values meaning "the newest intact checkpoint"
 
-FINGERPRINT_FILE = "run_fingerprint.json"
 # Changing these on resume is allowed: the caller applies the new value and prints the notice.
 LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
 # Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
@@ -117,13 +106,13 @@ def model_config_fields(config: Any) -> dict[str, Any]:
 
 def data_format(tokenizer: Any) -> str:
     """A hash of the token ids this tokenizer and renderer give for fixed probe conversations."""
-    from ..tokenizer import render_conversations
+    from ...tokenizer import render_conversations
 
     ids, masks = render_conversations(tokenizer, _PROBE_CONVERSATIONS, max_tokens=2048)
     return "sha256:" + hashlib.sha256(json.dumps([ids, masks]).encode()).hexdigest()
 
 
-class CheckpointMismatch(ValueError):
+class CheckpointMismatch(UserError):
     """The checkpoint is intact but belongs to a different setup (world size): an older one would not fit either."""
 
 
@@ -133,47 +122,40 @@ def _check_safetensors(path: Path) -> None:
             for key in f.keys():
                 f.get_slice(key).get_shape()  # header only; safe_open already checked the data ranges fit the file
     except Exception as e:  # safetensors raises its own error type for every malformed file
-        raise ValueError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
-
-
-def _check_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: not valid JSON ({one_line(e)})") from None
+        raise UserError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
 
 
 def verify_checkpoint(path: str | Path, world_size: int) -> None:
-    """Raise ValueError (one line naming the file) unless `path` is a complete checkpoint written by `world_size` ranks.
+    """Raise UserError (one line naming the file) unless `path` is a complete checkpoint written by `world_size` ranks.
 
-    Raises `CheckpointMismatch` (a ValueError) when the files are intact but the world size differs.
+    Raises `CheckpointMismatch` (a UserError) when the files are intact but the world size differs.
     """
     ckpt = Path(path)
     if not ckpt.is_dir():
-        raise ValueError(f"{ckpt}: checkpoint folder not found")
+        raise UserError(f"{ckpt}: checkpoint folder not found")
     required = [*SHARED_FILES, *(f.format(rank=r) for f in PER_RANK_FILES for r in range(world_size))]
     if (ckpt / MODEL_INDEX).is_file():
-        index = _check_json(ckpt / MODEL_INDEX)
+        index = read_json(ckpt / MODEL_INDEX, expect_object=False)
         if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
-            raise ValueError(f"{ckpt / MODEL_INDEX}: expected a JSON object with a 'weight_map'")
+            raise UserError(f"{ckpt / MODEL_INDEX}: expected a JSON object with a 'weight_map'")
         required += sorted(set(index["weight_map"].values()))
     else:
         required.append(MODEL_FILE)
     for name in required:
         if not (ckpt / name).is_file():
-            raise ValueError(f"{ckpt / name}: missing (the checkpoint is incomplete)")
+            raise UserError(f"{ckpt / name}: missing (the checkpoint is incomplete)")
     # Every safetensors/JSON file present is parsed, the optional ones (tokenizer, generation config, fingerprint) too.
     for file in sorted(ckpt.iterdir()):
         if file.suffix == ".safetensors":
             _check_safetensors(file)
         elif file.suffix == ".json":
-            _check_json(file)
+            read_json(file, expect_object=False)
     check_checkpoint_world_size(ckpt, world_size)
 
 
 def check_checkpoint_world_size(ckpt: Path, world_size: int) -> dict:
     """The checkpoint's nanochat state, or CheckpointMismatch if another number of processes wrote it."""
-    saved = read_json(ckpt / STATE_FILE)
+    saved = read_json(ckpt / STATE_FILE, expect_object=False)
     saved_ws = saved.get("world_size") if isinstance(saved, dict) else None
     if saved_ws != world_size:
         raise CheckpointMismatch(
@@ -190,7 +172,7 @@ def resolve_resume_checkpoint(
 
     None/False/"" -> (None, []). True/"true"/"last"/"latest" -> the newest intact `checkpoint-<step>` in output_dir
     (by step), with one message per newer checkpoint skipped and why;
-    ValueError if there is none. Any other string is a path: verified, ValueError in one line if it is not usable.
+    UserError if there is none. Any other string is a path: verified, UserError in one line if it is not usable.
     """
     if resume_from_checkpoint in (None, False, ""):
         return None, []
@@ -216,7 +198,7 @@ def _newest_intact(output_dir: Path, world_size: int) -> tuple[Path, list[str]]:
             messages.append(f"skipping {path.name}: {e}")
             continue
         return path, messages
-    raise ValueError(
+    raise UserError(
         f"--resume_from_checkpoint: no intact checkpoint-<step> folder in {output_dir} to resume from"
         + ("; " + "; ".join(messages) if messages else "")
     )
@@ -268,15 +250,15 @@ def save_fingerprint(directory: str | Path, fingerprint: dict[str, Any]) -> None
 def load_fingerprint(directory: str | Path) -> dict[str, Any] | None:
     """The saved fingerprint, or None for a checkpoint written before fingerprints existed."""
     path = Path(directory) / FINGERPRINT_FILE
-    return _check_json(path) if path.is_file() else None
+    return read_json(path, expect_object=False) if path.is_file() else None
 
 
 def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], resume_step: int) -> list[str]:
-    """Raise ValueError naming the first field that differs (with both values), or the model config / data format
+    """Raise UserError naming the first field that differs (with both values), or the model config / data format
     the checkpoint does not record (a release before this one wrote it); LR fields may change: notices. A checkpoint
     of another code version whose every field matches is continued, and said."""
     if saved is None:
-        raise ValueError(
+        raise UserError(
             "cannot resume: the checkpoint has no run fingerprint (written by an earlier release), so its "
             "model config and data format cannot be checked; start a new run in another --output_dir"
         )
@@ -286,7 +268,7 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
         if name == CODE_VERSION_FIELD:
             continue
         if name not in saved and name in (MODEL_CONFIG_FIELD, DATA_FORMAT_FIELD) and value is not None:
-            raise ValueError(
+            raise UserError(
                 f"cannot resume: the checkpoint does not record its {name.replace('_', ' ')} (written by "
                 f"{saved.get(CODE_VERSION_FIELD, 'an earlier release')}; this is {code_version()}), so "
                 "the run could not be continued exactly; start a new run in another --output_dir"
@@ -295,7 +277,7 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
             notices.append(f"{name} is not recorded in the checkpoint: not checked")
         elif name == MODEL_CONFIG_FIELD and saved[name] is not None and value is not None and saved[name] != value:
             key = next(k for k in [*value, *saved[name]] if saved[name].get(k) != value.get(k))  # config order
-            raise ValueError(
+            raise UserError(
                 f"cannot resume: the model config differs: {key} was {saved[name].get(key)!r} in the checkpoint and "
                 f"is {value.get(key)!r} now (use the checkpoint's model settings, or start a new run in another "
                 "--output_dir)"
@@ -308,7 +290,7 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
                 if name == DATA_FORMAT_FIELD
                 else "it changes the data stream or the optimizer setup mid-run"
             )
-            raise ValueError(
+            raise UserError(
                 f"cannot resume: {name} was {saved[name]!r} in the checkpoint and is {value!r} now; {what} (use the "
                 "old value, or start a new run in another --output_dir)"
             )

@@ -1,5 +1,5 @@
-"""Tasks: fixture files in each hub dataset's layout go through the hub loading code and render as nanochat does
-(docs/nanochat.md, section 4)."""
+"""The tasks' training conversations: fixture files in each hub dataset's layout go through the hub loading code and
+a mixture and render as nanochat does (docs/nanochat.md, section 4); the spelling tasks draw nanochat's rows."""
 
 import json
 import random
@@ -9,9 +9,10 @@ import string
 import pytest
 from datasets import Dataset
 
-import nanochat_hf.data.tasks as tasks_mod
+import nanochat_hf.data.mixture as mixture_mod
+import nanochat_hf.tasks.hub as hub_mod
 from nanochat_hf.data import demo_words, english_words, load_mixture, loads, word_list
-from nanochat_hf.data.synthetic import simple_spelling, spelling_bee
+from nanochat_hf.tasks.spelling import simple_spelling, spelling_bee
 from nanochat_hf.tokenizer import render_conversation
 
 
@@ -96,7 +97,7 @@ def test_hub_path_uses_real_names(monkeypatch, tmp_path, hf_cache, fx):
         calls.append((name, config, split))
         return Dataset.from_list(layouts[name])
 
-    monkeypatch.setattr(tasks_mod, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr(hub_mod, "load_dataset", fake_load_dataset)
     ds = load_mixture(
         mixture_file(
             tmp_path,
@@ -291,8 +292,8 @@ def test_hub_tasks_slice_the_rows_shuffled_with_seed_42(tmp_path, hf_cache, fx, 
     rows = _hub_rows(task, 60)
     f = tmp_path / f"rows.{ext}"
     fx.write_jsonl(f, rows) if ext == "jsonl" else Dataset.from_list(rows).to_parquet(str(f))
-    spec = tasks_mod.TaskSpec(task=task, split="test", start=5, stop=25, data_files=[str(f)])
-    got = [_conversation_key(task, loads(r)) for r in tasks_mod.load_task(spec, cache_dir=hf_cache).dataset]
+    spec = mixture_mod.TaskSpec(task=task, split="test", start=5, stop=25, data_files=[str(f)])
+    got = [_conversation_key(task, loads(r)) for r in mixture_mod.load_task(spec, cache_dir=hf_cache).dataset]
     # nanochat: rows shuffled right after loading, start/stop slice the shuffled rows (in that order)
     expected = [_row_key(task, r) for r in Dataset.from_list(rows).shuffle(seed=42).select(range(5, 25))]
     assert got == expected
@@ -309,7 +310,7 @@ def test_skipped_hub_rows_are_named_by_their_row_in_the_file(tmp_path, hf_cache,
     for i in (3, 17):
         rows[i] = {"messages": [{"role": "user", "content": f"Message {i}"}], "source": "fixture"}  # no answer
     f = fx.write_jsonl(tmp_path / "smol.jsonl", rows)
-    result = tasks_mod.load_task(tasks_mod.TaskSpec(task="smoltalk", data_files=[str(f)]), cache_dir=hf_cache)
+    result = mixture_mod.load_task(mixture_mod.TaskSpec(task="smoltalk", data_files=[str(f)]), cache_dir=hf_cache)
     assert [row for row, _ in result.bad] == [3, 17] and len(result.dataset) == 28
 
 

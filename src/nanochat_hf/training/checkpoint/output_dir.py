@@ -1,4 +1,4 @@
-"""Checks on `output_dir` before training starts, and where the final save is staged.
+"""Checks on `output_dir` before training starts, and the staging of the final save.
 
 A run must not find out after hours of training that it cannot write its model, and must not silently replace
 another run's model, report or checkpoints. Nothing here deletes anything the user had.
@@ -13,21 +13,19 @@ from __future__ import annotations
 import atexit
 import fcntl
 import os
-import shutil
 import socket
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
-from nanochat_hf.training.checkpoint_check import CHECKPOINT_RE
-from nanochat_hf.training.checkpoint_io import TRAINER_STATE_FILE
+from ...atomic import remove_staging_leftovers, staged_dir
+from ...errors import UserError
+from .layout import CHECKPOINT_RE, LOCK_FILE, RUN_FILES, TRAINER_STATE_FILE
 
-# Files whose presence means output_dir already holds a (finished or partial) run.
-RUN_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "report.md")
-FINAL_STAGING = ".tmp-save"
-LOCK_FILE = "_mid_train.lock"  # "_*": never pushed to the hub by Trainer.push_to_hub
 _held: dict[Path, tuple[int, list[Path]]] = {}  # output_dir -> (lock fd, folders this run created, deepest first)
 
 
-class OutputDirError(ValueError):
+class OutputDirError(UserError):
     """output_dir cannot be used; the message is one line naming the directory and what to do."""
 
 
@@ -140,30 +138,18 @@ def release_output_dir(output_dir: str | Path | None = None) -> None:
         _remove_empty(created)
 
 
-def final_save_staging_dir(output_dir: str | Path) -> Path:
-    """A fresh, empty folder inside output_dir for the final save (same filesystem, so publishing is a rename).
+@contextmanager
+def staged_final_save(output_dir: str | Path) -> Iterator[Path]:
+    """Yield an empty folder inside output_dir for the final save; when the block ends without error its files are
+    moved into output_dir, each by an atomic rename (`atomic.staged_dir`): a file is replaced whole, never
+    half-written, files of an earlier save that this one does not write are kept. On error nothing moves and the
+    staging folder is removed.
 
-    Staging in the parent would need a writable parent; output_dir itself was checked by `prepare_output_dir`.
-    A leftover from an interrupted save (our own folder, by name) is cleared first.
+    Staging inside output_dir (same filesystem, and its parent may not be writable; output_dir itself was checked
+    by `prepare_output_dir`). A leftover of a save that was killed is removed first: a run holds its output_dir.
     """
-    staging = Path(output_dir) / FINAL_STAGING
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir(parents=True)
-    return staging
-
-
-def publish_staged(staging: str | Path) -> list[str]:
-    """Move every file of a finished staged save into its parent (output_dir), each by an atomic rename.
-
-    Each file is replaced whole (never half-written); files of the earlier save that the new one does not write
-    are kept. Returns the published names; the empty staging folder is removed.
-    """
-    staging = Path(staging)
-    names = sorted(p.name for p in staging.iterdir())
-    for name in names:  # check all first, so that a refusal publishes nothing
-        if (staging.parent / name).is_dir():
-            raise OutputDirError(f"{staging.parent / name} is a directory; the final save needs that name (not moved)")
-    for name in names:
-        os.replace(staging / name, staging.parent / name)
-    staging.rmdir()
-    return names
+    out = Path(output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    remove_staging_leftovers(out)
+    with staged_dir(out, overwrite=True) as staging:
+        yield staging

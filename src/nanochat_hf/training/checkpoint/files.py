@@ -1,5 +1,5 @@
-"""Checkpoint pieces in safetensors + JSON (no pickles): optimizer shards, RNG states, small JSON files; a full disk
-during a save as one line."""
+"""Writing and reading the pieces of a checkpoint in safetensors + JSON (no pickles): optimizer shards, RNG states;
+the usual file modes; a full disk during a save as one line. File names: layout.py."""
 
 from __future__ import annotations
 
@@ -18,22 +18,9 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ..atomic import current_umask, replacing, write_text
-
-# The files of a checkpoint-<step> folder beside transformers' own (config.json, the model, trainer_state.json,
-# which the Trainer writes last: a folder with it is complete). {rank}: one file per process.
-STATE_FILE = "nanochat_state.json"  # world size, the logger's state, the best val bpb
-SCHEDULER_FILE = "scheduler.json"
-TRAINER_STATE_FILE = "trainer_state.json"
-OPTIMIZER_FILE = "optimizer.rank{rank}.safetensors"  # this rank's optimizer shard
-DATA_STATE_FILE = "data_state.rank{rank}.json"  # this rank's position in the data
-RNG_TENSORS_FILE = "rng_state.rank{rank}.safetensors"
-RNG_STATE_FILE = "rng_state.rank{rank}.json"
-
-
-def write_json(path: str | Path, obj: Any) -> None:
-    """Atomic JSON write, mode 0666 & ~umask."""
-    write_text(path, json.dumps(obj, indent=2))
+from ...atomic import current_umask, replacing
+from ...jsonfile import read_json, write_json
+from .layout import RNG_STATE_FILE, RNG_TENSORS_FILE
 
 
 def usual_modes(directory: str | Path) -> None:
@@ -45,10 +32,6 @@ def usual_modes(directory: str | Path) -> None:
     mask = current_umask()
     for path in Path(directory).rglob("*"):
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
-
-
-def read_json(path: str | Path) -> Any:
-    return json.loads(Path(path).read_text())
 
 
 def _encode(obj: Any) -> Any:
@@ -173,16 +156,20 @@ def _mb(n: int) -> str:
 
 
 @contextmanager
-def disk_full_as_one_line(what: str, folder: str | Path, needed_bytes: int, undo: Callable[[], None]) -> Iterator[None]:
+def disk_full_as_one_line(
+    what: str, folder: str | Path, needed_bytes: int, undo: Callable[[], None] | None = None
+) -> Iterator[None]:
     """Run a save; if it fails for lack of space (ENOSPC, EDQUOT, or EFBIG from a file-size limit, also as
-    safetensors' own error), call `undo` (remove what was staged) and raise DiskFullError with one line."""
+    safetensors' own error), call `undo` (remove what was staged, unless the save's own context did) and raise
+    DiskFullError with one line."""
     try:
         yield
     except Exception as e:
         code = _full_errno(e)
         if code is None:
             raise
-        undo()
+        if undo is not None:
+            undo()
         folder = Path(folder)
         existing = next(p for p in (folder, *folder.parents) if p.exists())
         free = shutil.disk_usage(existing).free

@@ -15,9 +15,11 @@ import pytest
 import torch
 from transformers import TrainerState
 
+from nanochat_hf.errors import UserError
+from nanochat_hf.jsonfile import write_json
 from nanochat_hf.model.configuration_nanochat_gpt import NanoChatGPTConfig
 from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
-from nanochat_hf.training.checkpoint_check import (
+from nanochat_hf.training.checkpoint.check import (
     CheckpointMismatch,
     check_fingerprint,
     code_version,
@@ -29,13 +31,7 @@ from nanochat_hf.training.checkpoint_check import (
     save_fingerprint,
     verify_checkpoint,
 )
-from nanochat_hf.training.checkpoint_io import (
-    DiskFullError,
-    disk_full_as_one_line,
-    save_optimizer_state,
-    save_rng_state,
-    write_json,
-)
+from nanochat_hf.training.checkpoint.files import save_optimizer_state, save_rng_state
 
 
 def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
@@ -113,7 +109,7 @@ def test_damaged_newest_falls_back_and_explicit_path_fails_in_one_line(run_dir, 
     breaker(run_dir / "checkpoint-20")
     before = snapshot(run_dir)
 
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UserError) as err:
         resolve_resume_checkpoint(run_dir, str(run_dir / "checkpoint-20"), 2)
     message = str(err.value)
     assert "\n" not in message and f"checkpoint-20/{bad_file}" in message
@@ -136,12 +132,12 @@ def test_newest_by_step_number(run_dir):
 def test_no_intact_checkpoint_is_one_line(run_dir, tmp_path):
     truncate(run_dir / "checkpoint-20" / "model.safetensors")
     (run_dir / "checkpoint-10" / "scheduler.json").unlink()
-    with pytest.raises(ValueError, match=r"no intact checkpoint-<step> folder") as err:
+    with pytest.raises(UserError, match=r"no intact checkpoint-<step> folder") as err:
         resolve_resume_checkpoint(run_dir, "latest", 2)
     assert "\n" not in str(err.value) and "checkpoint-10" in str(err.value) and "checkpoint-20" in str(err.value)
-    with pytest.raises(ValueError, match="no intact"):
+    with pytest.raises(UserError, match="no intact"):
         resolve_resume_checkpoint(tmp_path / "empty", True, 1)
-    with pytest.raises(ValueError, match="checkpoint folder not found"):
+    with pytest.raises(UserError, match="checkpoint folder not found"):
         resolve_resume_checkpoint(run_dir, str(tmp_path / "nope"), 2)
 
 
@@ -149,7 +145,7 @@ def test_world_size_mismatch_is_refused_not_skipped(run_dir):
     with pytest.raises(CheckpointMismatch, match=r"world_size=2 processes, resuming with 1") as err:
         resolve_resume_checkpoint(run_dir, "latest", 1)
     assert "checkpoint-20" in str(err.value)  # the newest is named; no silent fall back to an older step
-    with pytest.raises(ValueError, match=r"optimizer.rank2.safetensors: missing"):
+    with pytest.raises(UserError, match=r"optimizer.rank2.safetensors: missing"):
         verify_checkpoint(run_dir / "checkpoint-20", 3)
 
 
@@ -164,7 +160,7 @@ def test_sharded_model_index_lists_required_shards(run_dir):
             "weight_map": {"a": "model-00001-of-00002.safetensors", "b": "model-00002-of-00002.safetensors"},
         },
     )
-    with pytest.raises(ValueError, match=r"model-00002-of-00002.safetensors: missing"):
+    with pytest.raises(UserError, match=r"model-00002-of-00002.safetensors: missing"):
         verify_checkpoint(ckpt, 2)
 
 
@@ -224,7 +220,7 @@ def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
 def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, new):
     saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     current = run_fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
-    with pytest.raises(ValueError) as err:
+    with pytest.raises(UserError) as err:
         check_fingerprint(saved, current, resume_step=20)
     assert "\n" not in str(err.value) and f"cannot resume: {field} was {saved[field]!r}" in str(err.value)
     assert f"is {new!r} now" in str(err.value)
@@ -233,12 +229,12 @@ def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, n
 def test_changed_mixture_content_dataset_or_world_size_is_refused(tmp_path):
     saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     (tmp_path / "mix.yaml").write_text("train:\n  - gsm8k\n")  # same path, other content
-    with pytest.raises(ValueError, match=r"cannot resume: train_mixture was 'sha256:"):
+    with pytest.raises(UserError, match=r"cannot resume: train_mixture was 'sha256:"):
         check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "abc", "def", 1), 20)
     (tmp_path / "mix.yaml").write_text("train:\n  - smoltalk\n")
-    with pytest.raises(ValueError, match=r"cannot resume: train_dataset was 'abc' in the checkpoint and is 'xyz'"):
+    with pytest.raises(UserError, match=r"cannot resume: train_dataset was 'abc' in the checkpoint and is 'xyz'"):
         check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "xyz", "def", 1), 20)
-    with pytest.raises(ValueError, match=r"cannot resume: world_size was 1"):
+    with pytest.raises(UserError, match=r"cannot resume: world_size was 1"):
         check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "abc", "def", 2), 20)
 
 
@@ -254,12 +250,12 @@ def test_changed_lr_is_a_notice_to_apply(tmp_path):
 def test_old_checkpoint_without_fingerprint_and_bad_fingerprint_json(tmp_path):
     current = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
     assert load_fingerprint(tmp_path) is None
-    with pytest.raises(ValueError, match=r"^cannot resume: the checkpoint has no run fingerprint \(written by an "):
+    with pytest.raises(UserError, match=r"^cannot resume: the checkpoint has no run fingerprint \(written by an "):
         check_fingerprint(None, current, 5)
     older = {k: v for k, v in current.items() if k != "val_dataset"}
     assert check_fingerprint(older, current, 5) == ["val_dataset is not recorded in the checkpoint: not checked"]
     (tmp_path / "run_fingerprint.json").write_text("{")
-    with pytest.raises(ValueError, match=r"run_fingerprint.json: not valid JSON"):
+    with pytest.raises(UserError, match=r"run_fingerprint.json: not valid JSON"):
         load_fingerprint(tmp_path)
 
 
@@ -280,11 +276,11 @@ def test_model_config_data_format_and_code_version_on_resume(tmp_path):
         ({"n_layer": 3}, "n_layer was 2 in the checkpoint and is 3 now"),
     ):
         other = NanoChatGPTConfig(**{"n_layer": 2, "n_head": 4, "n_kv_head": 4, "n_embd": 64, **changed})
-        with pytest.raises(ValueError) as err:
+        with pytest.raises(UserError) as err:
             check_fingerprint(saved, _full(tmp_path, other), 5)
         assert str(err.value).startswith(f"cannot resume: the model config differs: {named}")
     with pytest.raises(
-        ValueError,
+        UserError,
         match=r"^cannot resume: data_format was 'sha256:aaa' in the checkpoint and is "
         r"'sha256:bbb' now; the chat rendering or tokenizer changed the token ids",
     ):
@@ -292,7 +288,7 @@ def test_model_config_data_format_and_code_version_on_resume(tmp_path):
     # the previous release recorded neither: refused, naming what is missing and who wrote it
     previous = {k: v for k, v in saved.items() if k not in ("model_config", "data_format", "code_version")}
     with pytest.raises(
-        ValueError,
+        UserError,
         match=r"^cannot resume: the checkpoint does not record its model config \(written "
         r"by an earlier release; this is nanochat-hf",
     ):
@@ -329,37 +325,5 @@ def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint
     assert Dataset.from_list(rows)._fingerprint == same  # deterministic for the same data
     saved = run_fingerprint(make_args(tmp_path), same, same, 1)
     changed = Dataset.from_list(rows[:2])._fingerprint
-    with pytest.raises(ValueError, match=r"cannot resume: train_dataset was"):
+    with pytest.raises(UserError, match=r"cannot resume: train_dataset was"):
         check_fingerprint(saved, run_fingerprint(make_args(tmp_path), changed, same, 1), 20)
-
-
-def test_a_full_disk_is_one_line_and_undone(tmp_path):
-    import resource
-
-    from safetensors.torch import save_file
-
-    undone = []
-    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
-    resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 16, hard))
-    try:  # safetensors' own error type (SafetensorError "... (os error 27)"), and a plain OSError
-        with (
-            pytest.raises(DiskFullError) as err,
-            disk_full_as_one_line("checkpoint x", tmp_path, 3 << 20, lambda: undone.append(1)),
-        ):
-            save_file({"w": torch.zeros(1 << 16)}, str(tmp_path / "w.safetensors"))
-        with pytest.raises(DiskFullError), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(2)):
-            (tmp_path / "big").write_bytes(b"x" * (1 << 17))
-    finally:
-        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
-    message = str(err.value)
-    assert (
-        message.startswith(
-            f"checkpoint x could not be saved in {tmp_path}: a file would exceed the file-size "
-            "limit (ulimit -f); it needs about 3.0 MB free there ("
-        )
-        and "\n" not in message
-    )
-    assert undone == [1, 2]
-    with pytest.raises(ValueError, match="other"), disk_full_as_one_line("x", tmp_path, 1, lambda: undone.append(3)):
-        raise ValueError("other")  # any other error passes through, nothing undone
-    assert undone == [1, 2]
