@@ -133,12 +133,9 @@ def preview(args: argparse.Namespace) -> int:
             f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}"
         )
     grad_accum = args.total_batch_size // (B * T * W)
-    try:  # data/mixture.py and data/tasks.py raise ValueError for bad input until they raise UserError
-        read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
-        tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
-        ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
-    except ValueError as e:
-        raise UserError(one_line(e)) from None
+    read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
+    tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
+    ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     name = args.mixture or "offline demo mixture"
     marked = "green" if color else f"between {OPEN} and {CLOSE}"
