@@ -336,7 +336,7 @@ def test_cli(nanochat_base, tmp_path, capsys):
     capsys.readouterr()
     assert main(["to-nanochat", "--model", str(tmp_path / "nope"), "--output", str(tmp_path / "nc2")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "nope" in err and "\n" not in err
+    assert err.startswith("convert: error: ") and "nope" in err and "\n" not in err
     # a folder outside nanochat's layout has no place for the tokenizer: refused in one line, nothing written
     assert main(["to-nanochat", "--model", str(tmp_path / "hf"), "--output", str(tmp_path / "elsewhere")]) == 2
     err = capsys.readouterr().err.strip()

@@ -221,12 +221,12 @@ def test_two_processes_give_the_single_process_results(model_dir, data_files, tm
     [
         (
             ["--tasks", "ARC"],
-            "error: unknown chat-eval task 'ARC'; expected one of ARC-Easy, ARC-Challenge, MMLU, "
+            "chat_eval: error: unknown chat-eval task 'ARC'; expected one of ARC-Easy, ARC-Challenge, MMLU, "
             "GSM8K, HumanEval, SpellingBee",
         ),
-        (["--data_files", "GSM8K"], "error: --data_files 'GSM8K': expected TASK=FILE[,FILE]"),
-        (["--data_files", "GSM8K=/nope.jsonl"], "error: --data_files: no such file /nope.jsonl"),
-        (["--batch_size", "0"], "error: --max_problems, --batch_size and --max_new_tokens must be >= 1"),
+        (["--data_files", "GSM8K"], "chat_eval: error: --data_files 'GSM8K': expected TASK=FILE[,FILE]"),
+        (["--data_files", "GSM8K=/nope.jsonl"], "chat_eval: error: --data_files: no such file /nope.jsonl"),
+        (["--batch_size", "0"], "chat_eval: error: --max_problems, --batch_size and --max_new_tokens must be >= 1"),
     ],
 )
 def test_bad_arguments_are_one_line(args, message, model_dir, capsys):
