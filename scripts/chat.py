@@ -12,14 +12,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-import torch
 from transformers.generation.streamers import BaseStreamer
 
 from nanochat_hf.errors import OneLineArgumentParser, UserError, run_cli
-from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens, tool_part_tokens
-from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
-from nanochat_hf.tokenizer.chat_format import PYTHON, PYTHON_OUTPUT
-from nanochat_hf.training.model_source import load_pretrained
 
 PROG = "chat"
 
@@ -49,6 +44,11 @@ class ReplyPrinter(BaseStreamer):
     of their own."""
 
     def __init__(self, tokenizer, at_line_start: bool = True, out=None):
+        # imported here, as in chat(): beyond the package (torch, the model), what a reply needs is loaded once the
+        # arguments are checked
+        from nanochat_hf.inference import tool_part_tokens
+        from nanochat_hf.tokenizer.chat_format import PYTHON, PYTHON_OUTPUT
+
         self.tokenizer, self.out = tokenizer, out or sys.stdout
         opening, self.closers, self.stops = tool_part_tokens(tokenizer)
         labels = {PYTHON: "  [calculator] ", PYTHON_OUTPUT: "  [result] "}
@@ -107,6 +107,13 @@ def chat(args: argparse.Namespace) -> int:
     """One reply (--prompt) or the REPL; bad input (arguments, the model folder) raises UserError or OSError."""
     if (args.max_new_tokens is not None and args.max_new_tokens < 1) or args.temperature < 0 or args.top_k < 0:
         raise UserError("--max-new-tokens must be >= 1, --temperature >= 0, --top-k >= 0")
+
+    import torch
+
+    from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens
+    from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
+    from nanochat_hf.training.model_source import load_pretrained
+
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = (
         getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)

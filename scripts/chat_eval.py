@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from accelerate import PartialState
 
-from nanochat_hf.errors import OneLineArgumentParser, UserError, error_line, first_rank, one_line, run_cli
+from nanochat_hf.errors import OneLineArgumentParser, UserError, error_line, first_rank, run_cli
 from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
 from nanochat_hf.tasks import EVAL_TASKS, check_data_file, task_by_name
 from nanochat_hf.training.device import cpu_threads
@@ -66,16 +66,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def check_args(args: argparse.Namespace) -> None:
     """UserError in one line saying what is wrong with the arguments."""
-    try:
-        args.tasks = [task_by_name(t.strip()).name for t in args.tasks.split(",") if t.strip()]
-        files = {}
-        for item in args.data_files:
-            name, eq, paths = item.partition("=")
-            if not eq or not paths:
-                raise UserError(f"--data_files {item!r}: expected TASK=FILE[,FILE]")
-            files[task_by_name(name).name] = paths.split(",")
-    except ValueError as e:  # an unknown task name (evaluation/tasks.py, until it raises UserError)
-        raise UserError(one_line(e)) from None
+    args.tasks = [task_by_name(t.strip()).name for t in args.tasks.split(",") if t.strip()]
+    files = {}
+    for item in args.data_files:
+        name, eq, paths = item.partition("=")
+        if not eq or not paths:
+            raise UserError(f"--data_files {item!r}: expected TASK=FILE[,FILE]")
+        files[task_by_name(name).name] = paths.split(",")
     missing = [f for paths in files.values() for f in paths if not Path(f).is_file()]
     if missing:
         raise UserError(f"--data_files: no such file {missing[0]}")
@@ -95,10 +92,7 @@ def check_inputs(args: argparse.Namespace) -> None:
     one line: data files (empty, not JSON, binary, not parquet), the --json / --report paths writable."""
     for task, paths in args.data_files.items():
         for path in paths:
-            try:
-                check_data_file(path, f"--data_files {task}")
-            except ValueError as e:  # data/tasks.py's DataLoadError, until it is a UserError
-                raise UserError(one_line(e)) from None
+            check_data_file(path, f"--data_files {task}")
     for flag, target in (("--json", args.json), ("--report", args.report)):
         if target:
             _check_writable(flag, Path(target))
@@ -143,22 +137,19 @@ def evaluate(args: argparse.Namespace) -> int:
         if state.is_main_process:
             print(f"chat eval {task} skipped: {reason.removeprefix(f'{task}: ')}", file=sys.stderr, flush=True)
 
-    try:
-        scores = run_chat_eval(
-            model,
-            tokenizer,
-            args.tasks,
-            args.max_problems,
-            args.batch_size,
-            args.max_new_tokens,
-            args.temperature,
-            args.top_k or None,
-            args.seed,
-            args.data_files,
-            skip_unavailable=skipped,
-        )
-    except ValueError as e:  # malformed local rows (evaluation/tasks.py, until it raises UserError)
-        raise UserError(one_line(e)) from None
+    scores = run_chat_eval(
+        model,
+        tokenizer,
+        args.tasks,
+        args.max_problems,
+        args.batch_size,
+        args.max_new_tokens,
+        args.temperature,
+        args.top_k or None,
+        args.seed,
+        args.data_files,
+        skip_unavailable=skipped,
+    )
     if not scores:  # every task skipped (said above): nothing to report, though no argument was wrong
         if first_rank():
             print(error_line(PROG, "no task could be evaluated (see the lines above)"), file=sys.stderr)

@@ -21,7 +21,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native
 from nanochat_hf.errors import OneLineArgumentParser, run_cli
 
 PROG = "convert"
@@ -88,6 +87,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def convert(args: argparse.Namespace) -> None:
     """Bad input (a missing, damaged or foreign file, an --output that is refused) raises UserError or OSError."""
+    from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native
+
     if args.command == "from-nanochat":
         tokenizer_dir = args.tokenizer_dir or nanochat_tokenizer_dir(args.checkpoint_dir)
         out = from_nanochat(

@@ -14,14 +14,10 @@ import os
 import statistics
 import sys
 
-from transformers import AutoTokenizer
-
-from nanochat_hf.data import PackedStream, demo_tokenizer, load_mixture, loads, read_mixture, tokenize_conversations
 from nanochat_hf.errors import OneLineArgumentParser, UserError, one_line, run_cli
-from nanochat_hf.tokenizer import load_nanochat_tokenizer, render_conversation
-from nanochat_hf.tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, USER_START
-from nanochat_hf.training.arguments import config_values
 
+# The error contract's import loads the package (torch, the model); the rest (datasets, tokenizers, the training
+# arguments) is imported inside the functions that use it, after the arguments are checked.
 PROG = "preview_data"
 GREEN, RESET = "\033[32m", "\033[0m"
 OPEN, CLOSE = "[[", "]]"
@@ -73,12 +69,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def load_tokenizer(path: str | None, trust_pickle: bool):
     """The demo tokenizer, or the one in `path`; UserError / OSError in one line when it is not usable."""
+    from nanochat_hf.data import demo_tokenizer
+    from nanochat_hf.tokenizer.chat_format import ASSISTANT_END, ASSISTANT_START, BOS, USER_START
+
     if path is None:
         return demo_tokenizer()
     if not os.path.isdir(path):
         raise FileNotFoundError(f"--tokenizer {path}: no such directory (expected a tokenizer folder)")
     if os.path.isfile(os.path.join(path, "tokenizer.pkl")) and not os.path.isfile(os.path.join(path, "tokenizer.json")):
+        from nanochat_hf.tokenizer import load_nanochat_tokenizer
+
         return load_nanochat_tokenizer(path, trust_pickle=trust_pickle)
+    from transformers import AutoTokenizer
+
     try:
         tokenizer = AutoTokenizer.from_pretrained(path)
     except Exception as e:  # noqa: BLE001 -- tokenizers raises plain Exception on a damaged tokenizer.json
@@ -91,6 +94,8 @@ def load_tokenizer(path: str | None, trust_pickle: bool):
 
 def show(tokenizer, conversation: dict, max_tokens: int, color: bool) -> str:
     """The rendered conversation with assistant-trained tokens (mask 1) highlighted."""
+    from nanochat_hf.tokenizer import render_conversation
+
     ids, mask = render_conversation(tokenizer, conversation, max_tokens=max_tokens)
     out, start = [], 0
     for i in range(1, len(ids) + 1):
@@ -110,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def preview(args: argparse.Namespace) -> int:
     """Bad input (the config, the mixture and its files, the tokenizer, batch settings) raises UserError / OSError."""
+    from nanochat_hf.data import PackedStream, load_mixture, loads, read_mixture, tokenize_conversations
+    from nanochat_hf.training.arguments import config_values
+
     config = config_values(args.config)
     if args.mixture is None:
         args.mixture = (
@@ -125,12 +133,9 @@ def preview(args: argparse.Namespace) -> int:
             f"max_seq_len * world_size = {B}*{T}*{W} = {B * T * W}"
         )
     grad_accum = args.total_batch_size // (B * T * W)
-    try:  # data/mixture.py and data/tasks.py raise ValueError for bad input until they raise UserError
-        read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
-        tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
-        ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
-    except ValueError as e:
-        raise UserError(one_line(e)) from None
+    read_mixture(args.mixture, args.split)  # validates every entry and file before the tokenizer is loaded
+    tokenizer = load_tokenizer(args.tokenizer, args.trust_pickle)
+    ds = load_mixture(args.mixture, split=args.split, strict=args.strict)
     color = args.color == "always" or (args.color == "auto" and sys.stdout.isatty())
     name = args.mixture or "offline demo mixture"
     marked = "green" if color else f"between {OPEN} and {CLOSE}"

@@ -128,11 +128,12 @@ def test_a_missing_source_is_one_line(tmp_path):
 
 def test_a_bug_keeps_its_traceback(monkeypatch, tmp_path):
     """Only bad input is turned into one line: an error of ours (here a RuntimeError) reaches the user whole."""
-    script = runpy.run_path(str(SCRIPT))
+    import nanochat_hf.conversion
 
     def broken(*args, **kwargs):
         raise RuntimeError("a bug")
 
-    monkeypatch.setitem(script["convert"].__globals__, "to_native", broken)
+    monkeypatch.setattr(nanochat_hf.conversion, "to_native", broken)
+    main = runpy.run_path(str(SCRIPT))["main"]
     with pytest.raises(RuntimeError, match="a bug"):
-        script["main"](["to-native", "--model", str(tmp_path), "--output", str(tmp_path / "out")])
+        main(["to-native", "--model", str(tmp_path), "--output", str(tmp_path / "out")])

@@ -148,6 +148,8 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
 
 
 def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch, capsys):
+    import nanochat_hf.inference
+
     chat = load_script()
     seen = []
 
@@ -155,7 +157,7 @@ def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(mode
         seen.extend(prompts)
         return [[tok.convert_tokens_to_ids("<|assistant_end|>")]]
 
-    monkeypatch.setattr(chat, "generate_tokens", capture)
+    monkeypatch.setattr(nanochat_hf.inference, "generate_tokens", capture)
     lines = iter(["hello there " * 1200, "what about the zebra?", "quit"])  # the first one alone is over 2048
     monkeypatch.setattr("builtins.input", lambda prompt="": next(lines))
     assert chat.main(["--model", str(model_dir), "--temperature", "0", "--device", "cpu"]) == 0

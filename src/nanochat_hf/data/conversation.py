@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from ..errors import UserError
 from ..tokenizer.chat_format import check_conversation
 
 
@@ -29,7 +30,7 @@ def check_messages(messages: Any, **rules: bool) -> str | None:
     least a user and an assistant message; `rules` are its stricter options (identity files)."""
     try:
         check_conversation(messages, needs_reply=True, **rules)
-    except ValueError as e:
+    except UserError as e:
         return str(e)
     return None
 

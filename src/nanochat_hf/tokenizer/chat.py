@@ -145,7 +145,7 @@ def render_conversations(
     for i, conv in enumerate(conversations):
         try:
             plans.append(_plan(normalize_messages(conv), ids, texts))
-        except ValueError as e:
+        except UserError as e:
             raise UserError(f"conversation {i} of the batch: {e}") from None
     encoded = _encode(backend, texts)
     rendered = [_assemble(plan, encoded, max_tokens) for plan in plans]

@@ -52,10 +52,6 @@ logger = logging.getLogger("nanochat_hf.mid_train")
 PROG = "mid_train"
 _is_main = first_rank  # rank 0 of torchrun / accelerate launch, known before any process group exists
 
-# The errors of bad input a run stops on in one line (exit code 2). ValueError: the modules that still raise it for
-# bad input (data/mixture.py, data/tasks.py, evaluation/tasks.py, the checkpoint checks) until they raise UserError.
-BAD_INPUT = (UserError, OSError, ValueError)
-
 
 def _fail(error: BaseException | str, code: int = 2) -> None:
     """One line on stderr (from rank 0 only: every rank fails the same way), exit `code` on every rank."""
@@ -77,7 +73,7 @@ def on_main_process(args: MidTrainingArguments, fn: Callable[[], Any]) -> Any:
     if args.process_index == 0:
         try:
             outcome = [(True, fn())]
-        except BAD_INPUT as e:
+        except (UserError, OSError) as e:
             outcome = [(False, one_line(e))]
     if args.world_size > 1 and dist.is_initialized():
         dist.broadcast_object_list(outcome, src=0)
@@ -211,7 +207,10 @@ def build_trainer(
         callbacks=callbacks,
         run_fingerprint=fingerprint,
     )
-    trainer.get_train_dataloader()
+    try:
+        trainer.get_train_dataloader()
+    except ValueError as e:  # trainer.py's refusal of a mixture too small for one step (bad input, not a UserError yet)
+        raise UserError(one_line(e)) from None
     return trainer
 
 
@@ -270,7 +269,7 @@ def chat_eval(trainer) -> None:
                 trainer.chat_eval_scores += run_chat_eval(
                     model, trainer.processing_class, [task], args.chat_eval_max_problems, seed=args.seed
                 )
-        except BAD_INPUT as e:  # e.g. a hub task while offline (ConnectionError, an OSError)
+        except (UserError, OSError) as e:  # e.g. a hub task while offline (a DataLoadError)
             _say([f"chat eval {task} skipped: {one_line(e).removeprefix(f'{task}: ')}"])
     if trainer.chat_eval_scores and _is_main():
         print(f"chat evaluation:\n{results_table(trainer.chat_eval_scores)}", flush=True)
@@ -359,7 +358,7 @@ def interrupted() -> None:
     else:
         try:
             path, _ = resolve_resume_checkpoint(out, True, int(os.environ.get("WORLD_SIZE", "1")))
-        except ValueError:  # no intact checkpoint
+        except UserError:  # no intact checkpoint
             path = None
         if path is not None and (
             args.resume_from_checkpoint or (path / TRAINER_STATE_FILE).stat().st_mtime >= RUN["started"]
@@ -391,7 +390,7 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         try:
             trainer = build_trainer(*setup(argv))
-        except BAD_INPUT as e:
+        except (UserError, OSError) as e:
             _fail(e)
         try:
             return finish(trainer, train(trainer))
