@@ -87,7 +87,7 @@ def _left_pad(prompts: list[list[int]], pad: int, device) -> tuple[torch.Tensor,
 def _letter_ids(tokenizer, letters: str) -> list[int]:
     ids = [tokenizer.encode(letter, add_special_tokens=False) for letter in letters]
     if any(len(i) != 1 for i in ids):
-        raise ValueError(f"answer letters {letters!r} are not single tokens of this tokenizer")
+        raise UserError(f"answer letters {letters!r} are not single tokens of this tokenizer")
     return [i[0] for i in ids]
 
 

@@ -207,10 +207,7 @@ def build_trainer(
         callbacks=callbacks,
         run_fingerprint=fingerprint,
     )
-    try:
-        trainer.get_train_dataloader()
-    except ValueError as e:  # trainer.py's refusal of a mixture too small for one step (bad input, not a UserError yet)
-        raise UserError(one_line(e)) from None
+    trainer.get_train_dataloader()
     return trainer
 
 

@@ -36,7 +36,7 @@ from transformers.utils import logging as hf_logging
 
 from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
 from ..data import BestFitStream, MicroBatchStream, PackedStream
-from ..errors import one_line
+from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..jsonfile import read_json, write_json
 from ..optim import build_optimizer
@@ -163,7 +163,7 @@ class MidTrainer(Trainer):
             ga = self.args.gradient_accumulation_steps
             epoch_steps = stream.epoch_steps(ga)
             if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
-                raise ValueError(
+                raise UserError(
                     f"train mixture too small: one optimizer step needs {ga} micro-batches of "
                     f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the whole mixture fills "
                     f"{stream.num_micro_batches()} (its rows would be repeated within a step): add rows, or lower "
