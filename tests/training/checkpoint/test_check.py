@@ -49,6 +49,7 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
         save_rng_state(ckpt, rank)
     write_json(ckpt / "scheduler.json", {"last_epoch": step})
     write_json(ckpt / "nanochat_state.json", {"logger": {}, "min_val_bpb": 1.5, "world_size": world_size})
+    save_fingerprint(ckpt, run_fingerprint(make_args(run_dir), "abc", "def", world_size))
     TrainerState(global_step=step).save_to_json(str(ckpt / "trainer_state.json"))
     return ckpt
 
@@ -94,6 +95,11 @@ DAMAGE = {
     "bad config.json": (lambda c: (c / "config.json").write_text("{not json"), "config.json"),
     "missing trainer_state": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json"),
     "missing rng json": (lambda c: (c / "rng_state.rank1.json").unlink(), "rng_state.rank1.json"),
+    "missing fingerprint": (lambda c: (c / "run_fingerprint.json").unlink(), "run_fingerprint.json"),
+    "fingerprint without a field": (
+        lambda c: write_json(c / "run_fingerprint.json", {"seed": 42}),
+        "run_fingerprint.json: no 'max_seq_len' field",
+    ),
 }
 
 
@@ -247,13 +253,15 @@ def test_changed_lr_is_a_notice_to_apply(tmp_path):
     ]
 
 
-def test_old_checkpoint_without_fingerprint_and_bad_fingerprint_json(tmp_path):
-    current = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
-    assert load_fingerprint(tmp_path) is None
-    with pytest.raises(UserError, match=r"^cannot resume: the checkpoint has no run fingerprint \(written by an "):
-        check_fingerprint(None, current, 5)
-    older = {k: v for k, v in current.items() if k != "val_dataset"}
-    assert check_fingerprint(older, current, 5) == ["val_dataset is not recorded in the checkpoint: not checked"]
+def test_fingerprint_lacking_a_field_or_not_json_is_one_line_naming_it(tmp_path):
+    fp = run_fingerprint(make_args(tmp_path), "abc", "def", 1, {"n_layer": 2}, "sha256:aaa")
+    save_fingerprint(tmp_path, {k: v for k, v in fp.items() if k != "model_config"})
+    with pytest.raises(UserError) as err:
+        load_fingerprint(tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path / 'run_fingerprint.json'}: no 'model_config' field (the file is damaged or was not written by "
+        "nanochat-hf)"
+    )
     (tmp_path / "run_fingerprint.json").write_text("{")
     with pytest.raises(UserError, match=r"run_fingerprint.json: not valid JSON"):
         load_fingerprint(tmp_path)
@@ -285,14 +293,6 @@ def test_model_config_data_format_and_code_version_on_resume(tmp_path):
         r"'sha256:bbb' now; the chat rendering or tokenizer changed the token ids",
     ):
         check_fingerprint(saved, _full(tmp_path, config, "sha256:bbb"), 5)
-    # the previous release recorded neither: refused, naming what is missing and who wrote it
-    previous = {k: v for k, v in saved.items() if k not in ("model_config", "data_format", "code_version")}
-    with pytest.raises(
-        UserError,
-        match=r"^cannot resume: the checkpoint does not record its model config \(written "
-        r"by an earlier release; this is nanochat-hf",
-    ):
-        check_fingerprint(previous, saved, 5)
     # another code version with everything else equal: continued, and said
     assert check_fingerprint({**saved, "code_version": "nanochat-hf 0.0.9"}, saved, 5) == [
         f"the checkpoint was written by nanochat-hf 0.0.9, this is {code_version()}: model config, data format and "
