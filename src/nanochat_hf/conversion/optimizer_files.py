@@ -350,7 +350,7 @@ def nanochat_files(
                         "lr": g["lr"],
                         "momentum": g["momentum"],
                         "ns_steps": g["ns_steps"],
-                        "beta2": g.get("beta2", 0.9),
+                        "beta2": g["beta2"],
                         "weight_decay": g["weight_decay"],
                         "initial_lr": g["initial_lr"],
                     }

@@ -161,7 +161,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 f"optimizer state_dict has {len(saved_groups)} param groups, "
                 f"this optimizer has {len(self.param_groups)}"
             )
-        layout = state_dict.get("sharding", {"world_size": 1, "rank": 0})
+        layout = state_dict.get("sharding")
+        if layout is None:
+            raise UserError("optimizer state_dict has no 'sharding' entry: it was not written by MuonAdamW.state_dict")
         if (layout["world_size"], layout["rank"]) != (self.world_size, self.rank):
             raise UserError(
                 f"optimizer state_dict was saved by rank {layout['rank']} of {layout['world_size']}, "
@@ -170,9 +172,9 @@ class MuonAdamW(torch.optim.Optimizer):
             )
         by_index: dict[int, Tensor] = {}
         for group, saved in zip(self.param_groups, saved_groups):
-            if len(group["params"]) != len(saved["params"]) or saved.get("name", group["name"]) != group["name"]:
+            if len(group["params"]) != len(saved["params"]) or saved["name"] != group["name"]:
                 raise UserError(
-                    f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
+                    f"optimizer state_dict group {saved['name']!r} with {len(saved['params'])} "
                     f"params does not match group {group['name']!r} with {len(group['params'])}"
                 )
             by_index.update(zip(saved["params"], group["params"]))

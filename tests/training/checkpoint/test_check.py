@@ -95,6 +95,10 @@ DAMAGE = {
     "bad config.json": (lambda c: (c / "config.json").write_text("{not json"), "config.json"),
     "missing trainer_state": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json"),
     "missing rng json": (lambda c: (c / "rng_state.rank1.json").unlink(), "rng_state.rank1.json"),
+    "state without world_size": (
+        lambda c: write_json(c / "nanochat_state.json", {"logger": {}}),
+        "nanochat_state.json: no 'world_size' field",
+    ),
     "missing fingerprint": (lambda c: (c / "run_fingerprint.json").unlink(), "run_fingerprint.json"),
     "fingerprint without a field": (
         lambda c: write_json(c / "run_fingerprint.json", {"seed": 42}),

@@ -159,8 +159,12 @@ def verify_checkpoint(path: str | Path, world_size: int) -> None:
 
 def check_checkpoint_world_size(ckpt: Path, world_size: int) -> dict:
     """The checkpoint's nanochat state, or CheckpointMismatch if another number of processes wrote it."""
-    saved = read_json(ckpt / STATE_FILE, expect_object=False)
-    saved_ws = saved.get("world_size") if isinstance(saved, dict) else None
+    saved = read_json(ckpt / STATE_FILE)
+    if "world_size" not in saved:
+        raise UserError(
+            f"{ckpt / STATE_FILE}: no 'world_size' field (the file is damaged or was not written by nanochat-hf)"
+        )
+    saved_ws = saved["world_size"]
     if saved_ws != world_size:
         raise CheckpointMismatch(
             f"{ckpt / STATE_FILE}: written by world_size={saved_ws} processes, resuming with "
