@@ -49,7 +49,7 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
         save_rng_state(ckpt, rank)
     write_json(ckpt / "scheduler.json", {"last_epoch": step})
     write_json(ckpt / "nanochat_state.json", {"logger": {}, "min_val_bpb": 1.5, "world_size": world_size})
-    save_fingerprint(ckpt, run_fingerprint(make_args(run_dir), "abc", "def", world_size))
+    save_fingerprint(ckpt, fingerprint(make_args(run_dir), "abc", "def", world_size))
     TrainerState(global_step=step).save_to_json(str(ckpt / "trainer_state.json"))
     return ckpt
 
@@ -177,6 +177,11 @@ def test_sharded_model_index_lists_required_shards(run_dir):
 # ---- fingerprint --------------------------------------------------------------------------------------------------
 
 
+def fingerprint(args: SimpleNamespace, train: str, val: str, world_size: int) -> dict:
+    """A run fingerprint of a small model and a fixed data format."""
+    return run_fingerprint(args, train, val, world_size, {"n_layer": 2, "n_embd": 64}, "sha256:aaa")
+
+
 def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
     mixture = tmp_path / "mix.yaml"
     if not mixture.exists():
@@ -204,7 +209,7 @@ def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
 
 
 def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
-    fp = run_fingerprint(make_args(tmp_path), "abc123", "def456", world_size=2)
+    fp = fingerprint(make_args(tmp_path), "abc123", "def456", world_size=2)
     assert fp["train_mixture"].startswith("sha256:") and fp["world_size"] == 2 and fp["train_dataset"] == "abc123"
     save_fingerprint(tmp_path, fp)
     assert load_fingerprint(tmp_path) == fp
@@ -228,8 +233,8 @@ def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
     ],
 )
 def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, new):
-    saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
-    current = run_fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
+    saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
+    current = fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
     with pytest.raises(UserError) as err:
         check_fingerprint(saved, current, resume_step=20)
     assert "\n" not in str(err.value) and f"cannot resume: {field} was {saved[field]!r}" in str(err.value)
@@ -237,20 +242,20 @@ def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, n
 
 
 def test_changed_mixture_content_dataset_or_world_size_is_refused(tmp_path):
-    saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
+    saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
     (tmp_path / "mix.yaml").write_text("train:\n  - gsm8k\n")  # same path, other content
     with pytest.raises(UserError, match=r"cannot resume: train_mixture was 'sha256:"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "abc", "def", 1), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), "abc", "def", 1), 20)
     (tmp_path / "mix.yaml").write_text("train:\n  - smoltalk\n")
     with pytest.raises(UserError, match=r"cannot resume: train_dataset was 'abc' in the checkpoint and is 'xyz'"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "xyz", "def", 1), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), "xyz", "def", 1), 20)
     with pytest.raises(UserError, match=r"cannot resume: world_size was 1"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "abc", "def", 2), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), "abc", "def", 2), 20)
 
 
 def test_changed_lr_is_a_notice_to_apply(tmp_path):
-    saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
-    current = run_fingerprint(make_args(tmp_path, matrix_lr=0.01, init_lr_frac=0.5), "abc", "def", 1)
+    saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
+    current = fingerprint(make_args(tmp_path, matrix_lr=0.01, init_lr_frac=0.5), "abc", "def", 1)
     assert check_fingerprint(saved, current, resume_step=20) == [
         "matrix_lr changed 0.02 -> 0.01: applied from step 20",
         "init_lr_frac changed 1.0 -> 0.5: applied from step 20",
@@ -327,7 +332,7 @@ def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint
     rows = [{"conversation": '[{"role": "user", "content": "hi"}]', "task": "t"}] * 3
     same = Dataset.from_list(rows)._fingerprint
     assert Dataset.from_list(rows)._fingerprint == same  # deterministic for the same data
-    saved = run_fingerprint(make_args(tmp_path), same, same, 1)
+    saved = fingerprint(make_args(tmp_path), same, same, 1)
     changed = Dataset.from_list(rows[:2])._fingerprint
     with pytest.raises(UserError, match=r"cannot resume: train_dataset was"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), changed, same, 1), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), changed, same, 1), 20)

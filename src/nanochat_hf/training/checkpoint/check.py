@@ -230,8 +230,8 @@ def run_fingerprint(
     train_dataset_fingerprint: str | None,
     val_dataset_fingerprint: str | None,
     world_size: int,
-    model_config: dict[str, Any] | None = None,
-    data_format: str | None = None,
+    model_config: dict[str, Any],
+    data_format: str,
 ) -> dict[str, Any]:
     """Everything that fixes the data stream and the optimizer setup, as a JSON-able dict.
 
@@ -272,7 +272,7 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], resume_ste
     for name, value in current.items():
         if name == CODE_VERSION_FIELD:
             continue
-        if name == MODEL_CONFIG_FIELD and saved[name] is not None and value is not None and saved[name] != value:
+        if name == MODEL_CONFIG_FIELD and saved[name] != value and isinstance(saved[name], dict):
             key = next(k for k in [*value, *saved[name]] if saved[name].get(k) != value.get(k))  # config order
             raise UserError(
                 f"cannot resume: the model config differs: {key} was {saved[name].get(key)!r} in the checkpoint and "
