@@ -20,6 +20,7 @@ from nanochat_hf.jsonfile import write_json
 from nanochat_hf.model.configuration_nanochat_gpt import NanoChatGPTConfig
 from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
 from nanochat_hf.training.checkpoint.check import (
+    FINGERPRINT_FIELDS,
     CheckpointMismatch,
     check_fingerprint,
     code_version,
@@ -211,6 +212,7 @@ def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
 def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
     fp = fingerprint(make_args(tmp_path), "abc123", "def456", world_size=2)
     assert fp["train_mixture"].startswith("sha256:") and fp["world_size"] == 2 and fp["train_dataset"] == "abc123"
+    assert tuple(fp) == FINGERPRINT_FIELDS  # the fields a saved fingerprint must hold are the ones written
     save_fingerprint(tmp_path, fp)
     assert load_fingerprint(tmp_path) == fp
     assert check_fingerprint(load_fingerprint(tmp_path), fp, resume_step=20) == []
