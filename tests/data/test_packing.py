@@ -136,3 +136,6 @@ def test_resume_with_other_batch_settings_is_refused(token_ds):
     state = PackedStream(token_ds, T, B).state_dict()
     with pytest.raises(ValueError, match="device_batch_size=3 in the saved state, 2 here"):
         PackedStream(token_ds, T, 2).load_state_dict(state)
+    del state["world_size"]  # a damaged file: refused, not taken as matching
+    with pytest.raises(ValueError, match="world_size=None in the saved state, 1 here"):
+        PackedStream(token_ds, T, B).load_state_dict(state)

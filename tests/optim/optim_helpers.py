@@ -96,7 +96,7 @@ def consolidated_state_dict(opt):
     import torch.distributed as dist
 
     from nanochat_hf.optim import NorMuonAdamW
-    from nanochat_hf.optim.optimizer import _all_gather_single, _shape_buckets
+    from nanochat_hf.optim.optimizer import _shape_buckets
 
     sd = opt.state_dict()
     if opt.world_size == 1:
@@ -108,7 +108,7 @@ def consolidated_state_dict(opt):
         padded = local.new_zeros((k, *local.shape[1:]))
         padded[: end - start] = local
         full = local.new_empty((k * opt.world_size, *local.shape[1:]))
-        _all_gather_single(full, padded, group=opt.process_group)
+        dist.all_gather_single(full, padded, group=opt.process_group)
         return full[: p.shape[0]].clone()
 
     index = {id(p): i for i, p in enumerate(p for g in opt.param_groups for p in g["params"])}
@@ -134,7 +134,7 @@ def consolidated_state_dict(opt):
                 full = {}
                 for key, local in opt.state[p].items():
                     gathered = local.new_empty((k * opt.world_size, *local.shape[1:]))
-                    _all_gather_single(
+                    dist.all_gather_single(
                         gathered.flatten(0, 1), local.flatten(0, 1).contiguous(), group=opt.process_group
                     )
                     full[key] = gathered[: len(group["params"])].clone()

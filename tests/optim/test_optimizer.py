@@ -82,6 +82,9 @@ def test_load_rejects_mismatched_state(helpers):
     sharded["sharding"] = {"world_size": 2, "rank": 1}
     with pytest.raises(ValueError, match="rank 1 of 2.*resume with the number of processes"):
         opt.load_state_dict(sharded)
+    del sharded["sharding"]  # a plain torch optimizer's state_dict
+    with pytest.raises(ValueError, match="no 'sharding' entry: it was not written by MuonAdamW.state_dict"):
+        opt.load_state_dict(sharded)
 
 
 def test_group_validation():

@@ -83,12 +83,8 @@ def test_nanochat_dir_without_tokenizer(capsys, tmp_path):
     _fails(["--model_source", str(base)], capsys, tmp_path, "tokenizer")
 
 
-def test_removed_demo_n_embd_is_refused(capsys, tmp_path):
-    """The demo width follows demo_depth now: an old config or flag setting it stops with one line saying so."""
-    _fails(["--demo_n_embd", "64"], capsys, tmp_path, "demo_n_embd", "64*demo_depth")
-    cfg = tmp_path / "old.yaml"
-    cfg.write_text("model_source: demo\ndemo_depth: 2\ndemo_n_embd: 128\n")
-    _fails([str(cfg)], capsys, tmp_path, str(cfg), "demo_n_embd", "64*demo_depth")
+def test_unknown_flag(capsys, tmp_path):
+    _fails(["--demo_width", "64"], capsys, tmp_path, "unrecognized arguments: --demo_width 64")
 
 
 def test_compile_without_a_cpp_compiler(capsys, tmp_path, monkeypatch):

@@ -21,7 +21,6 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
-from ..jsonfile import read_json
 from ..optim import MuonAdamW, NorMuonAdamW, build_optimizer
 from ..optim.head import ADAMW_GROUPS, SMALL_NUMEL, head_group_of, nanochat_order
 
@@ -351,7 +350,7 @@ def nanochat_files(
                         "lr": g["lr"],
                         "momentum": g["momentum"],
                         "ns_steps": g["ns_steps"],
-                        "beta2": g.get("beta2", 0.9),
+                        "beta2": g["beta2"],
                         "weight_decay": g["weight_decay"],
                         "initial_lr": g["initial_lr"],
                     }
@@ -435,17 +434,14 @@ def write_nanochat_optimizer(
 def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
     """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
     # imported here: nanochat_hf.training imports this module
-    from ..training.checkpoint.check import FINGERPRINT_DEFAULTS
+    from ..training.checkpoint.check import load_fingerprint
     from ..training.checkpoint.files import load_optimizer_state
-    from ..training.checkpoint.layout import FINGERPRINT_FILE, OPTIMIZER_FILE
+    from ..training.checkpoint.layout import OPTIMIZER_FILE
 
     paths = []
     while (model_dir / OPTIMIZER_FILE.format(rank=len(paths))).is_file():
         paths.append(model_dir / OPTIMIZER_FILE.format(rank=len(paths)))
     if not paths:
         return None
-    fingerprint = model_dir / FINGERPRINT_FILE
-    recipe = (read_json(fingerprint) if fingerprint.is_file() else {}).get(
-        "optimizer_recipe", FINGERPRINT_DEFAULTS["optimizer_recipe"]
-    )
+    recipe = load_fingerprint(model_dir)["optimizer_recipe"]
     return recipe, [load_optimizer_state(p) for p in paths]

@@ -211,9 +211,9 @@ class PackedStream(MicroBatchStream):
             ("world_size", self.world_size),
             ("num_micro_batches", self._num),
         ):
-            if key in state and state[key] != mine:
+            if state.get(key) != mine:
                 raise UserError(
-                    f"data state does not match this stream: {key}={state[key]} in the saved state, "
+                    f"data state does not match this stream: {key}={state.get(key)} in the saved state, "
                     f"{mine} here (same data and batch settings are needed to resume)"
                 )
         if not isinstance(state.get("micro_batches"), int) or state["micro_batches"] < 0:

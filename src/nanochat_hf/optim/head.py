@@ -25,7 +25,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from .kernels import adamw_update, normuon_update
-from .optimizer import SMEAR_PARAMS, MuonAdamW, _all_gather_single, _Done, generation_group
+from .optimizer import SMEAR_PARAMS, MuonAdamW, _Done, generation_group
 
 RECIPES = ("2025-12", "2026-07")  # the optimizer recipes: nanochat of December 2025 (G0) and nanochat HEAD
 SMALL_NUMEL = 1024  # AdamW parameters below this size are replicated, not sharded (nanochat's threshold)
@@ -266,7 +266,7 @@ class NorMuonAdamW(MuonAdamW):
                 if owned:
                     mine[: end - start] = torch.stack(owned)
                 full = grad.new_empty((k * world, *grad.shape[1:]))
-                work = _all_gather_single(full.flatten(0, 1), mine.flatten(0, 1), group=pg, async_op=True)
+                work = dist.all_gather_single(full.flatten(0, 1), mine.flatten(0, 1), group=pg, async_op=True)
                 gathers.append(
                     (
                         work,

@@ -25,10 +25,6 @@ from torch import Tensor
 from ..errors import UserError
 from .kernels import adamw_update, muon_update
 
-# torch 2.13 renamed the single-tensor collectives; older releases only have the *_tensor names
-_reduce_scatter_single = getattr(dist, "reduce_scatter_single", None) or dist.reduce_scatter_tensor
-_all_gather_single = getattr(dist, "all_gather_single", None) or dist.all_gather_into_tensor
-
 _MUON_KEYS = ("lr", "momentum", "nesterov", "ns_steps")
 _ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
 
@@ -165,7 +161,9 @@ class MuonAdamW(torch.optim.Optimizer):
                 f"optimizer state_dict has {len(saved_groups)} param groups, "
                 f"this optimizer has {len(self.param_groups)}"
             )
-        layout = state_dict.get("sharding", {"world_size": 1, "rank": 0})
+        layout = state_dict.get("sharding")
+        if layout is None:
+            raise UserError("optimizer state_dict has no 'sharding' entry: it was not written by MuonAdamW.state_dict")
         if (layout["world_size"], layout["rank"]) != (self.world_size, self.rank):
             raise UserError(
                 f"optimizer state_dict was saved by rank {layout['rank']} of {layout['world_size']}, "
@@ -174,9 +172,9 @@ class MuonAdamW(torch.optim.Optimizer):
             )
         by_index: dict[int, Tensor] = {}
         for group, saved in zip(self.param_groups, saved_groups):
-            if len(group["params"]) != len(saved["params"]) or saved.get("name", group["name"]) != group["name"]:
+            if len(group["params"]) != len(saved["params"]) or saved["name"] != group["name"]:
                 raise UserError(
-                    f"optimizer state_dict group {saved.get('name')!r} with {len(saved['params'])} "
+                    f"optimizer state_dict group {saved['name']!r} with {len(saved['params'])} "
                     f"params does not match group {group['name']!r} with {len(group['params'])}"
                 )
             by_index.update(zip(saved["params"], group["params"]))
@@ -213,10 +211,10 @@ class MuonAdamW(torch.optim.Optimizer):
         return k, start, min(start + k, p.shape[0])
 
     def _probe_reduce_scatter(self) -> bool:
-        """Whether the backend implements reduce_scatter_tensor (older gloo builds do not)."""
+        """Whether the backend implements reduce_scatter_single (older gloo builds do not)."""
         device = self.param_groups[0]["params"][0].device
         try:
-            _reduce_scatter_single(
+            dist.reduce_scatter_single(
                 torch.empty(1, device=device), torch.zeros(self.world_size, device=device), group=self.process_group
             )
             return True
@@ -227,7 +225,7 @@ class MuonAdamW(torch.optim.Optimizer):
         """Async reduce-scatter of ``full`` (W*len(out) along dim 0) into ``out``; average done in _averaged."""
         op = dist.ReduceOp.AVG if self._native_avg else dist.ReduceOp.SUM
         if self._native_rs:
-            return _reduce_scatter_single(out, full, op=op, group=self.process_group, async_op=True)
+            return dist.reduce_scatter_single(out, full, op=op, group=self.process_group, async_op=True)
         # Fallback: all-reduce the whole tensor and keep our slice. Costs about twice the traffic of a
         # reduce-scatter (a ring all-reduce is a reduce-scatter plus an all-gather) and a full-size copy.
         full = full.clone()
@@ -274,11 +272,11 @@ class MuonAdamW(torch.optim.Optimizer):
                 weight_decay=group["weight_decay"],
             )
         if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
-            return _all_gather_single(p, p[start:end], group=pg, async_op=True), None
+            return dist.all_gather_single(p, p[start:end], group=pg, async_op=True), None
         full = p.new_empty((k * world, *p.shape[1:]))
         mine = full[rank * k : (rank + 1) * k]
         mine[: end - start] = p[start:end]
-        work = _all_gather_single(full, mine, group=pg, async_op=True)
+        work = dist.all_gather_single(full, mine, group=pg, async_op=True)
         return work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])
 
     def _clip_reduced(self, adamw_outs: list[Tensor], muon_chunks: list, adamw_works: list) -> None:

@@ -66,12 +66,6 @@ REFUSED = {
     "average_tokens_across_devices": "nanochat's loss is the per-micro-batch mean / grad accumulation",
 }
 
-# Arguments of earlier releases that are gone: given in a config file or as a flag, the run stops with this line.
-REMOVED = {
-    "demo_n_embd": "the demo model's width is 64*demo_depth (nanochat's depth rule); set demo_depth instead",
-}
-
-
 # Our --help text for the TrainingArguments fields this recipe reads with a meaning of its own (the rest keep
 # transformers' text and meaning).
 HELP = {
@@ -115,12 +109,6 @@ def _own_help(parser: HfArgumentParser) -> None:
 
 class _OneLineParser(OneLineArgumentParser, HfArgumentParser):
     """HfArgumentParser with argument errors in one line (`mid_train: error: ...`)."""
-
-
-def _refuse_removed(names, where: str) -> None:
-    removed = sorted(set(names) & set(REMOVED))
-    if removed:
-        raise UserError(f"{where}: {removed[0]} is no longer an argument: {REMOVED[removed[0]]}")
 
 
 @dataclass
@@ -466,7 +454,6 @@ def _config_defaults(path: Path, known: set[str]) -> dict:
         raise UserError(f"config file {path}: not valid YAML{line} ({problem})") from None
     if not isinstance(values, dict):
         raise UserError(f"config file {path}: expected a mapping of argument names to values")
-    _refuse_removed(values, f"config file {path}")
     unknown = sorted(set(values) - known)
     if unknown:
         raise UserError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
@@ -505,7 +492,6 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     dataclass defaults, nanochat's recipe, apply).
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    _refuse_removed(_flags(argv), "command line")
     parser = _OneLineParser(
         MidTrainingArguments,
         prog="mid_train",
@@ -529,7 +515,9 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     parser.set_defaults(**config)
     inherited, meta_path = _inherit_from_base(parser, set(config) | _flags(argv), argv)
     _own_help(parser)
-    (args,) = parser.parse_args_into_dataclasses(args=argv)
+    args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
+    if unknown:  # argparse's own wording, as every other entry point says it
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if inherited is not None and int(os.environ.get("RANK", "0")) == 0:
         for line in inheritance_lines(args, inherited, meta_path):
             print(f"mid_train: {line}", flush=True)

@@ -108,8 +108,8 @@ def check_resume(
     args: MidTrainingArguments,
     train_fingerprint: str | None,
     val_fingerprint: str | None,
-    model_config=None,
-    tokenizer=None,
+    model_config: transformers.PretrainedConfig,
+    tokenizer: transformers.PreTrainedTokenizerBase,
 ) -> dict:
     """This run's fingerprint (data stream, optimizer setup, model config, data format, code version), compared with
     the checkpoint's when resuming: UserError naming a changed field; a changed LR is applied (by `MidTrainer`)
@@ -119,8 +119,8 @@ def check_resume(
         train_fingerprint,
         val_fingerprint,
         args.world_size,
-        model_config_fields(model_config) if model_config is not None else None,
-        data_format(tokenizer) if tokenizer is not None else None,
+        model_config_fields(model_config),
+        data_format(tokenizer),
     )
     if args.resume_from_checkpoint:
         path = args.resume_from_checkpoint

@@ -20,6 +20,7 @@ from nanochat_hf.jsonfile import write_json
 from nanochat_hf.model.configuration_nanochat_gpt import NanoChatGPTConfig
 from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
 from nanochat_hf.training.checkpoint.check import (
+    FINGERPRINT_FIELDS,
     CheckpointMismatch,
     check_fingerprint,
     code_version,
@@ -49,6 +50,7 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
         save_rng_state(ckpt, rank)
     write_json(ckpt / "scheduler.json", {"last_epoch": step})
     write_json(ckpt / "nanochat_state.json", {"logger": {}, "min_val_bpb": 1.5, "world_size": world_size})
+    save_fingerprint(ckpt, fingerprint(make_args(run_dir), "abc", "def", world_size))
     TrainerState(global_step=step).save_to_json(str(ckpt / "trainer_state.json"))
     return ckpt
 
@@ -94,6 +96,15 @@ DAMAGE = {
     "bad config.json": (lambda c: (c / "config.json").write_text("{not json"), "config.json"),
     "missing trainer_state": (lambda c: (c / "trainer_state.json").unlink(), "trainer_state.json"),
     "missing rng json": (lambda c: (c / "rng_state.rank1.json").unlink(), "rng_state.rank1.json"),
+    "state without world_size": (
+        lambda c: write_json(c / "nanochat_state.json", {"logger": {}}),
+        "nanochat_state.json: no 'world_size' field",
+    ),
+    "missing fingerprint": (lambda c: (c / "run_fingerprint.json").unlink(), "run_fingerprint.json"),
+    "fingerprint without a field": (
+        lambda c: write_json(c / "run_fingerprint.json", {"seed": 42}),
+        "run_fingerprint.json: no 'max_seq_len' field",
+    ),
 }
 
 
@@ -167,6 +178,11 @@ def test_sharded_model_index_lists_required_shards(run_dir):
 # ---- fingerprint --------------------------------------------------------------------------------------------------
 
 
+def fingerprint(args: SimpleNamespace, train: str, val: str, world_size: int) -> dict:
+    """A run fingerprint of a small model and a fixed data format."""
+    return run_fingerprint(args, train, val, world_size, {"n_layer": 2, "n_embd": 64}, "sha256:aaa")
+
+
 def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
     mixture = tmp_path / "mix.yaml"
     if not mixture.exists():
@@ -194,8 +210,9 @@ def make_args(tmp_path: Path, **overrides) -> SimpleNamespace:
 
 
 def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
-    fp = run_fingerprint(make_args(tmp_path), "abc123", "def456", world_size=2)
+    fp = fingerprint(make_args(tmp_path), "abc123", "def456", world_size=2)
     assert fp["train_mixture"].startswith("sha256:") and fp["world_size"] == 2 and fp["train_dataset"] == "abc123"
+    assert tuple(fp) == FINGERPRINT_FIELDS  # the fields a saved fingerprint must hold are the ones written
     save_fingerprint(tmp_path, fp)
     assert load_fingerprint(tmp_path) == fp
     assert check_fingerprint(load_fingerprint(tmp_path), fp, resume_step=20) == []
@@ -218,8 +235,8 @@ def test_fingerprint_roundtrip_and_unchanged_run(tmp_path):
     ],
 )
 def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, new):
-    saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
-    current = run_fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
+    saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
+    current = fingerprint(make_args(tmp_path, **{field: new}), "abc", "def", 1)
     with pytest.raises(UserError) as err:
         check_fingerprint(saved, current, resume_step=20)
     assert "\n" not in str(err.value) and f"cannot resume: {field} was {saved[field]!r}" in str(err.value)
@@ -227,33 +244,35 @@ def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, n
 
 
 def test_changed_mixture_content_dataset_or_world_size_is_refused(tmp_path):
-    saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
+    saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
     (tmp_path / "mix.yaml").write_text("train:\n  - gsm8k\n")  # same path, other content
     with pytest.raises(UserError, match=r"cannot resume: train_mixture was 'sha256:"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "abc", "def", 1), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), "abc", "def", 1), 20)
     (tmp_path / "mix.yaml").write_text("train:\n  - smoltalk\n")
     with pytest.raises(UserError, match=r"cannot resume: train_dataset was 'abc' in the checkpoint and is 'xyz'"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "xyz", "def", 1), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), "xyz", "def", 1), 20)
     with pytest.raises(UserError, match=r"cannot resume: world_size was 1"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), "abc", "def", 2), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), "abc", "def", 2), 20)
 
 
 def test_changed_lr_is_a_notice_to_apply(tmp_path):
-    saved = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
-    current = run_fingerprint(make_args(tmp_path, matrix_lr=0.01, init_lr_frac=0.5), "abc", "def", 1)
+    saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
+    current = fingerprint(make_args(tmp_path, matrix_lr=0.01, init_lr_frac=0.5), "abc", "def", 1)
     assert check_fingerprint(saved, current, resume_step=20) == [
         "matrix_lr changed 0.02 -> 0.01: applied from step 20",
         "init_lr_frac changed 1.0 -> 0.5: applied from step 20",
     ]
 
 
-def test_old_checkpoint_without_fingerprint_and_bad_fingerprint_json(tmp_path):
-    current = run_fingerprint(make_args(tmp_path), "abc", "def", 1)
-    assert load_fingerprint(tmp_path) is None
-    with pytest.raises(UserError, match=r"^cannot resume: the checkpoint has no run fingerprint \(written by an "):
-        check_fingerprint(None, current, 5)
-    older = {k: v for k, v in current.items() if k != "val_dataset"}
-    assert check_fingerprint(older, current, 5) == ["val_dataset is not recorded in the checkpoint: not checked"]
+def test_fingerprint_lacking_a_field_or_not_json_is_one_line_naming_it(tmp_path):
+    fp = run_fingerprint(make_args(tmp_path), "abc", "def", 1, {"n_layer": 2}, "sha256:aaa")
+    save_fingerprint(tmp_path, {k: v for k, v in fp.items() if k != "model_config"})
+    with pytest.raises(UserError) as err:
+        load_fingerprint(tmp_path)
+    assert str(err.value) == (
+        f"{tmp_path / 'run_fingerprint.json'}: no 'model_config' field (the file is damaged or was not written by "
+        "nanochat-hf)"
+    )
     (tmp_path / "run_fingerprint.json").write_text("{")
     with pytest.raises(UserError, match=r"run_fingerprint.json: not valid JSON"):
         load_fingerprint(tmp_path)
@@ -285,14 +304,6 @@ def test_model_config_data_format_and_code_version_on_resume(tmp_path):
         r"'sha256:bbb' now; the chat rendering or tokenizer changed the token ids",
     ):
         check_fingerprint(saved, _full(tmp_path, config, "sha256:bbb"), 5)
-    # the previous release recorded neither: refused, naming what is missing and who wrote it
-    previous = {k: v for k, v in saved.items() if k not in ("model_config", "data_format", "code_version")}
-    with pytest.raises(
-        UserError,
-        match=r"^cannot resume: the checkpoint does not record its model config \(written "
-        r"by an earlier release; this is nanochat-hf",
-    ):
-        check_fingerprint(previous, saved, 5)
     # another code version with everything else equal: continued, and said
     assert check_fingerprint({**saved, "code_version": "nanochat-hf 0.0.9"}, saved, 5) == [
         f"the checkpoint was written by nanochat-hf 0.0.9, this is {code_version()}: model config, data format and "
@@ -323,7 +334,7 @@ def test_changed_data_behind_the_same_mixture_is_refused_via_dataset_fingerprint
     rows = [{"conversation": '[{"role": "user", "content": "hi"}]', "task": "t"}] * 3
     same = Dataset.from_list(rows)._fingerprint
     assert Dataset.from_list(rows)._fingerprint == same  # deterministic for the same data
-    saved = run_fingerprint(make_args(tmp_path), same, same, 1)
+    saved = fingerprint(make_args(tmp_path), same, same, 1)
     changed = Dataset.from_list(rows[:2])._fingerprint
     with pytest.raises(UserError, match=r"cannot resume: train_dataset was"):
-        check_fingerprint(saved, run_fingerprint(make_args(tmp_path), changed, same, 1), 20)
+        check_fingerprint(saved, fingerprint(make_args(tmp_path), changed, same, 1), 20)

@@ -48,18 +48,21 @@ FINGERPRINT_ARGS = (
     "max_grad_norm",
     "optimizer_recipe",
 )
-# What a fingerprint written before a field existed meant by it (every earlier run used the December optimizer).
-FINGERPRINT_DEFAULTS = {
-    "optimizer_recipe": "2025-12",
-    "packing": "stream",
-    "completion_only_loss": False,
-    "warmdown_ratio": 0.2,
-}
-
-
-# Recorded beside the fields above: what makes a checkpoint this release's. A checkpoint must record the model
-# config and the data format to be resumed; a different code version is accepted when everything else matches.
+# Recorded beside the fields above: the model, the rendering and the code. A different code version is accepted
+# when everything else matches.
 CODE_VERSION_FIELD, MODEL_CONFIG_FIELD, DATA_FORMAT_FIELD = "code_version", "model_config", "data_format"
+# Every field of a run fingerprint, in the order `run_fingerprint` writes them.
+FINGERPRINT_FIELDS = (
+    *FINGERPRINT_ARGS,
+    "world_size",
+    "train_mixture",
+    "val_mixture",
+    "train_dataset",
+    "val_dataset",
+    MODEL_CONFIG_FIELD,
+    DATA_FORMAT_FIELD,
+    CODE_VERSION_FIELD,
+)
 # Config parameters that do not change the computation.
 # dtype: the precision the weights were loaded in (a torch.dtype with torch 2.14), not the architecture
 _NOT_ARCHITECTURE = {"self", "kwargs", "use_cache", "bos_token_id", "eos_token_id", "pad_token_id", "dtype"}
@@ -144,19 +147,24 @@ def verify_checkpoint(path: str | Path, world_size: int) -> None:
     for name in required:
         if not (ckpt / name).is_file():
             raise UserError(f"{ckpt / name}: missing (the checkpoint is incomplete)")
-    # Every safetensors/JSON file present is parsed, the optional ones (tokenizer, generation config, fingerprint) too.
+    # Every safetensors/JSON file present is parsed, the optional ones (tokenizer, generation config) too.
     for file in sorted(ckpt.iterdir()):
         if file.suffix == ".safetensors":
             _check_safetensors(file)
         elif file.suffix == ".json":
             read_json(file, expect_object=False)
+    load_fingerprint(ckpt)
     check_checkpoint_world_size(ckpt, world_size)
 
 
 def check_checkpoint_world_size(ckpt: Path, world_size: int) -> dict:
     """The checkpoint's nanochat state, or CheckpointMismatch if another number of processes wrote it."""
-    saved = read_json(ckpt / STATE_FILE, expect_object=False)
-    saved_ws = saved.get("world_size") if isinstance(saved, dict) else None
+    saved = read_json(ckpt / STATE_FILE)
+    if "world_size" not in saved:
+        raise UserError(
+            f"{ckpt / STATE_FILE}: no 'world_size' field (the file is damaged or was not written by nanochat-hf)"
+        )
+    saved_ws = saved["world_size"]
     if saved_ws != world_size:
         raise CheckpointMismatch(
             f"{ckpt / STATE_FILE}: written by world_size={saved_ws} processes, resuming with "
@@ -222,8 +230,8 @@ def run_fingerprint(
     train_dataset_fingerprint: str | None,
     val_dataset_fingerprint: str | None,
     world_size: int,
-    model_config: dict[str, Any] | None = None,
-    data_format: str | None = None,
+    model_config: dict[str, Any],
+    data_format: str,
 ) -> dict[str, Any]:
     """Everything that fixes the data stream and the optimizer setup, as a JSON-able dict.
 
@@ -234,8 +242,8 @@ def run_fingerprint(
     fp = {name: getattr(args, name) for name in FINGERPRINT_ARGS}
     fp.update(
         world_size=world_size,
-        train_mixture=_file_sha256(getattr(args, "train_mixture", None)),
-        val_mixture=_file_sha256(getattr(args, "val_mixture", None)),
+        train_mixture=_file_sha256(args.train_mixture),
+        val_mixture=_file_sha256(args.val_mixture),
         train_dataset=train_dataset_fingerprint,
         val_dataset=val_dataset_fingerprint,
     )
@@ -247,35 +255,24 @@ def save_fingerprint(directory: str | Path, fingerprint: dict[str, Any]) -> None
     write_json(Path(directory) / FINGERPRINT_FILE, fingerprint)
 
 
-def load_fingerprint(directory: str | Path) -> dict[str, Any] | None:
-    """The saved fingerprint, or None for a checkpoint written before fingerprints existed."""
+def load_fingerprint(directory: str | Path) -> dict[str, Any]:
+    """The checkpoint's saved fingerprint; UserError (one line naming the file and the field) if a field is missing."""
     path = Path(directory) / FINGERPRINT_FILE
-    return read_json(path, expect_object=False) if path.is_file() else None
+    saved = read_json(path)
+    missing = [name for name in FINGERPRINT_FIELDS if name not in saved]
+    if missing:
+        raise UserError(f"{path}: no {missing[0]!r} field (the file is damaged or was not written by nanochat-hf)")
+    return saved
 
 
-def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], resume_step: int) -> list[str]:
-    """Raise UserError naming the first field that differs (with both values), or the model config / data format
-    the checkpoint does not record (a release before this one wrote it); LR fields may change: notices. A checkpoint
-    of another code version whose every field matches is continued, and said."""
-    if saved is None:
-        raise UserError(
-            "cannot resume: the checkpoint has no run fingerprint (written by an earlier release), so its "
-            "model config and data format cannot be checked; start a new run in another --output_dir"
-        )
+def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], resume_step: int) -> list[str]:
+    """Raise UserError naming the first field that differs (with both values); LR fields may change: notices.
+    A checkpoint of another code version whose every field matches is continued, and said."""
     notices = []
-    saved = {**FINGERPRINT_DEFAULTS, **saved}
     for name, value in current.items():
         if name == CODE_VERSION_FIELD:
             continue
-        if name not in saved and name in (MODEL_CONFIG_FIELD, DATA_FORMAT_FIELD) and value is not None:
-            raise UserError(
-                f"cannot resume: the checkpoint does not record its {name.replace('_', ' ')} (written by "
-                f"{saved.get(CODE_VERSION_FIELD, 'an earlier release')}; this is {code_version()}), so "
-                "the run could not be continued exactly; start a new run in another --output_dir"
-            )
-        if name not in saved:
-            notices.append(f"{name} is not recorded in the checkpoint: not checked")
-        elif name == MODEL_CONFIG_FIELD and saved[name] is not None and value is not None and saved[name] != value:
+        if name == MODEL_CONFIG_FIELD and saved[name] != value and isinstance(saved[name], dict):
             key = next(k for k in [*value, *saved[name]] if saved[name].get(k) != value.get(k))  # config order
             raise UserError(
                 f"cannot resume: the model config differs: {key} was {saved[name].get(key)!r} in the checkpoint and "
@@ -294,10 +291,9 @@ def check_fingerprint(saved: dict[str, Any] | None, current: dict[str, Any], res
                 f"cannot resume: {name} was {saved[name]!r} in the checkpoint and is {value!r} now; {what} (use the "
                 "old value, or start a new run in another --output_dir)"
             )
-    written_by = saved.get(CODE_VERSION_FIELD)
-    if written_by != current.get(CODE_VERSION_FIELD):
+    if saved[CODE_VERSION_FIELD] != current[CODE_VERSION_FIELD]:
         notices.append(
-            f"the checkpoint was written by {written_by or 'an earlier release'}, this is "
-            f"{current.get(CODE_VERSION_FIELD)}: model config, data format and run setup match, continuing"
+            f"the checkpoint was written by {saved[CODE_VERSION_FIELD]}, this is {current[CODE_VERSION_FIELD]}: "
+            "model config, data format and run setup match, continuing"
         )
     return notices

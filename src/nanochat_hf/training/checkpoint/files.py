@@ -95,12 +95,9 @@ def save_rng_state(directory: str | Path, rank: int) -> None:
     )
 
 
-def load_rng_state(directory: str | Path, rank: int) -> bool:
+def load_rng_state(directory: str | Path, rank: int) -> None:
     directory = Path(directory)
-    path = directory / RNG_TENSORS_FILE.format(rank=rank)
-    if not path.is_file():
-        return False
-    tensors = load_file(str(path))
+    tensors = load_file(str(directory / RNG_TENSORS_FILE.format(rank=rank)))
     torch.random.set_rng_state(tensors["cpu"])
     if torch.cuda.is_available() and "cuda0" in tensors:
         torch.cuda.random.set_rng_state_all([tensors[f"cuda{i}"] for i in range(torch.cuda.device_count())])
@@ -108,7 +105,6 @@ def load_rng_state(directory: str | Path, rank: int) -> bool:
     random.setstate(_decode(other["python"]))
     kind, keys, *rest = other["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
-    return True
 
 
 # ---- a full disk ----------------------------------------------------------------------------------------------------

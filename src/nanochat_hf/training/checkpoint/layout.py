@@ -39,8 +39,8 @@ DATA_STATE_FILE = "data_state.rank{rank}.json"  # this rank's position in the da
 RNG_TENSORS_FILE = "rng_state.rank{rank}.safetensors"
 RNG_STATE_FILE = "rng_state.rank{rank}.json"
 
-# what a resumable checkpoint must hold besides the model weights (the fingerprint is optional: older releases)
-SHARED_FILES = (CONFIG_FILE, SCHEDULER_FILE, STATE_FILE, TRAINER_STATE_FILE)
+# what a resumable checkpoint must hold besides the model weights
+SHARED_FILES = (CONFIG_FILE, SCHEDULER_FILE, STATE_FILE, FINGERPRINT_FILE, TRAINER_STATE_FILE)
 PER_RANK_FILES = (OPTIMIZER_FILE, DATA_STATE_FILE, RNG_TENSORS_FILE, RNG_STATE_FILE)
 
 # the run's own files in output_dir
