@@ -10,6 +10,29 @@ from pathlib import Path
 
 MP_WORKER = str(Path(__file__).with_name("mp_worker.py"))  # mid_train, writing each rank's final parameters
 
+# The tiny run the multi-process test files share (each adds its model, steps and saves): no spelling eval, no chat
+# eval, eager, and one thread in every layout (the same kernels in 1 and 2 processes, for bitwise-comparable math).
+MP_ARGS = [
+    "--max_seq_len",
+    "64",
+    "--device_batch_size",
+    "2",
+    "--total_batch_size",
+    "256",
+    "--eval_tokens",
+    "512",
+    "--spelling_eval_rows",
+    "0",
+    "--disable_tqdm",
+    "true",
+    "--num_threads",
+    "1",
+    "--chat_eval_tasks",
+    "",
+    "--torch_compile",
+    "false",
+]
+
 
 def _free_port() -> int:
     with socket.socket() as s:
@@ -17,19 +40,23 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def launch_command(nproc: int, script: str = MP_WORKER) -> list[str]:
+    """`python script` for one process; for several, `accelerate launch` of `nproc` gloo processes on a free port
+    (its --cpu launcher needs MPI for several processes; --multi_gpu on a CPU machine uses gloo)."""
+    if nproc == 1:
+        return [sys.executable, script]
+    return [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
+            "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+            "--main_process_port", str(_free_port()), script]  # fmt: skip
+
+
 def launch_mid_train(
     args: list[str], cwd: Path, nproc: int, timeout: int, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """mid_train with `args` in one process, or in `nproc` gloo processes under `accelerate launch` (its --cpu
-    launcher needs MPI for several processes; --multi_gpu on a CPU machine uses gloo); asserts that it exits 0."""
+    """mp_worker.py (mid_train) with `args` in `nproc` processes (launch_command); asserts that it exits 0."""
     full_env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **(env or {})}
-    cmd = [sys.executable, MP_WORKER]
-    if nproc > 1:
-        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", str(nproc),
-               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "--main_process_port", str(_free_port()), MP_WORKER]  # fmt: skip
     proc = subprocess.run(
-        [*cmd, *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout, check=False
+        [*launch_command(nproc), *args], cwd=cwd, env=full_env, capture_output=True, text=True, timeout=timeout
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc

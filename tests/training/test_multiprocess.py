@@ -10,42 +10,13 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mp_launch import launch_mid_train  # noqa: E402
+from mp_launch import MP_ARGS, launch_command, launch_mid_train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
-RUN = [
-    "--model_source",
-    "demo",
-    "--demo_depth",
-    "2",
-    "--max_seq_len",
-    "64",
-    "--device_batch_size",
-    "2",
-    "--total_batch_size",
-    "256",
-    "--num_iterations",
-    "6",
-    "--save_steps",
-    "3",
-    "--eval_every",
-    "3",
-    "--eval_tokens",
-    "512",
-    "--spelling_eval_rows",
-    "0",
-    "--disable_tqdm",
-    "true",
-    # same kernels (thread count) in both layouts, for bitwise-comparable math
-    "--num_threads",
-    "1",
-    "--chat_eval_tasks",
-    "",
-    "--torch_compile",
-    "false",
-]  # the demo config compiles; tests stay eager
+RUN = ["--model_source", "demo", "--demo_depth", "2", *MP_ARGS, "--num_iterations", "6", "--save_steps", "3",
+       "--eval_every", "3"]  # fmt: skip
 
 
 def _launch(tmp, out, nproc, extra=(), env=None):
@@ -125,29 +96,7 @@ def test_refusals_under_two_processes_are_one_line(two_proc, fault):
         extra, expected = [], "is a file"
     before = {p: p.read_bytes() for p in [out, *out.rglob("*")] if p.is_file()}
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    cmd = [
-        sys.executable,
-        "-m",
-        "accelerate.commands.launch",
-        "--multi_gpu",
-        "--num_processes",
-        "2",
-        "--num_machines",
-        "1",
-        "--mixed_precision",
-        "no",
-        "--dynamo_backend",
-        "no",
-        "--main_process_port",
-        str(29700 + os.getpid() % 1000),
-        str(SCRIPT),
-        *RUN,
-        "--output_dir",
-        str(out),
-        "--ddp_timeout",
-        "60",
-        *extra,
-    ]
+    cmd = [*launch_command(2, str(SCRIPT)), *RUN, "--output_dir", str(out), "--ddp_timeout", "60", *extra]
     proc = subprocess.run(cmd, cwd=tmp, env=env, capture_output=True, text=True, timeout=240)
     assert proc.returncode != 0
     ours = [line for line in proc.stderr.splitlines() if line.startswith("mid_train: error: ")]

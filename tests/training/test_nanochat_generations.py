@@ -13,38 +13,11 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mp_launch import launch_mid_train  # noqa: E402
+from mp_launch import MP_ARGS, launch_mid_train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
-RUN = [
-    "--max_seq_len",
-    "64",
-    "--device_batch_size",
-    "2",
-    "--total_batch_size",
-    "256",
-    "--num_iterations",
-    "4",
-    "--save_steps",
-    "2",
-    "--eval_every",
-    "2",
-    "--eval_tokens",
-    "512",
-    "--spelling_eval_rows",
-    "0",
-    "--disable_tqdm",
-    "true",
-    "--num_threads",
-    "1",
-    "--chat_eval_tasks",
-    "",
-    "--torch_compile",
-    "false",
-    "--trust_pickle",
-    "true",
-]
+RUN = [*MP_ARGS, "--num_iterations", "4", "--save_steps", "2", "--eval_every", "2", "--trust_pickle", "true"]
 SECRET = "hf_localtestsecret0123456789abcdef"
 
 

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mp_launch import launch_mid_train  # noqa: E402
+from mp_launch import MP_ARGS, launch_mid_train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -27,32 +27,7 @@ val:
   tasks:
     - {task: simple_spelling, split: test, size: 20, words: demo}
 """
-RUN = [
-    "--demo_depth",
-    "2",
-    "--max_seq_len",
-    "64",
-    "--device_batch_size",
-    "2",
-    "--total_batch_size",
-    "256",
-    "--save_steps",
-    "4",
-    "--eval_every",
-    "4",
-    "--eval_tokens",
-    "512",
-    "--spelling_eval_rows",
-    "0",
-    "--disable_tqdm",
-    "true",
-    "--num_threads",
-    "1",
-    "--chat_eval_tasks",
-    "",
-    "--torch_compile",
-    "false",
-]
+RUN = ["--demo_depth", "2", *MP_ARGS, "--save_steps", "4", "--eval_every", "4"]
 LOAD = """
 import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
