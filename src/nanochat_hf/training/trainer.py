@@ -274,7 +274,7 @@ class MidTrainer(Trainer):
                         batch_size=a.device_batch_size,
                         seed=a.seed,
                     )
-            except (ValueError, OSError, ConnectionError, RuntimeError) as e:  # RuntimeError: hub data offline
+            except (UserError, OSError) as e:  # a task whose data cannot be loaded (DataLoadError), e.g. offline
                 if self.is_world_process_zero():
                     print(f"mid_train: ChatCORE: {name} skipped: {one_line(e)}", flush=True)
         if not scores:
