@@ -1,4 +1,3 @@
-import importlib.util
 import os
 import subprocess
 import sys
@@ -34,15 +33,8 @@ def test_one_shot_in_a_fresh_process(model_dir):
     assert proc.stdout == "  [calculator] 2+3\n  [result] 5\n !\n"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("chat_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_repl_clear_and_quit(model_dir, monkeypatch, capsys):
-    chat = load_script()
+def test_repl_clear_and_quit(model_dir, monkeypatch, capsys, load_script):
+    chat = load_script("chat")
     lines = iter(["hi", "again", "clear", "hi", "quit", "never read"])
     seen = []
 
@@ -59,8 +51,8 @@ def test_repl_clear_and_quit(model_dir, monkeypatch, capsys):
     assert "(conversation cleared)" in out
 
 
-def test_repl_ends_on_eof(model_dir, monkeypatch, capsys):
-    chat = load_script()
+def test_repl_ends_on_eof(model_dir, monkeypatch, capsys, load_script):
+    chat = load_script("chat")
 
     def eof(prompt=""):
         raise EOFError
@@ -69,8 +61,8 @@ def test_repl_ends_on_eof(model_dir, monkeypatch, capsys):
     assert chat.main(["--model", str(model_dir), "--device", "cpu"]) == 0
 
 
-def test_bad_model_dir_is_one_line_error(tmp_path, capsys):
-    chat = load_script()
+def test_bad_model_dir_is_one_line_error(tmp_path, capsys, load_script):
+    chat = load_script("chat")
     assert chat.main(["--model", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err == f"chat: error: --model {tmp_path / 'missing'}: no such model directory\n"
     (tmp_path / "damaged").mkdir()
@@ -101,7 +93,7 @@ def test_bad_arguments_in_a_fresh_process(model_dir, args, line):
 
 
 @pytest.mark.slow
-def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
+def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired, load_script, capsys):
     # the wired model answers "!" right after the last prompt token, so the reply shows the cut prompt still ends
     # in <|assistant_start|>; sequence_len 64 with --max-new-tokens 8 leaves 56 prompt tokens
     model_dir = tmp_path / "m"
@@ -134,23 +126,22 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
         f"note: the conversation is {n} tokens, more than the model's sequence_len 64 minus "
         "--max-new-tokens 8: the model sees <|bos|> and the last 55 tokens"
     ]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+    # in this process (test_bad_arguments_in_a_fresh_process has a bad-input line in a fresh one)
+    code = load_script("chat").main(
+        ["--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63", "--device", "cpu"]
     )
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == (
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "chat: error: --max-new-tokens 63 leaves no room for a prompt within the model's sequence_len 64"
     )
 
 
-def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch, capsys):
+def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(
+    model_dir, tokenizer, monkeypatch, capsys, load_script
+):
     import nanochat_hf.inference
 
-    chat = load_script()
+    chat = load_script("chat")
     seen = []
 
     def capture(model, tok, prompts, *args, **kwargs):
