@@ -92,19 +92,16 @@ def test_bad_arguments_in_a_fresh_process(model_dir, args, line):
     assert proc.returncode == 2 and proc.stderr == line, proc.stderr
 
 
-@pytest.mark.slow
 def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired, load_script, capsys):
     # the wired model answers "!" right after the last prompt token, so the reply shows the cut prompt still ends
     # in <|assistant_start|>; sequence_len 64 with --max-new-tokens 8 leaves 56 prompt tokens
     model_dir = tmp_path / "m"
     wired(["<|assistant_start|>", "!", "<|assistant_end|>"]).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    chat = load_script("chat")  # in this process: test_one_shot_in_a_fresh_process is the fresh one
     prompt = "hello there " * 40
-    proc = subprocess.run(
+    code = chat.main(
         [
-            sys.executable,
-            str(SCRIPT),
             "--model",
             str(model_dir),
             "--prompt",
@@ -113,23 +110,20 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired, load_script,
             "0",
             "--max-new-tokens",
             "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+            "--device",
+            "cpu",
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "!\n"
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out == "!\n"
     n = len(tokenizer.encode(prompt, add_special_tokens=False)) + 4  # bos, user_start, user_end, assistant_start
-    assert [line for line in proc.stderr.splitlines() if line.startswith("note")] == [
+    assert [line for line in err.splitlines() if line.startswith("note")] == [
         f"note: the conversation is {n} tokens, more than the model's sequence_len 64 minus "
         "--max-new-tokens 8: the model sees <|bos|> and the last 55 tokens"
     ]
-    # in this process (test_bad_arguments_in_a_fresh_process has a bad-input line in a fresh one)
-    code = load_script("chat").main(
-        ["--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63", "--device", "cpu"]
-    )
+    # test_bad_arguments_in_a_fresh_process has a bad-input line in a fresh process
+    code = chat.main(["--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63", "--device", "cpu"])
     assert code == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         "chat: error: --max-new-tokens 63 leaves no room for a prompt within the model's sequence_len 64"
