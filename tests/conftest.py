@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import socket
 import subprocess
@@ -9,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 # Prepended to a child's code: `import nanochat_hf` fails there although the package is installed (editable) in
 # the venv, so the child shows what a user without our package gets.
@@ -68,3 +71,19 @@ def two_ranks():
         assert all(p.returncode == 0 for p in procs), logs
 
     return run
+
+
+@pytest.fixture(scope="session")
+def load_script():
+    """load_script(name): scripts/<name>.py as a module (loaded once per session), to call its `main(argv)` in this
+    process: a case that needs no fresh interpreter skips the seconds of importing torch and transformers."""
+    modules = {}
+
+    def load(name: str):
+        if name not in modules:
+            spec = importlib.util.spec_from_file_location(f"{name}_script", SCRIPTS / f"{name}.py")
+            modules[name] = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(modules[name])
+        return modules[name]
+
+    return load

@@ -1,13 +1,12 @@
 """Bad input to scripts/preview_data.py (and through it the mixture and task loaders): one line on stderr naming
 the file / field / value, no traceback, exit code 2. Run as a user runs it, a subprocess, for one case of each
-kind (and wherever the environment matters); the other cases call the script's main() in this process (an
-exception escaping it fails the test just the same)."""
+kind (a bad file, a hub task offline, a bad command line); the other cases call the script's main() in this
+process (an exception escaping it fails the test just the same)."""
 
 from __future__ import annotations
 
 import json
 import os
-import runpy
 import subprocess
 import sys
 from contextlib import nullcontext
@@ -45,9 +44,26 @@ def run(tmp_path: Path, *args, env: dict | None = None) -> tuple[int, list[str]]
     return result.returncode, result.stderr.strip().splitlines()
 
 
-@pytest.fixture(scope="module")
-def main():
-    return runpy.run_path(str(SCRIPT))["main"]
+@pytest.fixture
+def run_here(load_script, tmp_path, capsys, monkeypatch):
+    """run_here(*args, env={}, argparse=False): main(args) in this process, from tmp_path with its own datasets
+    cache: exit code (of the SystemExit argparse raises, when `argparse`) and stderr lines."""
+    main = load_script("preview_data").main
+
+    def run_in(*args, env: dict | None = None, argparse: bool = False) -> tuple[int, list[str]]:
+        monkeypatch.chdir(tmp_path)
+        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+        monkeypatch.setenv("NANOCHAT_HF_CACHE", str(tmp_path / "nanochat_hf"))
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        if "HF_DATASETS_OFFLINE" in (env or {}):  # datasets reads it at import
+            monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
+        with pytest.raises(SystemExit) if argparse else nullcontext() as exit_info:
+            code = main([str(a) for a in args])
+        code = exit_info.value.code if argparse else code
+        return code, capsys.readouterr().err.strip().splitlines()
+
+    return run_in
 
 
 def mixture(tmp_path: Path, *tasks: dict) -> Path:
@@ -63,9 +79,9 @@ def gsm8k_file(tmp_path: Path, name: str, content: bytes) -> dict:
 
 GOOD_ROW = b'{"question": "What is 3 times 4?", "answer": "3*4=<<3*4=12>>12\\n#### 12"}\n'
 SUB, IN = True, False
-ARGPARSE_CASES = ("text batch size", "negative -n", "bad color")  # argparse exits (SystemExit) instead
+ARGPARSE_CASES = ("text batch size", "negative -n", "bad color", "zero seq len")  # argparse exits (SystemExit) instead
 ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env, words the line must contain)
-    "empty jsonl": (SUB, lambda t: [gsm8k_file(t, "rows.jsonl", b"")], [], {}, ["rows.jsonl", "is empty"]),
+    "empty jsonl": (IN, lambda t: [gsm8k_file(t, "rows.jsonl", b"")], [], {}, ["rows.jsonl", "is empty"]),
     "blank jsonl": (IN, lambda t: [gsm8k_file(t, "rows.jsonl", b"\n \n")], [], {}, ["rows.jsonl", "is empty"]),
     "non-JSON jsonl": (
         SUB,
@@ -85,7 +101,7 @@ ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env
     "non-JSON json": (IN, lambda t: [gsm8k_file(t, "rows.json", b"hello")], [], {}, ["rows.json", "not JSON"]),
     "empty parquet": (IN, lambda t: [gsm8k_file(t, "rows.parquet", b"")], [], {}, ["rows.parquet", "not a parquet"]),
     "non-parquet": (
-        SUB,
+        IN,
         lambda t: [gsm8k_file(t, "rows.parquet", GOOD_ROW)],
         [],
         {},
@@ -108,16 +124,16 @@ ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env
         ["openai/gsm8k", "offline", "data_files"],
     ),
     "hub task offline (datasets)": (
-        SUB,
+        IN,
         lambda t: [{"task": "mmlu"}],
         [],
         {"HF_DATASETS_OFFLINE": "1"},
         ["cais/mmlu", "offline", "data_files"],
     ),
-    "unknown task": (SUB, lambda t: [{"task": "gsm9k"}], [], {}, ["unknown task 'gsm9k'"]),
+    "unknown task": (IN, lambda t: [{"task": "gsm9k"}], [], {}, ["unknown task 'gsm9k'"]),
     "unknown split": (IN, lambda t: None, ["--split", "nope"], {}, ["split 'nope'"]),
     "missing mixture": (IN, lambda t: None, ["--mixture", "nowhere.yaml"], {}, ["nowhere.yaml", "not found"]),
-    "zero seq len": (SUB, lambda t: None, ["--max-seq-len", "0"], {}, ["--max-seq-len", "positive integer", "'0'"]),
+    "zero seq len": (IN, lambda t: None, ["--max-seq-len", "0"], {}, ["--max-seq-len", "positive integer", "'0'"]),
     "text batch size": (IN, lambda t: None, ["--device-batch-size", "big"], {}, ["--device-batch-size", "'big'"]),
     "negative -n": (IN, lambda t: None, ["-n", "-3"], {}, ["-n", "'-3'"]),
     "indivisible batch": (
@@ -130,7 +146,7 @@ ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env
     "unknown flag": (SUB, lambda t: None, ["--colour", "never"], {}, ["unrecognized arguments: --colour"]),
     "bad color": (IN, lambda t: None, ["--color", "pink"], {}, ["--color", "'pink'"]),
     "missing tokenizer": (IN, lambda t: None, ["--tokenizer", "no_such_dir"], {}, ["no_such_dir", "no such directory"]),
-    "damaged tokenizer": (SUB, lambda t: None, ["--tokenizer", "broken_tok"], {}, ["broken_tok", "cannot be loaded"]),
+    "damaged tokenizer": (IN, lambda t: None, ["--tokenizer", "broken_tok"], {}, ["broken_tok", "cannot be loaded"]),
     "pickle not trusted": (
         IN,
         lambda t: None,
@@ -142,7 +158,7 @@ ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env
 
 
 @pytest.mark.parametrize("case", list(ONE_LINE_CASES))
-def test_bad_input_is_one_line(case, tmp_path, tok_dir, main, capsys, monkeypatch):
+def test_bad_input_is_one_line(case, tmp_path, tok_dir, run_here):
     in_subprocess, tasks, extra, env, words = ONE_LINE_CASES[case]
     (tmp_path / "id.jsonl").write_text("")
     (tmp_path / "broken_tok").mkdir()
@@ -154,27 +170,22 @@ def test_bad_input_is_one_line(case, tmp_path, tok_dir, main, capsys, monkeypatc
     if in_subprocess:
         code, err = run(tmp_path, *args, env=env)
     else:
-        monkeypatch.chdir(tmp_path)
-        monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
-        with pytest.raises(SystemExit) if case in ARGPARSE_CASES else nullcontext() as exit_info:
-            code = main([str(a) for a in args])
-        code = exit_info.value.code if case in ARGPARSE_CASES else code
-        err = capsys.readouterr().err.strip().splitlines()
+        code, err = run_here(*args, env=env, argparse=case in ARGPARSE_CASES)
     assert code == 2, err
     assert len(err) == 1, err
     assert err[0].startswith("preview_data: error: ") and all(w in err[0] for w in words), err
 
 
-def test_malformed_yaml(tmp_path, tok_dir):
+def test_malformed_yaml(tmp_path, tok_dir, run_here):
     (tmp_path / "mix.yaml").write_text("tasks:\n  - {task: gsm8k, split: test\n  - oops: [\n")
-    code, err = run(tmp_path, "--mixture", "mix.yaml", "--tokenizer", tok_dir)
+    code, err = run_here("--mixture", "mix.yaml", "--tokenizer", tok_dir)
     assert code == 2 and len(err) == 1 and err[0].startswith("preview_data: error: "), err
     assert "mix.yaml: not valid YAML" in err[0] and "line " in err[0], err
 
 
-def test_damage_past_the_first_line_still_ends_in_one_error_line(tmp_path, tok_dir):
+def test_damage_past_the_first_line_still_ends_in_one_error_line(tmp_path, tok_dir, run_here):
     # the first row is fine, so only datasets' parser finds the damage (it logs its own line before ours)
     mix = mixture(tmp_path, gsm8k_file(tmp_path, "rows.jsonl", GOOD_ROW + b"{oops\n"))
-    code, err = run(tmp_path, "--mixture", mix, "--tokenizer", tok_dir)
+    code, err = run_here("--mixture", mix, "--tokenizer", tok_dir)
     assert code == 2 and not any("Traceback" in line for line in err), err
     assert err[-1].startswith("preview_data: error: ") and "rows.jsonl" in err[-1] and "JSON" in err[-1], err

@@ -229,11 +229,6 @@ def test_two_processes_give_the_single_process_results(model_dir, data_files, tm
         (["--batch_size", "0"], "chat_eval: error: --max_problems, --batch_size and --max_new_tokens must be >= 1"),
     ],
 )
-def test_bad_arguments_are_one_line(args, message, model_dir, capsys):
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("chat_eval_script", ROOT / "scripts" / "chat_eval.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    assert module.main(["--model", str(model_dir), *args]) == 2
+def test_bad_arguments_are_one_line(args, message, model_dir, capsys, load_script):
+    assert load_script("chat_eval").main(["--model", str(model_dir), *args]) == 2
     assert capsys.readouterr().err == message + "\n"

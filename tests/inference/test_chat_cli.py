@@ -1,4 +1,3 @@
-import importlib.util
 import os
 import subprocess
 import sys
@@ -34,15 +33,8 @@ def test_one_shot_in_a_fresh_process(model_dir):
     assert proc.stdout == "  [calculator] 2+3\n  [result] 5\n !\n"
 
 
-def load_script():
-    spec = importlib.util.spec_from_file_location("chat_script", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_repl_clear_and_quit(model_dir, monkeypatch, capsys):
-    chat = load_script()
+def test_repl_clear_and_quit(model_dir, monkeypatch, capsys, load_script):
+    chat = load_script("chat")
     lines = iter(["hi", "again", "clear", "hi", "quit", "never read"])
     seen = []
 
@@ -59,8 +51,8 @@ def test_repl_clear_and_quit(model_dir, monkeypatch, capsys):
     assert "(conversation cleared)" in out
 
 
-def test_repl_ends_on_eof(model_dir, monkeypatch, capsys):
-    chat = load_script()
+def test_repl_ends_on_eof(model_dir, monkeypatch, capsys, load_script):
+    chat = load_script("chat")
 
     def eof(prompt=""):
         raise EOFError
@@ -69,8 +61,8 @@ def test_repl_ends_on_eof(model_dir, monkeypatch, capsys):
     assert chat.main(["--model", str(model_dir), "--device", "cpu"]) == 0
 
 
-def test_bad_model_dir_is_one_line_error(tmp_path, capsys):
-    chat = load_script()
+def test_bad_model_dir_is_one_line_error(tmp_path, capsys, load_script):
+    chat = load_script("chat")
     assert chat.main(["--model", str(tmp_path / "missing"), "--prompt", "hi"]) == 2
     assert capsys.readouterr().err == f"chat: error: --model {tmp_path / 'missing'}: no such model directory\n"
     (tmp_path / "damaged").mkdir()
@@ -100,19 +92,16 @@ def test_bad_arguments_in_a_fresh_process(model_dir, args, line):
     assert proc.returncode == 2 and proc.stderr == line, proc.stderr
 
 
-@pytest.mark.slow
-def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
+def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired, load_script, capsys):
     # the wired model answers "!" right after the last prompt token, so the reply shows the cut prompt still ends
     # in <|assistant_start|>; sequence_len 64 with --max-new-tokens 8 leaves 56 prompt tokens
     model_dir = tmp_path / "m"
     wired(["<|assistant_start|>", "!", "<|assistant_end|>"]).save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    chat = load_script("chat")  # in this process: test_one_shot_in_a_fresh_process is the fresh one
     prompt = "hello there " * 40
-    proc = subprocess.run(
+    code = chat.main(
         [
-            sys.executable,
-            str(SCRIPT),
             "--model",
             str(model_dir),
             "--prompt",
@@ -121,36 +110,32 @@ def test_long_prompt_is_cut_with_a_note(tmp_path, tokenizer, wired):
             "0",
             "--max-new-tokens",
             "8",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
+            "--device",
+            "cpu",
+        ]
     )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout == "!\n"
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    assert out == "!\n"
     n = len(tokenizer.encode(prompt, add_special_tokens=False)) + 4  # bos, user_start, user_end, assistant_start
-    assert [line for line in proc.stderr.splitlines() if line.startswith("note")] == [
+    assert [line for line in err.splitlines() if line.startswith("note")] == [
         f"note: the conversation is {n} tokens, more than the model's sequence_len 64 minus "
         "--max-new-tokens 8: the model sees <|bos|> and the last 55 tokens"
     ]
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-    )
-    assert proc.returncode == 2
-    assert proc.stderr.splitlines()[-1] == (
+    # test_bad_arguments_in_a_fresh_process has a bad-input line in a fresh process
+    code = chat.main(["--model", str(model_dir), "--prompt", "hi", "--max-new-tokens", "63", "--device", "cpu"])
+    assert code == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
         "chat: error: --max-new-tokens 63 leaves no room for a prompt within the model's sequence_len 64"
     )
 
 
-def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(model_dir, tokenizer, monkeypatch, capsys):
+def test_a_conversation_over_2048_tokens_shows_the_model_its_latest_message(
+    model_dir, tokenizer, monkeypatch, capsys, load_script
+):
     import nanochat_hf.inference
 
-    chat = load_script()
+    chat = load_script("chat")
     seen = []
 
     def capture(model, tok, prompts, *args, **kwargs):

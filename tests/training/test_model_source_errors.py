@@ -1,5 +1,6 @@
 """A damaged local --model_source (corrupt safetensors, bad config.json): one `mid_train: error:` line naming the
-file / field, no traceback, exit code 2, nothing written. Run as a user runs it: a subprocess."""
+file / field, no traceback, exit code 2, nothing written. Run as a user runs it, a subprocess, for one case; the
+other cases call mid_train's main() in this process (an exception escaping it fails the test just the same)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import pytest
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.tokenizer import train_tokenizer
+from nanochat_hf.training.run import main
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py"
 
@@ -33,38 +35,46 @@ def set_config(d: Path, **changes) -> None:
     (d / "config.json").write_text(json.dumps(config))
 
 
-CASES = {
+SUB, IN = True, False
+CASES = {  # name: (subprocess?, break the model dir copy, words the error line must contain)
     "corrupt safetensors": (
+        SUB,
         lambda d: (d / "model.safetensors").write_bytes(b"\x00garbage" * 8),
         ["model.safetensors", "not a readable safetensors file"],
     ),
     "truncated safetensors": (
+        IN,
         lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:4096]),
         ["model.safetensors", "not a readable safetensors file"],
     ),
     "config.json not JSON": (
+        IN,
         lambda d: (d / "config.json").write_text('{"model_type": '),
         ["config.json", "not valid JSON"],
     ),
-    "n_layer two": (lambda d: set_config(d, n_layer="two"), ["config.json", "'n_layer'", "'two'"]),
+    "n_layer two": (IN, lambda d: set_config(d, n_layer="two"), ["config.json", "'n_layer'", "'two'"]),
 }
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_damaged_model_source_is_one_line(case, model_dir, tmp_path):
-    breaker, words = CASES[case]
+def test_damaged_model_source_is_one_line(case, model_dir, tmp_path, capsys, monkeypatch):
+    in_subprocess, breaker, words = CASES[case]
     source = shutil.copytree(model_dir, tmp_path / "model")
     breaker(source)
     out = tmp_path / "out"
-    result = subprocess.run(
-        [sys.executable, str(SCRIPT), "--model_source", str(source), "--output_dir", str(out), "--report_to", "none"],
-        capture_output=True,
-        text=True,
-        cwd=tmp_path,
-        timeout=300,
-    )
-    err = result.stderr.strip().splitlines()
-    assert result.returncode == 2, result.stderr[-2000:]
+    argv = ["--model_source", str(source), "--output_dir", str(out), "--report_to", "none"]
+    if in_subprocess:
+        result = subprocess.run(
+            [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path, timeout=300
+        )
+        code, stderr = result.returncode, result.stderr
+    else:
+        monkeypatch.chdir(tmp_path)
+        with pytest.raises(SystemExit) as exit_info:
+            main(argv)
+        code, stderr = exit_info.value.code, capsys.readouterr().err
+    err = stderr.strip().splitlines()
+    assert code == 2, stderr[-2000:]
     assert len(err) == 1 and err[0].startswith("mid_train: error: "), err
     assert all(w in err[0] for w in words), err[0]
     assert not out.exists() or not any(out.iterdir())
