@@ -46,13 +46,13 @@ def first_rank() -> bool:
     return int(os.environ.get("RANK", "0")) == 0
 
 
-def run_cli(prog: str, main: Callable[[], int | None], *, show: bool | None = None) -> int:
-    """`main()`'s exit code (0 for None); a `UserError` or `OSError` it raises becomes one line on stderr (when
-    `show`, by default on rank 0 only: in a multi-process run one process says it) and exit code 2."""
+def run_cli(prog: str, main: Callable[[], int | None]) -> int:
+    """`main()`'s exit code (0 for None); a `UserError` or `OSError` it raises becomes one line on stderr (on rank 0
+    only: in a multi-process run one process says it) and exit code 2."""
     try:
         return main() or 0
     except (UserError, OSError) as e:
-        if first_rank() if show is None else show:
+        if first_rank():
             print(error_line(prog, e), file=sys.stderr, flush=True)
         return 2
 

@@ -50,18 +50,17 @@ from .trainer import MidTrainer
 
 logger = logging.getLogger("nanochat_hf.mid_train")
 PROG = "mid_train"
-_is_main = first_rank  # rank 0 of torchrun / accelerate launch, known before any process group exists
 
 
 def _fail(error: BaseException | str, code: int = 2) -> None:
     """One line on stderr (from rank 0 only: every rank fails the same way), exit `code` on every rank."""
-    if _is_main():
+    if first_rank():
         print(error_line(PROG, error), file=sys.stderr, flush=True)
     sys.exit(code)
 
 
 def _say(lines: list[str]) -> None:
-    if _is_main():
+    if first_rank():
         for line in lines:
             print(f"mid_train: {line}", flush=True)
 
@@ -268,7 +267,7 @@ def chat_eval(trainer) -> None:
                 )
         except (UserError, OSError) as e:  # e.g. a hub task while offline (a DataLoadError)
             _say([f"chat eval {task} skipped: {one_line(e).removeprefix(f'{task}: ')}"])
-    if trainer.chat_eval_scores and _is_main():
+    if trainer.chat_eval_scores and first_rank():
         print(f"chat evaluation:\n{results_table(trainer.chat_eval_scores)}", flush=True)
 
 
@@ -341,7 +340,7 @@ def interrupted() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not stop the clean-up halfway
     args, trainer = RUN.get("args"), RUN.get("trainer")
     step = f" at step {trainer.state.global_step}" if trainer is not None else " before training started"
-    if not _is_main():
+    if not first_rank():
         sys.exit(130)
     out = Path(args.output_dir) if args is not None and not args.dry_run else None
     if out is not None and out.is_dir():
@@ -381,7 +380,7 @@ def interrupted() -> None:
 def main(argv: list[str] | None = None) -> dict:
     """Parse, set up, train, evaluate, save, report, push."""
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    quiet_libraries(_is_main())
+    quiet_libraries(first_rank())
     RUN.clear()
     RUN["started"] = time.time()
     try:
