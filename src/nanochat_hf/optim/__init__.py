@@ -11,8 +11,10 @@ from .kernels import (
     polar_express,
 )
 from .optimizer import MuonAdamW, build_optimizer
+from .precision import POLAR_DTYPES, resolve_polar_dtype
 
 __all__ = [
+    "POLAR_DTYPES",
     "RECIPES",
     "MuonAdamW",
     "NorMuonAdamW",
@@ -25,4 +27,5 @@ __all__ = [
     "normuon_update",
     "ns_batch_size",
     "polar_express",
+    "resolve_polar_dtype",
 ]

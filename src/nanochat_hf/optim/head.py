@@ -26,6 +26,7 @@ from torch import Tensor
 from ..errors import UserError
 from .kernels import adamw_update, normuon_update
 from .optimizer import SMEAR_PARAMS, MuonAdamW, _Done, generation_group
+from .precision import polar_dtype_name, resolve_polar_dtype
 
 RECIPES = ("2025-12", "2026-07")  # the optimizer recipes: nanochat of December 2025 (G0) and nanochat HEAD
 SMALL_NUMEL = 1024  # AdamW parameters below this size are replicated, not sharded (nanochat's threshold)
@@ -137,7 +138,7 @@ def head_param_groups(
                 "ns_steps": 5,
                 "beta2": 0.9,
                 "weight_decay": weight_decay,
-                "polar_dtype": str(polar_dtype).removeprefix("torch."),
+                "polar_dtype": polar_dtype_name(polar_dtype),
             }
         )
     for g in groups:
@@ -307,7 +308,7 @@ def build_head_optimizer(
     init_lr_frac: float = 1.0,
     *,
     scalar_lr: float = 0.5,
-    polar_dtype: torch.dtype | None = None,
+    polar_dtype: str | torch.dtype = "auto",
     process_group: Any = None,
     sharded: bool | None = None,
 ) -> NorMuonAdamW:
@@ -315,12 +316,11 @@ def build_head_optimizer(
     name as gpt.py setup_optimizer groups them. ``weight_decay`` is the Muon groups' (the AdamW groups have
     nanochat's fixed ones); every group's lr and initial_lr are its base rate times ``init_lr_frac``.
 
-    ``polar_dtype``: the dtype of the orthogonalisation; None follows nanochat's compute dtype: bfloat16 when the
-    parameters are on a CUDA device that supports it, else float32. Sharded as `build_optimizer`.
+    ``polar_dtype``: the dtype of the orthogonalisation; "auto" follows nanochat's compute dtype: bfloat16 when the
+    parameters are on a CUDA device that supports it, else float32 (`precision.resolve_polar_dtype`). Sharded as
+    `build_optimizer`.
     """
-    if polar_dtype is None:
-        device = next(model.parameters()).device
-        polar_dtype = torch.bfloat16 if device.type == "cuda" and torch.cuda.is_bf16_supported() else torch.float32
+    polar_dtype, _ = resolve_polar_dtype(polar_dtype, next(model.parameters()).device, "2026-07")
     groups = head_param_groups(
         model, matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac, scalar_lr, polar_dtype
     )
@@ -328,9 +328,14 @@ def build_head_optimizer(
 
 
 def build_recipe_optimizer(
-    recipe: str, model: torch.nn.Module, *rates: float, process_group: Any = None, sharded: bool | None = None
+    recipe: str,
+    model: torch.nn.Module,
+    *rates: float,
+    process_group: Any = None,
+    sharded: bool | None = None,
+    polar_dtype: str | torch.dtype = "auto",
 ) -> MuonAdamW:
     """`build_optimizer` for a ``recipe`` other than the default "2025-12" (``rates``: its five positional rates)."""
     if recipe not in RECIPES[1:]:
         raise ValueError(f"optimizer recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
-    return build_head_optimizer(model, *rates, process_group=process_group, sharded=sharded)
+    return build_head_optimizer(model, *rates, process_group=process_group, sharded=sharded, polar_dtype=polar_dtype)

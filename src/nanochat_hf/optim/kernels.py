@@ -107,12 +107,14 @@ def muon_update(
     ns_steps: int,
     batch_size: int | None = None,
     gram: bool = False,
+    dtype: torch.dtype = torch.bfloat16,
 ) -> None:
-    """One Muon step for same-shaped matrices: momentum (float32 buffers), Newton-Schulz, update.
+    """One Muon step for same-shaped matrices: momentum (float32 buffers), Newton-Schulz in ``dtype``, update.
 
     ``batch_size`` matrices (0: all; None: :func:`ns_batch_size`) go through momentum blend, Newton-Schulz and
     update together, so that on the per-matrix path each matrix's data stays in cache from start to end.
-    ``gram`` selects the Gram iteration for rectangular matrices (see :func:`newton_schulz`).
+    ``gram`` selects the Gram iteration for rectangular matrices (see :func:`newton_schulz`). ``dtype``: nanochat's
+    December bfloat16 by default (see optim/precision.py for where float32 is faster).
     """
     if not params:
         return
@@ -124,12 +126,12 @@ def muon_update(
     step = -lr * muon_lr_scale(params[0].shape)
     for i0 in range(0, len(params), batch_size):
         chunk = slice(i0, i0 + batch_size)
-        # the Nesterov blend (float32) is rounded straight into the bf16 stack that Newton-Schulz consumes,
-        # instead of stacking in float32 and casting the stack: one full-size float32 pass fewer
-        stack = torch.empty((len(params[chunk]), *params[0].shape), dtype=torch.bfloat16, device=params[0].device)
+        # the Nesterov blend (float32) is rounded straight into the stack that Newton-Schulz consumes, instead of
+        # stacking in float32 and casting the stack: one full-size float32 pass fewer in bfloat16
+        stack = torch.empty((len(params[chunk]), *params[0].shape), dtype=dtype, device=params[0].device)
         for g, buf, out in zip(grads[chunk], bufs[chunk], stack.unbind(0)):
             out.copy_(torch.lerp(g, buf, momentum) if nesterov else buf)
-        ortho = newton_schulz(stack, ns_steps, batch_size=0, gram=gram)
+        ortho = newton_schulz(stack, ns_steps, batch_size=0, gram=gram, dtype=dtype)
         for p, o in zip(params[chunk], ortho.unbind(0)):
             p.add_(o, alpha=step)
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from .kernels import adamw_update, muon_update
+from .precision import polar_dtype_name, resolve_polar_dtype
 
 _MUON_KEYS = ("lr", "momentum", "nesterov", "ns_steps")
 _ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -46,6 +47,7 @@ def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
         "ns_steps": group["ns_steps"],
         "batch_size": group.get("ns_batch_size"),
         "gram": group.get("ns_gram", False),
+        "dtype": getattr(torch, group.get("polar_dtype", "bfloat16")),
     }
 
 
@@ -72,8 +74,9 @@ class MuonAdamW(torch.optim.Optimizer):
 
     Every param group needs ``kind`` ("muon" or "adamw"), ``name``, ``lr`` and ``initial_lr``; Muon groups
     also ``momentum``, ``nesterov``, ``ns_steps``; AdamW groups ``betas``, ``eps``, ``weight_decay``.
-    Muon groups may set ``ns_batch_size`` (matrices per batched Newton-Schulz; default: by device and shape)
-    and ``ns_gram`` (see :meth:`set_newton_schulz`).
+    Muon groups may set ``ns_batch_size`` (matrices per batched Newton-Schulz; default: by device and shape),
+    ``ns_gram`` (see :meth:`set_newton_schulz`) and ``polar_dtype`` (the orthogonalisation's dtype by name;
+    default "bfloat16", nanochat's December choice; `build_optimizer` always sets it, see optim/precision.py).
     Use :func:`build_optimizer` to get nanochat's grouping.
     """
 
@@ -186,7 +189,8 @@ class MuonAdamW(torch.optim.Optimizer):
             }
         self.state = state
         for group, saved in zip(self.param_groups, saved_groups):
-            group.update({k: v for k, v in saved.items() if k != "params"})
+            # polar_dtype is this machine's choice (optim/precision.py), not state: a run resumed elsewhere keeps it
+            group.update({k: v for k, v in saved.items() if k not in ("params", "polar_dtype")})
 
     # ---------------------------------------------------------------------------------------- helpers
     def _adamw_state(self, p: Tensor, rows: int) -> dict[str, Any]:
@@ -397,6 +401,11 @@ def generation_group(key: str) -> str | None:
     return "smear" if key in SMEAR_PARAMS else None
 
 
+def _device(model: torch.nn.Module) -> torch.device:
+    """Where the model's parameters live (what the optimizer will compute on)."""
+    return next(model.parameters()).device
+
+
 def build_optimizer(
     model: torch.nn.Module,
     matrix_lr: float = 0.02,
@@ -413,6 +422,7 @@ def build_optimizer(
     sharded: bool | None = None,
     matrix_optimizer: str = "muon",
     recipe: str = "2025-12",
+    polar_dtype: str | torch.dtype = "auto",
 ) -> MuonAdamW:
     """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
     matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
@@ -431,6 +441,10 @@ def build_optimizer(
 
     ``recipe="2026-07"`` builds nanochat HEAD's optimizer instead (`head.build_head_optimizer` with these rates;
     muon_momentum, ns_steps, betas, eps and matrix_optimizer are options of the December recipe only).
+
+    ``polar_dtype`` ("auto", "bfloat16", "float32"), both recipes: the dtype Muon orthogonalises in; "auto" is
+    bfloat16 where the parameters' device multiplies it natively (`precision.resolve_polar_dtype`, which also
+    says why); pin "bfloat16" for nanochat's December numbers on every device.
     """
     if recipe != "2025-12":
         from .head import build_recipe_optimizer  # head.py builds on this module
@@ -445,6 +459,7 @@ def build_optimizer(
             init_lr_frac,
             process_group=process_group,
             sharded=sharded,
+            polar_dtype=polar_dtype,
         )
     if matrix_optimizer not in ("muon", "adamw"):
         raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' or 'adamw'")
@@ -483,6 +498,7 @@ def build_optimizer(
             "momentum": muon_momentum,
             "nesterov": True,
             "ns_steps": ns_steps,
+            "polar_dtype": polar_dtype_name(resolve_polar_dtype(polar_dtype, _device(model), recipe)[0]),
         }
     else:
         matrix_group = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
