@@ -34,7 +34,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.utils import logging as hf_logging
 
-from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
+from ..conversion.optimizer_files import apply_settings, check_world_size, load_full_state, read_warm_start
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
@@ -135,9 +135,9 @@ class MidTrainer(Trainer):
         # one line), and put into the optimizer when it is built
         self.warm_start = None
         if a.nanochat_optimizer:
-            full, world, fmt = read_nanochat_optimizer(a.nanochat_optimizer, self.model)
+            full, world, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
             check_world_size(a.nanochat_optimizer, world, self.accelerator.num_processes)
-            self.warm_start = (full, fmt)
+            self.warm_start = (full, fmt, settings)
 
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
@@ -191,11 +191,13 @@ class MidTrainer(Trainer):
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
             if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
-                load_full_state(self.optimizer, self.model, self.warm_start[0])
+                full, fmt, settings = self.warm_start
+                load_full_state(self.optimizer, self.model, full)
+                carried = apply_settings(self.optimizer, self.model, settings, a.nanochat_optimizer)
                 if self.is_world_process_zero():
                     print(
-                        f"optimizer warm-started from {a.nanochat_optimizer} ({self.warm_start[1]} format: "
-                        f"{len(self.warm_start[0])} parameters' state; LRs from this run)"
+                        f"optimizer warm-started from {a.nanochat_optimizer} ({fmt} format: {len(full)} parameters' "
+                        f"state; LRs from this run{'; ' + carried if carried else ''})"
                     )
                 self.warm_start = None
         return self.optimizer
