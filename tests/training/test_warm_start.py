@@ -1,13 +1,17 @@
-"""chat_sft.py's optimizer warm start, by default: a run on a nanochat base folder holding the base run's optimizer
-files loads them, keeps the base run's group settings (its last Muon weight decay) and resets only the LRs; files of
-another model or world size stop the run in one line naming the file, with nothing written."""
+"""An SFT on a nanochat base folder as chat_sft.py does it, by default: the base run's optimizer files are loaded,
+with the base run's group settings (its last Muon weight decay) and only the LRs reset; files of another model or
+world size stop the run in one line naming the file, with nothing written. The result goes back to nanochat with
+the base meta as it came in and what training changed."""
 
+import json
+import re
 import shutil
 from pathlib import Path
 
 import pytest
 import torch
 
+from nanochat_hf.conversion import to_nanochat
 from nanochat_hf.training.run import main
 
 from .test_nanochat_generations import write_g5_base
@@ -54,6 +58,11 @@ def base_with_optimizer(tmp_path_factory) -> Path:
     base = tmp_path_factory.mktemp("warm") / "nanochat"
     write_g5_base(base)
     checkpoint = base / "base_checkpoints" / "d2"
+    meta_path = checkpoint / "meta_000010.json"  # base_train's fields: its window pattern "SSSL" gives S, L here
+    meta = json.loads(meta_path.read_text())
+    meta["model_config"]["window_pattern"] = "SSSL"
+    meta.update(val_bpb=1.25, user_config={"depth": 2, "window_pattern": "SSSL"}, loop_state={"min_val_bpb": 1.25})
+    meta_path.write_text(json.dumps(meta, indent=2))
     model, _ = load_from_nanochat(checkpoint, base / "tokenizer", trust_pickle=True)
     opt = build_optimizer(model, recipe="2026-07", weight_decay=0.125)
     for p in model.parameters():
@@ -69,14 +78,24 @@ def base_with_optimizer(tmp_path_factory) -> Path:
     return base
 
 
-def test_the_base_runs_optimizer_is_loaded_with_its_weight_decay(base_with_optimizer, tmp_path, capsys):
+def test_the_base_runs_optimizer_is_loaded_and_the_meta_goes_back_out(base_with_optimizer, tmp_path, capsys):
+    """The warm start says so in the run's first lines, with the weight decay it carries; to-nanochat then writes
+    the base meta as it came in (window_pattern "SSSL", user_config, loop_state) with what training changed: the
+    step and the val bpb."""
     main([*RUN, "--model_source", str(base_with_optimizer), "--output_dir", str(tmp_path / "out")])
     out = capsys.readouterr().out
-    optim = base_with_optimizer / "base_checkpoints" / "d2" / "optim_000010_rank0.pt"
+    checkpoint = base_with_optimizer / "base_checkpoints" / "d2"
+    optim = checkpoint / "optim_000010_rank0.pt"
     assert out.splitlines()[0] == (
         f"mid_train: warm-starting the optimizer from {optim} as chat_sft.py does (--load_optimizer false: a fresh one)"
     )
     assert "LRs from this run; Muon weight decay 0.125 from the base run" in out
+    sft = tmp_path / "nanochat" / "chatsft_checkpoints" / "d2"
+    to_nanochat(tmp_path / "out", sft)
+    base_meta = json.loads((checkpoint / "meta_000010.json").read_text())
+    val_bpb = float(re.search(r"validation bpb: ([0-9.]+)", out).group(1))
+    meta = json.loads((sft / "meta_000001.json").read_text())
+    assert meta == {**base_meta, "step": 1, "val_bpb": pytest.approx(val_bpb, abs=1e-4)}
 
 
 @pytest.mark.parametrize("case", ["another model", "another world size"])

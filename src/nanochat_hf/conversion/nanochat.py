@@ -231,8 +231,10 @@ def to_nanochat(
 
     The checkpoint is the one nanochat writes for the model's generation (G0-G5): the same tensor names and order,
     wte/value embeddings bf16 when stored so (else fp32), everything else fp32, and the meta's ``model_config``
-    with ``window_pattern`` from G2 on; the other meta fields (val_bpb, user_config...) come from the source meta
-    kept beside a converted model. from_nanochat -> to_nanochat is bit-identical.
+    with ``window_pattern`` from G2 on (the source meta's pattern when it builds the same layers); the other meta
+    fields (val_bpb, user_config...) come from the source meta kept beside a converted model or a model trained from
+    a nanochat checkpoint (with that training's val bpb), the step from trainer_state.json. from_nanochat ->
+    to_nanochat is bit-identical.
 
     Existing files of those names are replaced only with `overwrite`, and the source's files never."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)

@@ -34,6 +34,7 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.utils import logging as hf_logging
 
+from ..conversion.nanochat import NANOCHAT_META_FILE
 from ..conversion.optimizer_files import apply_settings, check_world_size, load_full_state, read_warm_start
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import UserError, one_line
@@ -133,6 +134,7 @@ class MidTrainer(Trainer):
             self.model.get_input_embeddings().to(embedding_dtype)
         # nanochat's optimizer files are read and checked now (a bad file set stops the run before training, in
         # one line), and put into the optimizer when it is built
+        self.nanochat_meta: dict | None = None  # the model source's nanochat meta (run.build_trainer sets it)
         self.warm_start = None
         if a.nanochat_optimizer:
             full, world, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
@@ -404,6 +406,9 @@ class MidTrainer(Trainer):
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
             write_json(tmp / TRAINING_ARGS_FILE, self.args.to_dict())
+            if self.nanochat_meta is not None:  # as it came in, with this model's val bpb: to-nanochat writes it back
+                val = [h["eval_val_bpb"] for h in self.state.log_history if "eval_val_bpb" in h]
+                write_json(tmp / NANOCHAT_META_FILE, {**self.nanochat_meta, **({"val_bpb": val[-1]} if val else {})})
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
