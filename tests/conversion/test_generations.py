@@ -113,6 +113,26 @@ def test_converted_model_gives_nanochat_logits(generation_base, commit):
     assert (logits - expected).abs().max().item() < 1e-5
 
 
+def test_the_folders_nanochat_of_each_generation_reads(generation_base, tmp_path):
+    """HEAD's load_model knows base, sft and rl: a G4/G5 model written to mid_checkpoints (a folder only nanochat
+    before 1ddaad1 read) is refused in one line saying where a fine-tuned model goes; a G0 one is written there."""
+    for commit, allowed in (("a825e63", False), ("6ed7d1d", False), ("790f3be", True)):
+        hf = from_nanochat(
+            checkpoint(generation_base, commit), tmp_path / commit, generation_base / "tokenizer", trust_pickle=True
+        )
+        out = tmp_path / "nanochat" / "mid_checkpoints" / commit
+        if allowed:
+            to_nanochat(hf, out)
+            assert (out / f"model_{STEP:06d}.pt").is_file()
+            continue
+        with pytest.raises(
+            UserError, match=r"has no mid_checkpoints .* <base>/chatsft_checkpoints/<tag>, where chat_eval"
+        ):
+            to_nanochat(hf, out)
+        assert not out.exists()
+        to_nanochat(hf, tmp_path / "nanochat" / "chatsft_checkpoints" / commit)
+
+
 # ------------------------------------------------------------------------------------------- window_pattern
 
 

@@ -123,7 +123,14 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     )
     model_tag: str | None = field(default=None, metadata={"help": "nanochat model tag (e.g. d20); default: largest"})
     step: int | None = field(default=None, metadata={"help": "nanochat checkpoint step; default: latest"})
-    checkpoint_source: str = field(default="base", metadata={"help": "nanochat checkpoint kind: base or mid"})
+    checkpoint_source: str = field(
+        default="base",
+        metadata={
+            "help": "which folder of a nanochat base dir model_source reads: base (base_checkpoints), sft "
+            "(chatsft_checkpoints), rl (chatrl_checkpoints), or mid (mid_checkpoints: nanochat before 1ddaad1, "
+            "January 2026)"
+        },
+    )
     tokenizer_dir: str | None = field(default=None, metadata={"help": "nanochat tokenizer dir (default: beside)"})
     trust_pickle: bool = field(default=False, metadata={"help": "allow unpickling nanochat's tokenizer.pkl"})
     demo_depth: int = field(
