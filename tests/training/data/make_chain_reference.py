@@ -14,11 +14,13 @@
    but ``--mmlu-epochs 0 --gsm8k-epochs 0 --eval-tokens 2048 --chatcore-every -1``, and three edits of its text:
    the val mixture is SmolTalk's test split only (MMLU/GSM8K would need downloads), and the loss and val bpb are
    printed with every digit (``!r`` instead of ``:.6f`` / ``:.4f``).
-4. nanochat's ``load_model("sft")`` and ``Engine.generate`` (greedy, 16 tokens) on three prompts.
+4. nanochat's ``load_model("sft")`` and ``Engine.generate`` (greedy, 16 tokens) on three prompts, and its
+   ``scripts.chat_eval -i sft -a "MMLU|GSM8K" -x 20 -m 32`` on 20 local rows of each (synthetic sums in cais/mmlu's
+   and openai/gsm8k's layouts, in the task cache as above).
 5. The check the suite cannot make without nanochat: our SFT with its defaults (``configs/sft_nanochat.yaml`` on the
    base folder, the local mixture ``chain/mixture.yaml``, ``--eval_tokens 2048 --chatcore_every -1``), exported with
    ``convert.py to-nanochat`` into another copy's ``chatsft_checkpoints/d4``, loaded there by nanochat's
-   ``load_model("sft")`` and ``Engine``: its tokens are recorded as ``engine_on_our_export``.
+   ``load_model("sft")``, ``Engine`` and ``chat_eval``: recorded as ``engine_on_our_export`` and ``chat_eval``.
 Written: the base folder as nanochat left it (``nanochat/base_checkpoints/d4/*_000020*``, ``nanochat/tokenizer``),
 the SFT rows, ``nanochat_sft.safetensors`` (chat_sft's final weights, nanochat's names, float32) and
 ``reference.json`` (every step's logged loss, the val bpb at the first and last step, the prompts and tokens).
@@ -51,6 +53,22 @@ BASE_TRAIN = (
     "--num-iterations 20 --eval-every 10 --eval-tokens 2048 --core-metric-every -1 --sample-every -1 "
     "--warmup-steps 2 --device-type cpu"
 ).split()
+MMLU = [  # cais/mmlu's columns; the answer is choice (a + b) % 4
+    {
+        "question": f"What is {a} plus {b}?",
+        "subject": "elementary_mathematics",
+        "choices": [str(a + b + (i - (a + b) % 4)) for i in range(4)],
+        "answer": (a + b) % 4,
+    }
+    for a, b in ((3 * i + 1, 7 * i % 11) for i in range(20))
+]
+GSM8K = [  # openai/gsm8k's columns, with nanochat's calculator markup
+    {
+        "question": f"Tom has {a} apples and buys {b} more. How many apples does he have?",
+        "answer": f"Tom has {a} + {b} = <<{a}+{b}={a + b}>>{a + b} apples.\n#### {a + b}",
+    }
+    for a, b in ((2 * i + 3, 5 * i % 9 + 1) for i in range(20))
+]
 CHAT_SFT = "--mmlu-epochs 0 --gsm8k-epochs 0 --eval-tokens 2048 --chatcore-every -1 --device-type cpu".split()
 ENGINE = """
 import json, sys, torch
@@ -114,6 +132,12 @@ def main(tree: Path, deps: Path) -> None:
         pq.write_table(table, where / "00000.parquet")
         (where / "manifest.json").write_text(json.dumps(["00000.parquet"]))
 
+    for repo_id, subset, rows in (("cais/mmlu", "all", MMLU), ("openai/gsm8k", "main", GSM8K)):
+        where = base / "task_data" / repo_id.replace("/", "--") / subset / "test"
+        where.mkdir(parents=True)
+        pq.write_table(pa.Table.from_pylist(rows), where / "00000.parquet")
+        (where / "manifest.json").write_text(json.dumps(["00000.parquet"]))
+
     def run(*args: str) -> str:
         proc = subprocess.run([sys.executable, *args], cwd=tree, env=env, capture_output=True, text=True)
         if proc.returncode:
@@ -140,6 +164,8 @@ def main(tree: Path, deps: Path) -> None:
     bpb = [float(m) for m in re.findall(r"^Step \d+ \| Validation bpb: ([\d.e-]+)", out, re.M)]
     # 4. nanochat's own loader and Engine on its SFT result
     tokens = json.loads(run("-c", ENGINE, json.dumps(PROMPTS)).split("TOKENS ", 1)[1])
+    chat_eval = ["-m", "scripts.chat_eval", "-i", "sft", "-a", "MMLU|GSM8K", "-x", "20", "-m", "32"]
+    evals = {"nanochat": re.findall(r"^\w+ accuracy: .*$", run(*chat_eval, "--device-type", "cpu"), re.M)}
     sft_dir = base / "chatsft_checkpoints" / "d4"
     [model_file] = sft_dir.glob("model_*.pt")
     state = torch.load(model_file, map_location="cpu", weights_only=True)
@@ -160,6 +186,7 @@ def main(tree: Path, deps: Path) -> None:
     convert = [sys.executable, str(repo / "scripts" / "convert.py"), "to-nanochat", "--model", str(ours)]
     subprocess.run([*convert, "--output", str(sft_dir), "--overwrite"], check=True)
     ours_tokens = json.loads(run("-c", ENGINE, json.dumps(PROMPTS)).split("TOKENS ", 1)[1])
+    evals["our_export"] = re.findall(r"^\w+ accuracy: .*$", run(*chat_eval, "--device-type", "cpu"), re.M)
     reference = {
         "nanochat_commit": "92d63d4",
         "losses": losses,
@@ -168,6 +195,7 @@ def main(tree: Path, deps: Path) -> None:
         "prompts": PROMPTS,
         "tokens": tokens,
         "engine_on_our_export": ours_tokens,
+        "chat_eval": evals,
         "chat_sft_output": [line for line in out.splitlines() if line.startswith(("Inherited", "Loaded", "Using"))],
     }
     (OUT / "reference.json").write_text(json.dumps(reference, indent=1) + "\n")
