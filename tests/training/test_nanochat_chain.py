@@ -4,7 +4,8 @@ optimizer file); its chat_sft.py, with its defaults, trained on it. Ours, with O
 inheritance, the warm-started optimizer, the rotary tables of the model's generation), on the same base and rows:
 every logged loss and the val bpb within 1e-5 relative, every tensor of the to-nanochat export within 1e-4
 relative of chat_sft.py's, and the greedy tokens of nanochat's Engine. (The script also checked that nanochat's
-load_model("sft"), Engine and chat_eval read our export: the same tokens, the same chat_eval accuracies.)"""
+load_model("sft"), Engine and chat_eval read our export: the same tokens, the same chat_eval accuracies; recorded
+in reference.json as engine_on_our_export and chat_eval, a check only nanochat executing can make.)"""
 
 import json
 from pathlib import Path
@@ -75,8 +76,6 @@ def test_greedy_tokens_equal_nanochats_engine(our_sft):
 
     model = AutoModelForCausalLM.from_pretrained(our_sft, trust_remote_code=True, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(our_sft)
-    assert REFERENCE["engine_on_our_export"] == REFERENCE["tokens"]  # nanochat's Engine on our export
-    assert REFERENCE["chat_eval"]["our_export"] == REFERENCE["chat_eval"]["nanochat"]
     for prompt, expected in zip(REFERENCE["prompts"], REFERENCE["tokens"]):
         ids = tokenizer.apply_chat_template([{"role": "user", "content": prompt}], add_generation_prompt=True)
         ids = list(ids["input_ids"]) if hasattr(ids, "keys") else list(ids)
