@@ -132,9 +132,9 @@ class MidTrainer(Trainer):
         if (embedding_dtype := a.embedding_torch_dtype) is not None:
             # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
             self.model.get_input_embeddings().to(embedding_dtype)
+        self.nanochat_meta: dict | None = None  # the model source's nanochat meta (run.build_trainer sets it)
         # nanochat's optimizer files are read and checked now (a bad file set stops the run before training, in
         # one line), and put into the optimizer when it is built
-        self.nanochat_meta: dict | None = None  # the model source's nanochat meta (run.build_trainer sets it)
         self.warm_start = None
         if a.nanochat_optimizer:
             full, world, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
