@@ -57,7 +57,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
     p = sub.add_parser("to-nanochat", help="Hugging Face directory -> nanochat model_<step>.pt + meta_<step>.json")
     p.add_argument("--model", required=True, type=Path)
-    p.add_argument("--output", required=True, type=Path, help="nanochat checkpoint dir (other steps there are kept)")
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help="nanochat checkpoint dir <base>/<folder>/<tag> (other steps there are kept): base_checkpoints, "
+        "chatsft_checkpoints (a fine-tuned model: HEAD's chat_eval -i sft, chat_cli, chat_rl read it there), "
+        "chatrl_checkpoints, or mid_checkpoints (nanochat before 1ddaad1: G0-G3 models)",
+    )
     p.add_argument(
         "--step",
         type=step_number,

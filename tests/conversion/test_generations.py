@@ -18,7 +18,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf import NanoChatGPTConfig
 from nanochat_hf.conversion import from_nanochat, load_from_nanochat, read_nanochat_checkpoint, to_nanochat, to_native
 from nanochat_hf.conversion.generations import nanochat_shapes
 from nanochat_hf.errors import UserError
@@ -104,17 +104,33 @@ def test_round_trip_is_bit_exact(generation_base, tmp_path, commit):
 @pytest.mark.parametrize("commit", COMMITS)
 def test_converted_model_gives_nanochat_logits(generation_base, commit):
     checkpoint_dir = checkpoint(generation_base, commit)
-    _, config, _, _ = read_nanochat_checkpoint(checkpoint_dir)
     model, _ = load_from_nanochat(checkpoint_dir, generation_base / "tokenizer", trust_pickle=True)
-    if commit in ("6ed7d1d", "a825e63"):  # rotary tables in the compute dtype from 1076f97: float32 on CPU
-        config = NanoChatGPTConfig.from_dict({**model.config.to_dict(), "rotary_dtype": "float32"})
-        state = model.state_dict()
-        model = NanoChatGPTForCausalLM(config).eval()
-        model.load_state_dict(state)
+    # nanochat's rotary tables: bfloat16 up to 1076f97 (G0-G3), then the compute dtype (G4, G5: float32 here)
+    assert model.config.rotary_dtype == ("compute" if commit in ("6ed7d1d", "a825e63") else "bfloat16")
     with torch.no_grad():
         logits = model(torch.tensor([REFERENCE["ids"]])).logits[0, REFERENCE["positions"]]
     expected = torch.load(DATA / "nanochat_logits.pt", weights_only=True)[commit]
     assert (logits - expected).abs().max().item() < 1e-5
+
+
+def test_the_folders_nanochat_of_each_generation_reads(generation_base, tmp_path):
+    """HEAD's load_model knows base, sft and rl: a G4/G5 model written to mid_checkpoints (a folder only nanochat
+    before 1ddaad1 read) is refused in one line saying where a fine-tuned model goes; a G0 one is written there."""
+    for commit, allowed in (("a825e63", False), ("6ed7d1d", False), ("790f3be", True)):
+        hf = from_nanochat(
+            checkpoint(generation_base, commit), tmp_path / commit, generation_base / "tokenizer", trust_pickle=True
+        )
+        out = tmp_path / "nanochat" / "mid_checkpoints" / commit
+        if allowed:
+            to_nanochat(hf, out)
+            assert (out / f"model_{STEP:06d}.pt").is_file()
+            continue
+        with pytest.raises(
+            UserError, match=r"has no mid_checkpoints .* <base>/chatsft_checkpoints/<tag>, where chat_eval"
+        ):
+            to_nanochat(hf, out)
+        assert not out.exists()
+        to_nanochat(hf, tmp_path / "nanochat" / "chatsft_checkpoints" / commit)
 
 
 # ------------------------------------------------------------------------------------------- window_pattern

@@ -69,6 +69,22 @@ def test_logits_equal_spec_math_with_gqa(make_model, rotary_dtype):
     assert (ours - other).abs().max().item() > 1e-4
 
 
+def test_compute_rotary_tables_follow_the_dtype_the_model_runs_in(make_model):
+    """rotary_dtype "compute" (nanochat since 1076f97, G4/G5): float32 tables in a float32 forward, bfloat16 ones with
+    bfloat16 weights or under bf16 autocast; the logits are those of the fixed-dtype model of that precision."""
+    idx = torch.randint(0, 300, (2, 20), generator=torch.Generator().manual_seed(1))
+    models = {name: make_model(rotary_dtype=name) for name in ("compute", "float32", "bfloat16")}
+    with torch.no_grad():
+        logits = {name: m(idx).logits for name, m in models.items()}
+        assert torch.equal(logits["compute"], logits["float32"])
+        assert not torch.equal(logits["compute"], logits["bfloat16"])
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            autocast = {name: m(idx).logits for name, m in models.items()}
+        assert torch.equal(autocast["compute"], autocast["bfloat16"])
+        bf16 = {name: m.to(torch.bfloat16)(idx).logits for name, m in models.items()}
+        assert torch.equal(bf16["compute"], bf16["bfloat16"])
+
+
 def test_loss_conventions(make_model):
     model = make_model()
     idx = torch.randint(0, 300, (2, 12), generator=torch.Generator().manual_seed(2))

@@ -50,6 +50,7 @@ def test_head_file_warm_start_continues_nanochat(helpers):
     lrs = [g["lr"] for g in warm_opt.param_groups]
     message = load_nanochat_optimizer(warm_opt, warm, HEAD_FILE)
     assert "head format" in message and [g["lr"] for g in warm_opt.param_groups] == lrs
+    assert "Muon weight decay 0.2 from the base run" in message
     for (i, st), (j, ref) in zip(
         sorted(warm_opt.state_dict()["state"].items()), sorted(opt.state_dict()["state"].items())
     ):
@@ -74,6 +75,28 @@ def test_head_file_warm_start_continues_nanochat(helpers):
     # and from our own optimizer's state dict (what the trainer saves): the same file
     ours_full = full_state_of_shards(ours, "2026-07", [opt.state_dict()])
     assert ours_full.keys() == full.keys()
+
+
+def test_head_file_settings_carry_over_but_the_learning_rates(helpers):
+    """chat_sft.py: load_state_dict brings back every group setting of the base run's file, then only the LRs are
+    reset. A fresh optimizer built with weight decay 0 gets the file's Muon weight decay (0.2 there) and momentum;
+    the December recipe's groups are not nanochat HEAD's, so only the state moves there."""
+    initial, _, _, _ = helpers.head_reference()
+    model = helpers.named_module(initial, 32)
+    opt = build_optimizer(model, **{**helpers.HEAD_RATES, "weight_decay": 0.0}, recipe="2026-07")
+    lrs = [(g["lr"], g["initial_lr"]) for g in opt.param_groups]
+    load_nanochat_optimizer(opt, model, HEAD_FILE)
+    saved = torch.load(HEAD_FILE, weights_only=True)["param_groups"]
+    muon = [g for g in saved if g["kind"] == "muon"]
+    assert {g["weight_decay"] for g in muon} == {0.2}
+    for group in opt.param_groups:
+        if group["kind"] == "muon":
+            assert (group["weight_decay"], group["momentum"]) == (0.2, muon[0]["momentum"])
+    assert [(g["lr"], g["initial_lr"]) for g in opt.param_groups] == lrs
+    december_model = helpers.named_module(initial, 32)
+    december = build_optimizer(december_model, **{**helpers.HEAD_RATES, "weight_decay": 0.0})
+    message = load_nanochat_optimizer(december, december_model, HEAD_FILE)
+    assert "weight decay" not in message and {g.get("weight_decay", 0.0) for g in december.param_groups} == {0.0}
 
 
 def test_g0_file_into_either_recipe(tmp_path):

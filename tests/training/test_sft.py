@@ -57,6 +57,9 @@ def test_inherits_what_is_not_given_and_says_which(tmp_path, capsys, monkeypatch
         f"mid_train: inherited embedding_lr=0.3 from {meta}",
         f"mid_train: inherited unembedding_lr=0.008 from {meta}",
         "mid_train: matrix_lr=0.03 overrides the base checkpoint's 0.025",
+        # chat_sft.py's default --load-optimizer 1, said in the run's first lines (this base has no such file)
+        f"mid_train: no optimizer file {meta.parent / 'optim_000010_rank0.pt'}: the optimizer starts fresh "
+        "(chat_sft.py: slightly worse)",
     ]
     # the recipe's own settings
     assert (args.packing, args.completion_only_loss, args.init_lr_frac, args.warmdown_ratio) == (
@@ -66,6 +69,28 @@ def test_inherits_what_is_not_given_and_says_which(tmp_path, capsys, monkeypatch
         0.5,
     )
     assert (args.eval_every, args.chatcore_every, args.eval_tokens, args.num_iterations) == (200, 200, 40 * 524288, -1)
+
+
+def test_the_base_runs_optimizer_files_warm_start_by_default(tmp_path, capsys, monkeypatch):
+    """chat_sft.py --load-optimizer 1: the optimizer files beside the base checkpoint are used unless
+    --load_optimizer false; the December recipe (its mid_train.py never loads them) only when asked."""
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    base = nanochat_base(tmp_path, META)
+    optim = base / "base_checkpoints" / "d2" / "optim_000010_rank0.pt"
+    optim.write_bytes(b"")  # read and checked by the trainer, before training
+    args = parse_args([SFT, "--model_source", str(base)])
+    assert args.nanochat_optimizer == str(optim)
+    assert capsys.readouterr().out.splitlines()[-1] == (
+        f"mid_train: warm-starting the optimizer from {optim} as chat_sft.py does (--load_optimizer false: a fresh one)"
+    )
+    assert parse_args([SFT, "--model_source", str(base), "--load_optimizer", "false"]).nanochat_optimizer is None
+    december = ["--model_source", str(base), "--optimizer_recipe", "2025-12"]
+    assert parse_args(december).nanochat_optimizer is None
+    assert parse_args([*december, "--load_optimizer", "true"]).nanochat_optimizer == str(optim)
+    with pytest.raises(ValueError, match=r"^load_optimizer=false and nanochat_optimizer=x.pt conflict: give one$"):
+        parse_args([SFT, "--model_source", str(base), "--load_optimizer", "false", "--nanochat_optimizer", "x.pt"])
+    with pytest.raises(ValueError, match=r"^load_optimizer=true: model_source='demo' is not a nanochat checkpoint"):
+        parse_args(["--load_optimizer", "true"])
 
 
 def test_december_meta_and_converted_model(tmp_path, monkeypatch):

@@ -45,7 +45,17 @@ class Generation:
 
 _G1 = {"residual_lambdas": True}
 _G3 = {**_G1, "value_embeddings": True, "ve_gate_channels": 32, "ve_gate_scale": 2.0}
-_G4 = {**_G3, "ve_gate_channels": 12, "ve_gate_scale": 3.0, "qk_scale": 1.15, "rope_theta": 100000.0}
+# rotary tables: bfloat16 up to nanochat 1076f97 (2026-03-04), then in the compute dtype. G3 ran both ways (85 commits
+# before 1076f97, one after, and nothing in a G3 file says which): G3 keeps bfloat16, the G3 of almost all its
+# commits; a G3 model trained after 1076f97 gets nanochat's logits with rotary_dtype "compute" set in config.json.
+_G4 = {
+    **_G3,
+    "ve_gate_channels": 12,
+    "ve_gate_scale": 3.0,
+    "qk_scale": 1.15,
+    "rope_theta": 100000.0,
+    "rotary_dtype": "compute",
+}
 _G5 = {**_G4, "qk_scale": 1.2, "smear": True, "backout": True}
 GENERATIONS = (
     Generation("G0", "790f3be"),

@@ -38,12 +38,16 @@ from .generations import (
 from .native import read_hf_model
 from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
 
+# nanochat's load_model(source): base_train, chat_sft and chat_rl write these folders in every generation; mid_train
+# wrote mid_checkpoints until mid-training went (1ddaad1, 2026-01-31; the loader forgot the name at 72b9064): G0-G2
+# and early G3 models. HEAD's chat_eval -i sft, chat_cli and chat_rl read an SFT result from chatsft_checkpoints.
 SOURCE_FOLDERS = {
     "base": "base_checkpoints",
     "mid": "mid_checkpoints",
     "sft": "chatsft_checkpoints",
     "rl": "chatrl_checkpoints",
 }
+NO_MID = ("G4", "G5")  # generations whose nanochat has no mid_checkpoints (6ed7d1d on)
 NANOCHAT_META_FILE = "nanochat_meta.json"  # the source meta, kept beside a converted model (step, user_config...)
 _MODEL_FILE = re.compile(r"model_(\d+)\.pt")
 
@@ -231,8 +235,10 @@ def to_nanochat(
 
     The checkpoint is the one nanochat writes for the model's generation (G0-G5): the same tensor names and order,
     wte/value embeddings bf16 when stored so (else fp32), everything else fp32, and the meta's ``model_config``
-    with ``window_pattern`` from G2 on; the other meta fields (val_bpb, user_config...) come from the source meta
-    kept beside a converted model. from_nanochat -> to_nanochat is bit-identical.
+    with ``window_pattern`` from G2 on (the source meta's pattern when it builds the same layers); the other meta
+    fields (val_bpb, user_config...) come from the source meta kept beside a converted model or a model trained from
+    a nanochat checkpoint (with that training's val bpb), the step from trainer_state.json. from_nanochat ->
+    to_nanochat is bit-identical.
 
     Existing files of those names are replaced only with `overwrite`, and the source's files never."""
     model_dir, output_dir = Path(model_dir), Path(output_dir)
@@ -253,6 +259,12 @@ def to_nanochat(
     generation = generation_of(config, config_path)
     if generation.name == "G1" and isinstance(source_pattern, str):
         generation = BY_NAME["G2"]  # the source meta had a window pattern ("L": the same model as G1)
+    if generation.name in NO_MID and output_dir.resolve().parent.name == SOURCE_FOLDERS["mid"]:
+        raise UserError(
+            f"{output_dir}: nanochat of {generation.name} ({generation.commit} on) has no mid_checkpoints "
+            f"(mid-training went at 1ddaad1): write a fine-tuned model to <base>/{SOURCE_FOLDERS['sft']}/<tag>, "
+            "where chat_eval -i sft, chat_cli and chat_rl read it"
+        )
     pattern = window_pattern_of(config, generation, source_pattern, config_path) if generation.windows else None
     step = _default_step(model_dir) if step is None else int(step)
     tokenizer = None

@@ -6,9 +6,11 @@ sharded, and `DistMuon`, groups by sorted shape, matrix i owned by rank i % W); 
 `MuonAdamW.state_dict()` (groups of gpt.py setup_optimizer; the layout of `nanochat_hf.optim.head`).
 Both are read into a "full" state by parameter name, {name: {"step", "exp_avg", "exp_avg_sq"}} (AdamW) or
 {name: {"momentum_buffer"[, "second_momentum_buffer"]}} (Muon), float32, whole tensors; that is then sliced into
-either recipe's optimizer for this rank, or written back in either format. Only the state moves: the
-hyperparameters (LRs, betas, weight decay) stay the run's, the way chat_sft.py restores its LRs after loading.
-A file set from another world size, model or generation is refused in one line naming the file.
+either recipe's optimizer for this rank, or written back in either format. A HEAD file's group settings (the
+base run's last scheduled Muon weight decay, betas, eps...) carry over into recipe 2026-07 with `apply_settings`,
+all but the learning rates, as chat_sft.py's ``load_state_dict`` then LR reset does; a G0 file has no settings
+of that recipe, so only its state moves. A file set from another world size, model or generation is refused in one
+line naming the file.
 """
 
 from __future__ import annotations
@@ -26,6 +28,8 @@ from ..optim.head import ADAMW_GROUPS, SMALL_NUMEL, head_group_of, nanochat_orde
 
 FILE_PATTERN = re.compile(r"optim_(\d+)_rank(\d+)\.pt")
 FullState = dict[str, dict[str, Any]]
+Settings = dict[str, dict[str, Any]]  # parameter name -> the hyperparameters of its group in the file
+_NOT_CARRIED = ("params", "lr", "initial_lr", "kind", "name", "polar_dtype")  # chat_sft.py resets the LRs only
 
 
 def _key(name: str) -> str:
@@ -136,6 +140,13 @@ def _adamw_full(path: Path, states: list[dict], name: str, shape: tuple[int, ...
 
 def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[FullState, int, str]:
     """The full state of every rank's file of ``path``'s step: (state by name, world size W, format "g0"/"head")."""
+    full, world, fmt, _ = read_warm_start(path, model)
+    return full, world, fmt
+
+
+def read_warm_start(path: str | Path, model: torch.nn.Module) -> tuple[FullState, int, str, Settings]:
+    """`read_nanochat_optimizer`'s (state, W, format), and the group settings of a HEAD file by parameter name
+    (rank 0's; every rank saves the same); {} for a G0 file."""
     files = rank_files(path)
     world = len(files)
     data = [_load(f) for f in files]
@@ -166,7 +177,12 @@ def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[F
                     for n, v in zip(group, stack):
                         full.setdefault(n, {})[key] = v.clone()
             index += len(group)
-        return full, world, "head"
+        settings = {
+            n: {k: v for k, v in saved.items() if k not in _NOT_CARRIED}
+            for saved, (_, group) in zip(data[0]["param_groups"], layout)
+            for n in group
+        }
+        return full, world, "head", settings
     if not all(isinstance(d, list) and len(d) == 2 for d in data):
         raise UserError(
             f"{files[0]}: neither nanochat format (a MuonAdamW state_dict, or the G0-era list "
@@ -193,7 +209,7 @@ def read_nanochat_optimizer(path: str | Path, model: torch.nn.Module) -> tuple[F
             if st is not None:
                 full[n] = {"momentum_buffer": _cat_rows(files[i % world], [st["momentum_buffer"]], shapes[n], n)}
         index += len(group)
-    return full, world, "g0"
+    return full, world, "g0", {}
 
 
 def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullState) -> None:
@@ -233,6 +249,22 @@ def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullStat
                     optimizer.state[p] = {"momentum_buffer": value.to(p.device, torch.float32).clone()}
 
 
+def apply_settings(optimizer: MuonAdamW, model: torch.nn.Module, settings: Settings, path: str | Path) -> str:
+    """Give each group of a recipe-2026-07 optimizer the settings its parameters had in the file (read by
+    `read_warm_start`), all but the LRs, as chat_sft.py keeps them; returns what that made of the Muon weight decay
+    ("" when nothing carries over: a G0 file, or recipe 2025-12, whose groups are not nanochat HEAD's)."""
+    if not settings or not isinstance(optimizer, NorMuonAdamW):
+        return ""
+    names = _names(model)
+    for group in optimizer.param_groups:
+        found = [settings[names[id(p)]] for p in group["params"] if names[id(p)] in settings]
+        if any(f != found[0] for f in found):
+            raise UserError(f"{path}: the parameters of our group {group['name']!r} have different settings there")
+        group.update({k: v for k, v in (found[0] if found else {}).items() if k in group})
+    decay = sorted({g["weight_decay"] for g in optimizer.param_groups if g["kind"] == "muon"})
+    return f"Muon weight decay {', '.join(f'{d:.6g}' for d in decay)} from the base run"
+
+
 def check_world_size(path: str | Path, world: int, ours: int) -> None:
     if world != ours:
         raise UserError(
@@ -243,12 +275,16 @@ def check_world_size(path: str | Path, world: int, ours: int) -> None:
 
 def load_nanochat_optimizer(optimizer: MuonAdamW, model: torch.nn.Module, path: str | Path) -> str:
     """Warm-start ``optimizer`` from nanochat's optimizer files of ``path``'s step (every rank reads all of them and
-    keeps its part). Refused in one line, with nothing loaded, for a file set of another world size, model or
-    generation. Returns a line saying what was loaded."""
-    full, world, fmt = read_nanochat_optimizer(path, model)
+    keeps its part; a HEAD file's settings but the LRs too, see `apply_settings`). Refused in one line, with nothing
+    loaded, for a file set of another world size, model or generation. Returns a line saying what was loaded."""
+    full, world, fmt, settings = read_warm_start(path, model)
     check_world_size(path, world, optimizer.world_size)
     load_full_state(optimizer, model, full)
-    return f"optimizer warm-started from {path} ({fmt} format, {len(full)} parameters' state; LRs from this run)"
+    carried = apply_settings(optimizer, model, settings, path)
+    return (
+        f"optimizer warm-started from {path} ({fmt} format, {len(full)} parameters' state; LRs from this run"
+        f"{'; ' + carried if carried else ''})"
+    )
 
 
 # ---- writing ----------------------------------------------------------------------------------------------------

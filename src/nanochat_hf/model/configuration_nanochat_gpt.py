@@ -4,7 +4,7 @@ import math
 
 from transformers import PretrainedConfig
 
-ROTARY_DTYPES = ("bfloat16", "float32")
+ROTARY_DTYPES = ("bfloat16", "float32", "compute")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
@@ -16,8 +16,10 @@ class NanoChatGPTConfig(PretrainedConfig):
 
     ``final_logit_softcapping`` (transformers' name, read by TRL's fused loss) is nanochat's logit soft cap.
 
-    ``rotary_dtype`` is the precision of the rotary cos/sin tables: ``"bfloat16"`` rounds them as nanochat
-    does (what trained checkpoints expect), ``"float32"`` keeps them exact (as transformers' NanoChat does).
+    ``rotary_dtype`` is the precision of the rotary cos/sin tables: ``"bfloat16"`` rounds them as nanochat did up
+    to 1076f97 (the December model and G1-G3 checkpoints), ``"compute"`` makes them in the dtype the model computes
+    in (bfloat16 under bf16 autocast or with bf16 weights, else float32) as nanochat does since 1076f97 (G4, G5),
+    ``"float32"`` keeps them exact (as transformers' NanoChat does).
 
     nanochat's later model generations (G1 to G5, January to March 2026) are switched on by the fields below the
     December ones; their defaults give the December 2025 model (G0) exactly:

@@ -41,9 +41,13 @@ def rms_norm(x: torch.Tensor) -> torch.Tensor:
     return F.rms_norm(x, (x.size(-1),))
 
 
-def rotary_cos_sin(config: NanoChatGPTConfig, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def rotary_cos_sin(
+    config: NanoChatGPTConfig, position_ids: torch.Tensor, hidden_dtype: torch.dtype = torch.float32
+) -> tuple[torch.Tensor, torch.Tensor]:
     """cos/sin tables of shape (B, T, head_dim) for the given positions, computed in float32 then rounded to
-    ``config.rotary_dtype``. Computed for the positions in use, so there is no maximum length.
+    ``config.rotary_dtype``; ``"compute"``: the dtype the model computes in, the autocast dtype when autocast is on
+    for their device, else `hidden_dtype` (the embedding's output), as nanochat since 1076f97 (``COMPUTE_DTYPE``).
+    Computed for the positions in use, so there is no maximum length.
 
     Full width, with the sign of the rotation folded into sin (``cat(cos, cos)``, ``cat(sin, -sin)``): built once
     per forward, they make each of the 2 * n_layer rotations a roll, two products and a sum (see ``apply_rotary``)."""
@@ -55,7 +59,13 @@ def rotary_cos_sin(config: NanoChatGPTConfig, position_ids: torch.Tensor) -> tup
     angles = torch.cat((angles, angles), dim=-1)
     sin = angles.sin()
     sin[..., hd // 2 :].neg_()
-    dtype = getattr(torch, config.rotary_dtype)
+    device = position_ids.device.type
+    if config.rotary_dtype != "compute":
+        dtype = getattr(torch, config.rotary_dtype)
+    elif torch.is_autocast_enabled(device):
+        dtype = torch.get_autocast_dtype(device)
+    else:
+        dtype = hidden_dtype
     return angles.cos().to(dtype), sin.to(dtype)
 
 
@@ -355,7 +365,7 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         elif position_ids is None:
             position_ids = torch.arange(past, past + x.shape[1], device=x.device).unsqueeze(0)
         position_ids = position_ids.expand(x.shape[0], -1)
-        cos_sin = rotary_cos_sin(c, position_ids)
+        cos_sin = rotary_cos_sin(c, position_ids, x.dtype)
         x = rms_norm(x)  # norm right after the embedding
         if c.smear:
             x = self._smear(x, past, previous_input_ids, position_ids)

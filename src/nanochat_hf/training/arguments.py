@@ -30,7 +30,7 @@ from nanochat_hf.tasks import EVAL_TASKS, task_by_name
 
 from ..errors import OneLineArgumentParser, UserError, one_line
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
-from .inherit import find_meta, inherit, inheritance_lines
+from .inherit import find_meta, inherit, inheritance_lines, warm_start_lines
 
 # The demo run's settings (also `configs/demo.yaml`, a link to this file): used when neither a config file nor a
 # --model_source other than "demo" is given. Flags still override them.
@@ -123,7 +123,14 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     )
     model_tag: str | None = field(default=None, metadata={"help": "nanochat model tag (e.g. d20); default: largest"})
     step: int | None = field(default=None, metadata={"help": "nanochat checkpoint step; default: latest"})
-    checkpoint_source: str = field(default="base", metadata={"help": "nanochat checkpoint kind: base or mid"})
+    checkpoint_source: str = field(
+        default="base",
+        metadata={
+            "help": "which folder of a nanochat base dir model_source reads: base (base_checkpoints), sft "
+            "(chatsft_checkpoints), rl (chatrl_checkpoints), or mid (mid_checkpoints: nanochat before 1ddaad1, "
+            "January 2026)"
+        },
+    )
     tokenizer_dir: str | None = field(default=None, metadata={"help": "nanochat tokenizer dir (default: beside)"})
     trust_pickle: bool = field(default=False, metadata={"help": "allow unpickling nanochat's tokenizer.pkl"})
     demo_depth: int = field(
@@ -230,7 +237,16 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         default=None,
         metadata={
             "help": "warm-start the optimizer from nanochat's optim_<step>_rank0.pt (G0-era or HEAD format; each "
-            "process reads the file of its rank): momentum buffers and moments; the LRs stay this run's"
+            "process reads the file of its rank): momentum buffers and moments, and a HEAD file's group settings "
+            "(e.g. the base run's last Muon weight decay) with recipe 2026-07; the LRs stay this run's"
+        },
+    )
+    load_optimizer: bool | None = field(
+        default=None,
+        metadata={
+            "help": "warm-start from the optimizer files beside the nanochat checkpoint of model_source "
+            "(chat_sft.py's --load-optimizer), as --nanochat_optimizer does; unset: true with optimizer_recipe "
+            "2026-07 (chat_sft.py's default), false with 2025-12 (December mid_train.py starts fresh)"
         },
     )
     eval_every: int | None = field(
@@ -518,8 +534,10 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:  # argparse's own wording, as every other entry point says it
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
-    if inherited is not None and int(os.environ.get("RANK", "0")) == 0:
-        for line in inheritance_lines(args, inherited, meta_path):
+    lines = inheritance_lines(args, inherited, meta_path) if inherited is not None else []
+    lines += warm_start_lines(args)
+    if int(os.environ.get("RANK", "0")) == 0:
+        for line in lines:
             print(f"mid_train: {line}", flush=True)
     return args
 

@@ -1,5 +1,6 @@
 """nanochat HEAD's SFT inheritance (scripts/chat_sft.py at 92d63d4): the batch geometry and the three LRs of the
-base checkpoint's meta JSON are the defaults of a run that does not give them.
+base checkpoint's meta JSON are the defaults of a run that does not give them, and the optimizer warm-starts from
+the base run's optimizer files (`warm_start_lines`).
 
 nanochat reads max_seq_len, device_batch_size, total_batch_size from the meta's top level and embedding_lr,
 unembedding_lr, matrix_lr from its `user_config` (base_train's arguments), and falls back to fixed numbers when a
@@ -10,6 +11,7 @@ its top level (the December base_train, 790f3be) has it in `user_config`, where 
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from ..conversion import find_nanochat_checkpoint
@@ -111,3 +113,32 @@ def inheritance_lines(args, inherited: dict, meta_path: Path | None) -> list[str
         else:
             lines.append(f"using {name}={value}")
     return lines
+
+
+def warm_start_lines(args) -> list[str]:
+    """chat_sft.py's ``--load-optimizer 1`` (its default): the optimizer files beside the checkpoint model_source
+    names (``optim_<step>_rank<r>.pt`` next to ``model_<step>.pt``) warm-start the run, when they are there. Sets
+    ``args.nanochat_optimizer`` to rank 0's file (the trainer reads and checks every rank's before training);
+    returns the lines that say what the run does. `args.load_optimizer` None: true with recipe 2026-07 (chat_sft.py),
+    false with 2025-12 (the December mid_train.py never loads one)."""
+    if args.nanochat_optimizer:
+        if args.load_optimizer is False:
+            raise UserError(f"load_optimizer=false and nanochat_optimizer={args.nanochat_optimizer} conflict: give one")
+        return []
+    wanted = args.optimizer_recipe == "2026-07" if args.load_optimizer is None else args.load_optimizer
+    if not wanted:
+        return []
+    meta = find_meta(args.model_source, args.model_tag, args.step, args.checkpoint_source)
+    step = re.fullmatch(r"meta_(\d+)\.json", meta.name) if meta is not None else None
+    if step is None:  # the demo model, a hub id, a converted folder: no nanochat optimizer files
+        if args.load_optimizer:
+            raise UserError(
+                f"load_optimizer=true: model_source={args.model_source!r} is not a nanochat checkpoint (its "
+                "optimizer files optim_<step>_rank<r>.pt sit beside model_<step>.pt); give --nanochat_optimizer FILE"
+            )
+        return []
+    path = meta.parent / f"optim_{step.group(1)}_rank0.pt"
+    if not path.is_file():
+        return [f"no optimizer file {path}: the optimizer starts fresh (chat_sft.py: slightly worse)"]
+    args.nanochat_optimizer = str(path)
+    return [f"warm-starting the optimizer from {path} as chat_sft.py does (--load_optimizer false: a fresh one)"]

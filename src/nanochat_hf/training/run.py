@@ -44,6 +44,7 @@ from .checkpoint.files import DiskFullError
 from .checkpoint.layout import CHECKPOINT_RE, TRAINER_STATE_FILE
 from .checkpoint.output_dir import prepare_output_dir, release_output_dir
 from .evaluation import exact_match_accuracy
+from .inherit import find_meta
 from .model_source import load_model_and_tokenizer
 from .report import write_report
 from .trainer import MidTrainer
@@ -206,6 +207,8 @@ def build_trainer(
         callbacks=callbacks,
         run_fingerprint=fingerprint,
     )
+    meta = find_meta(args.model_source, args.model_tag, args.step, args.checkpoint_source)
+    trainer.nanochat_meta = read_json(meta) if meta is not None else None
     trainer.get_train_dataloader()
     return trainer
 

@@ -34,7 +34,8 @@ from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.utils import logging as hf_logging
 
-from ..conversion.optimizer_files import check_world_size, load_full_state, read_nanochat_optimizer
+from ..conversion.nanochat import NANOCHAT_META_FILE
+from ..conversion.optimizer_files import apply_settings, check_world_size, load_full_state, read_warm_start
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
@@ -131,13 +132,14 @@ class MidTrainer(Trainer):
         if (embedding_dtype := a.embedding_torch_dtype) is not None:
             # the stock __init__ has placed the model; the optimizer is built later, on the cast parameter
             self.model.get_input_embeddings().to(embedding_dtype)
+        self.nanochat_meta: dict | None = None  # the model source's nanochat meta (run.build_trainer sets it)
         # nanochat's optimizer files are read and checked now (a bad file set stops the run before training, in
         # one line), and put into the optimizer when it is built
         self.warm_start = None
         if a.nanochat_optimizer:
-            full, world, fmt = read_nanochat_optimizer(a.nanochat_optimizer, self.model)
+            full, world, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
             check_world_size(a.nanochat_optimizer, world, self.accelerator.num_processes)
-            self.warm_start = (full, fmt)
+            self.warm_start = (full, fmt, settings)
 
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
@@ -191,11 +193,13 @@ class MidTrainer(Trainer):
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
             if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
-                load_full_state(self.optimizer, self.model, self.warm_start[0])
+                full, fmt, settings = self.warm_start
+                load_full_state(self.optimizer, self.model, full)
+                carried = apply_settings(self.optimizer, self.model, settings, a.nanochat_optimizer)
                 if self.is_world_process_zero():
                     print(
-                        f"optimizer warm-started from {a.nanochat_optimizer} ({self.warm_start[1]} format: "
-                        f"{len(self.warm_start[0])} parameters' state; LRs from this run)"
+                        f"optimizer warm-started from {a.nanochat_optimizer} ({fmt} format: {len(full)} parameters' "
+                        f"state; LRs from this run{'; ' + carried if carried else ''})"
                     )
                 self.warm_start = None
         return self.optimizer
@@ -402,6 +406,9 @@ class MidTrainer(Trainer):
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
             write_json(tmp / TRAINING_ARGS_FILE, self.args.to_dict())
+            if self.nanochat_meta is not None:  # as it came in, with this model's val bpb: to-nanochat writes it back
+                val = [h["eval_val_bpb"] for h in self.state.log_history if "eval_val_bpb" in h]
+                write_json(tmp / NANOCHAT_META_FILE, {**self.nanochat_meta, **({"val_bpb": val[-1]} if val else {})})
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
