@@ -435,11 +435,12 @@ def _check_model_dir(path: Path) -> NanoChatGPTConfig:
 
 
 class Server(uvicorn.Server):
-    """uvicorn's server that also stops transformers' continuous batching worker when it shuts down."""
+    """uvicorn's server that also stops transformers' continuous batching worker when it shuts down; ``manager``
+    holds the served model."""
 
-    def __init__(self, config: uvicorn.Config, state: GenerationState):
+    def __init__(self, config: uvicorn.Config, manager: NanoChatModelManager, state: GenerationState):
         super().__init__(config)
-        self.state = state
+        self.manager, self.state = manager, state
 
     async def shutdown(self, sockets=None) -> None:
         await super().shutdown(sockets)
@@ -489,4 +490,5 @@ def start(options: ServeOptions) -> Server:
     app.add_exception_handler(HTTPException, lambda _request, e: _error(e.status_code, str(e.detail)))
     app.add_exception_handler(RequestValidationError, lambda _request, e: _error(400, _one_line(e)))
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
-    return Server(uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level), state)
+    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level)
+    return Server(config, manager, state)
