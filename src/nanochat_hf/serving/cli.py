@@ -54,6 +54,9 @@ def main(argv: list[str] | None = None) -> int:
             server = start(ServeOptions(**vars(args)))
         except ImportError as e:  # fastapi / uvicorn / openai missing
             raise UserError(f"{e.msg}: install the serve extra (pip install 'nanochat-hf[serve]')") from e
-        server.run()
+        try:
+            server.run()
+        except KeyboardInterrupt:  # Ctrl-C (uvicorn re-raises it once it has shut down): how a server is stopped
+            pass
 
     return run_cli(PROG, serve)
