@@ -310,7 +310,8 @@ def generate_tokens(
     calculator: bool = True,
 ) -> list[list[int]]:
     """Reply tokens for each prompt (token ids), generated as one left-padded batch by ``model.generate()`` with
-    the calculator tool (unless `calculator` is False: then a python block gets no forced output). Each reply ends at its first stop token (included) or after `max_new_tokens` tokens.
+    the calculator tool (unless `calculator` is False: then a python block gets no forced output). Each reply ends
+    at its first stop token (included) or after `max_new_tokens` tokens.
 
     `model` is the bare causal LM (unwrap DDP/accelerate first); it is put in eval mode while generating and
     restored after. temperature 0 = greedy; `seed` makes sampling reproducible (the global RNG is left as it was).

@@ -16,6 +16,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
     create_causal_mask,
     create_sliding_window_causal_mask,
 )
@@ -35,8 +36,8 @@ from .configuration_nanochat_gpt import NanoChatGPTConfig
 CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 SMEAR_CHANNELS = 24  # smear_gate reads the first 24 channels of the normed embedding (nanochat G5)
 SMEAR_PAGED = (
-    "smear (nanochat G5) mixes in each sequence's previous token, which a paged cache (continuous batching) does "
-    "not keep: generate without continuous batching"
+    "smear (nanochat G5) mixes in each sequence's previous token, which a KV cache kept outside the model "
+    "(continuous batching's paged cache, an inference engine's attention) does not give: use generate()"
 )
 
 
@@ -353,9 +354,10 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
             masks = {"full_attention": create_causal_mask(*mask_args, position_ids=position_ids)}
             if "sliding_attention" in c.layer_types:  # G2: transformers' sliding-window mask (sliding_window keys)
                 masks["sliding_attention"] = create_sliding_window_causal_mask(*mask_args, position_ids=position_ids)
-        # continuous batching's paged cache (no Cache subclass) packs every sequence into one row and gives positions
+        # continuous batching's paged cache (no Cache subclass), like an engine's own attention (vLLM's: transformers
+        # builds it no mask), keeps the KV cache outside the model and packs every sequence into one row
         paged = past_key_values is not None and not isinstance(past_key_values, Cache)
-        if paged and c.smear:
+        if c.smear and (paged or c._attn_implementation not in ALL_MASK_ATTENTION_FUNCTIONS):
             raise ValueError(SMEAR_PAGED)
         past = past_key_values.get_seq_length() if past_key_values is not None and not paged else 0
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
