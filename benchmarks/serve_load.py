@@ -40,7 +40,7 @@ QUESTIONS = [
 ]
 
 
-def parse_args() -> argparse.Namespace:
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", default=None, help="model directory (default: a random demo-shaped model)")
     parser.add_argument("--depth", type=int, default=4, help="depth of the random model")
@@ -48,7 +48,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seconds", type=float, default=60.0, help="per server mode, at most")
     parser.add_argument("--max-requests", type=int, default=6, help="per client and server mode, at most")
     parser.add_argument("--max-tokens", type=int, default=32)
-    return parser.parse_args()
+    return parser.parse_args(argv)
 
 
 def random_model_dir(folder: Path, depth: int) -> Path:
@@ -184,8 +184,8 @@ def serve_and_load(folder: Path, batching: bool, args: argparse.Namespace, expec
             server.kill()
 
 
-def main() -> int:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(args.model) if args.model else random_model_dir(Path(tmp), args.depth)

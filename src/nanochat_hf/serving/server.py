@@ -361,6 +361,7 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
         config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=sorted(stops), pad_token_id=pad)
         config.use_cache = False  # the paged cache is continuous batching's own
         manager.init_cb(model, config)
+        manager._check_alive(request_id)  # a dead worker: transformers' 503 (CBWorkerDeadError) at once
         cb = manager._cb
 
         def on_output(output) -> None:
@@ -373,9 +374,11 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
                 cb.cancel_request(request_id)
 
         cb.register_result_handler(request_id, on_output)
-        cb.add_request(
+        accepted = cb.add_request(
             prompt, request_id=request_id, max_new_tokens=max_new, streaming=True, eos_token_id=sorted(stops)
         )
+        if accepted is None:  # the manager is stopping
+            raise _bad("the server is shutting down: no new requests", 503)
         return lambda: cb.cancel_request(request_id)
 
     def _usage(self, usage: dict, final: dict) -> CompletionUsage:
