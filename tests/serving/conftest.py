@@ -11,6 +11,7 @@ import threading
 import time
 from pathlib import Path
 
+import openai
 import pytest
 import torch
 
@@ -20,8 +21,6 @@ from nanochat_hf.inference import generate_tokens
 from nanochat_hf.serving.server import TOOL_MARKS, ServeOptions, reply_text, start
 from nanochat_hf.tokenizer import train_tokenizer
 from nanochat_hf.tokenizer.chat_format import special_token_ids
-
-openai = pytest.importorskip("openai")
 
 G0 = dict(sequence_len=128, n_layer=2, n_head=2, n_kv_head=1, n_embd=64)
 SLIDING = ["sliding_attention", "sliding_attention", "full_attention"]

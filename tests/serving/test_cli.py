@@ -1,5 +1,6 @@
-"""The serve command: --help and bad arguments answer before the heavy imports, a bad model directory is one
-line, and the real command serves the openai client until it is interrupted."""
+"""The serve command: its module imports no server before parsing (so --help and bad arguments answer at once
+once the package import is light), bad arguments and a bad model directory are one line, and the real command
+serves the openai client until it is interrupted."""
 
 from __future__ import annotations
 
@@ -13,14 +14,11 @@ from pathlib import Path
 
 import pytest
 
+from nanochat_hf.serving.cli import main
+
 from .conftest import free_port, openai
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "serve.py"
-
-
-def run(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(SCRIPT), *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def test_the_command_module_imports_no_server_before_parsing():
@@ -33,14 +31,19 @@ def test_the_command_module_imports_no_server_before_parsing():
     assert out.stdout.split() == ["['nanochat_hf']"], out.stderr
 
 
-def test_help_and_bad_arguments(tmp_path):
-    shown = run("--help")
-    assert shown.returncode == 0 and "--continuous-batching" in shown.stdout and "nanochat-hf[serve]" in shown.stdout
-    bad = run(str(tmp_path), "--port", "-5")
-    assert (bad.returncode, bad.stderr.strip()) == (2, "serve: error: --port must be positive, got -5 (see --help)")
-    missing = run(str(tmp_path))
-    assert missing.returncode == 2
-    assert missing.stderr.strip().splitlines() == [
+def test_help_and_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as shown:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert shown.value.code == 0 and "--continuous-batching" in out and "nanochat-hf[serve]" in out
+    with pytest.raises(SystemExit) as bad:
+        main([str(tmp_path), "--port", "-5"])
+    assert (bad.value.code, capsys.readouterr().err) == (
+        2,
+        "serve: error: --port must be positive, got -5 (see --help)\n",
+    )
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
         f"serve: error: {tmp_path}: no config.json here (expected a model directory written by save_pretrained)"
     ]
 

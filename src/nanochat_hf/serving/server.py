@@ -218,9 +218,9 @@ class ChatRequest:
         max_tokens = _number(body, "max_completion_tokens", int, 1)
         if max_tokens is None:
             max_tokens = _number(body, "max_tokens", int, 1)
-        if body.get("n", 1) != 1:
+        if body.get("n") not in (None, 1):
             raise _bad(f"n must be 1 (one reply per request), got {json.dumps(body['n'])}")
-        if body.get("top_p", 1) != 1:
+        if body.get("top_p") not in (None, 1):
             raise _bad("top_p is not supported: nanochat samples with temperature and top_k")
         stop = body.get("stop") or []
         stop = [stop] if isinstance(stop, str) else stop
