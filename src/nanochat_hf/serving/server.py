@@ -58,7 +58,6 @@ from ..tokenizer.chat_format import (
 TOOL_MARKS = {PYTHON_START: "<<", PYTHON_END: "=", OUTPUT_START: "", OUTPUT_END: ">>"}
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 CB_SEQUENCES = 8  # continuous batching's default paged cache holds this many full-length sequences
-CB_BLOCK_TOKENS = 256  # transformers' default paged cache block size
 
 
 class ChatParams(TransformersCompletionCreateParamsStreaming, total=False):
@@ -472,11 +471,9 @@ def start(options: ServeOptions) -> Server:
     if batching:
         # transformers sizes the paged cache from free GPU memory; on a CPU that takes long and much memory:
         # room for CB_SEQUENCES full-length sequences unless told otherwise
-        per_sequence = math.ceil(config.sequence_len / CB_BLOCK_TOKENS) + 1
-        cb_config = ContinuousBatchingConfig(
-            num_blocks=options.cb_num_blocks or CB_SEQUENCES * per_sequence,
-            max_batch_tokens=options.cb_max_batch_tokens or config.sequence_len,
-        )
+        cb_config = ContinuousBatchingConfig(max_batch_tokens=options.cb_max_batch_tokens or config.sequence_len)
+        per_sequence = math.ceil(config.sequence_len / cb_config.page_size) + 1  # num_blocks counts pages
+        cb_config.num_blocks = options.cb_num_blocks or CB_SEQUENCES * per_sequence
     state = GenerationState(continuous_batching=batching, cb_config=cb_config)
     chat = NanoChatCompletionHandler(
         model_manager=manager, generation_state=state, calculator=not options.no_calculator and not batching
