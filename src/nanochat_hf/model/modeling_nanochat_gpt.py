@@ -357,7 +357,8 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         # continuous batching's paged cache (no Cache subclass), like an engine's own attention (vLLM's: transformers
         # builds it no mask), keeps the KV cache outside the model and packs every sequence into one row
         paged = past_key_values is not None and not isinstance(past_key_values, Cache)
-        if c.smear and (paged or c._attn_implementation not in ALL_MASK_ATTENTION_FUNCTIONS):
+        engine = c._attn_implementation not in (None, *ALL_MASK_ATTENTION_FUNCTIONS)  # None: eager
+        if c.smear and (paged or engine):
             raise ValueError(SMEAR_PAGED)
         past = past_key_values.get_seq_length() if past_key_values is not None and not paged else 0
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
