@@ -109,3 +109,11 @@ def test_bad_requests_do_not_disturb_another_client(server):
     assert server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=5).choices[
         0
     ].message.content == server.reference(QUESTION, max_tokens=5)
+
+
+def test_a_client_that_goes_away_does_not_disturb_the_next(server):
+    stream = server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=100, stream=True)
+    next(iter(stream))
+    stream.close()  # the server stops generating for it (the streamer raises at its next token)
+    reply = server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=7)
+    assert reply.choices[0].message.content == server.reference(QUESTION, max_tokens=7)
