@@ -307,9 +307,11 @@ def generate_tokens(
     top_k: int | None = None,
     seed: int | None = None,
     streamer: BaseStreamer | None = None,
+    calculator: bool = True,
 ) -> list[list[int]]:
     """Reply tokens for each prompt (token ids), generated as one left-padded batch by ``model.generate()`` with
-    the calculator tool. Each reply ends at its first stop token (included) or after `max_new_tokens` tokens.
+    the calculator tool (unless `calculator` is False: then a python block gets no forced output). Each reply ends
+    at its first stop token (included) or after `max_new_tokens` tokens.
 
     `model` is the bare causal LM (unwrap DDP/accelerate first); it is put in eval mode while generating and
     restored after. temperature 0 = greedy; `seed` makes sampling reproducible (the global RNG is left as it was).
@@ -343,7 +345,7 @@ def generate_tokens(
                 input_ids=input_ids,
                 attention_mask=attention_mask,
                 generation_config=config,
-                logits_processor=LogitsProcessorList([CalculatorToolProcessor(tokenizer)]),
+                logits_processor=LogitsProcessorList([CalculatorToolProcessor(tokenizer)] if calculator else []),
                 streamer=streamer,
             )
     finally:

@@ -16,6 +16,7 @@ from transformers import initialization as init
 from transformers.cache_utils import Cache, DynamicCache
 from transformers.generation import GenerationMixin
 from transformers.masking_utils import (
+    ALL_MASK_ATTENTION_FUNCTIONS,
     create_causal_mask,
     create_sliding_window_causal_mask,
 )
@@ -34,6 +35,10 @@ from .configuration_nanochat_gpt import NanoChatGPTConfig
 # the outputs' cache field: `cache` from transformers 5.24 on (the old name still works there, with a warning)
 CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
 SMEAR_CHANNELS = 24  # smear_gate reads the first 24 channels of the normed embedding (nanochat G5)
+SMEAR_PAGED = (
+    "smear (nanochat G5) mixes in each sequence's previous token, which a KV cache kept outside the model "
+    "(continuous batching's paged cache, an inference engine's attention) does not give: use generate()"
+)
 
 
 def rms_norm(x: torch.Tensor) -> torch.Tensor:
@@ -150,7 +155,8 @@ class NanoChatGPTAttention(nn.Module):
         if self.config.qk_scale != 1.0:  # G4 on: sharper attention
             q, k = q * self.config.qk_scale, k * self.config.qk_scale
         if past_key_values is not None:
-            k, v = past_key_values.update(k, v, self.layer_idx)
+            # kwargs: a paged cache (continuous batching) reads its read/write indices there and sets per-layer ones
+            k, v = past_key_values.update(k, v, self.layer_idx, kwargs=kwargs)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         y, weights = attention(
             self,
@@ -358,7 +364,13 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
             masks = {"full_attention": create_causal_mask(*mask_args, position_ids=position_ids)}
             if "sliding_attention" in c.layer_types:  # G2: transformers' sliding-window mask (sliding_window keys)
                 masks["sliding_attention"] = create_sliding_window_causal_mask(*mask_args, position_ids=position_ids)
-        past = past_key_values.get_seq_length() if past_key_values is not None else 0
+        # continuous batching's paged cache (no Cache subclass), like an engine's own attention (vLLM's: transformers
+        # builds it no mask), keeps the KV cache outside the model and packs every sequence into one row
+        paged = past_key_values is not None and not isinstance(past_key_values, Cache)
+        engine = c._attn_implementation not in (None, *ALL_MASK_ATTENTION_FUNCTIONS)  # None: eager
+        if c.smear and (paged or engine):
+            raise ValueError(SMEAR_PAGED)
+        past = past_key_values.get_seq_length() if past_key_values is not None and not paged else 0
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             # left padding: each row counts positions from its first real token (as generate() does)
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1] :]

@@ -1,0 +1,168 @@
+"""The real server (transformers' app with our model manager and chat handler, uvicorn on a free loopback port)
+in a thread of the test process, one per model and module, driven with the official openai client.
+
+Models: tiny random ones with the demo tokenizer (G0, and G5: sliding windows, value embeddings, smear, backout),
+and a "wired" one (the tiny tokenizer of tests/inference) whose greedy reply calls the calculator."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from pathlib import Path
+
+import openai
+import pytest
+import torch
+
+from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.data import demo_tokenizer
+from nanochat_hf.inference import generate_tokens
+from nanochat_hf.serving.server import TOOL_MARKS, ServeOptions, reply_text, start
+from nanochat_hf.tokenizer import train_tokenizer
+from nanochat_hf.tokenizer.chat_format import special_token_ids
+
+G0 = dict(sequence_len=128, n_layer=2, n_head=2, n_kv_head=1, n_embd=64)
+SLIDING = ["sliding_attention", "sliding_attention", "full_attention"]
+# G5 as tests/model/test_generations builds it, with a short window (9 keys) so that short replies cross it
+G4 = dict(
+    sequence_len=256,
+    n_layer=3,
+    n_head=4,
+    n_kv_head=2,
+    n_embd=32,
+    pad_vocab_size_to=64,
+    residual_lambdas=True,
+    layer_types=SLIDING,
+    sliding_window=9,
+    value_embeddings=True,
+    ve_gate_channels=12,
+    ve_gate_scale=3.0,
+    qk_scale=1.15,
+    rope_theta=100000.0,
+    rotary_dtype="float32",
+)
+G5 = dict(G4, qk_scale=1.2, smear=True, backout=True)
+CONFIGS = {"g0": G0, "g4": G4, "g5": G5}
+
+
+def randomize(model: torch.nn.Module, seed: int = 0) -> torch.nn.Module:
+    """Random weights everywhere (a fresh model's zero projections would make every reply the same token)."""
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (1.0 if "wte" in name else 0.3))
+    return model.eval()
+
+
+def save_model(folder: Path, model, tokenizer) -> Path:
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def model_dir(tmp_path_factory):
+    """model_dir("g0" | "g4" | "g5") -> a saved tiny random model with the demo tokenizer (made once)."""
+    made = {}
+
+    def make(generation: str) -> Path:
+        if generation not in made:
+            tokenizer = demo_tokenizer()
+            config = NanoChatGPTConfig(vocab_size=len(tokenizer), **CONFIGS[generation])
+            model = randomize(NanoChatGPTForCausalLM(config))
+            made[generation] = save_model(tmp_path_factory.mktemp(generation), model, tokenizer)
+        return made[generation]
+
+    return make
+
+
+TOOL_TEXTS = ["hello there, how are you?", "The answer is 5.", "Let me compute 12*7+3 with the calculator."] * 5
+TOOL_REPLY = [
+    "<|python_start|>",
+    "2",
+    "+",
+    "3",
+    "<|python_end|>",
+]  # then the tool writes <|output_start|>5<|output_end|>
+AFTER_TOOL = ["<|output_end|>", " ", "o", "k", "<|assistant_end|>"]
+
+
+@pytest.fixture(scope="session")
+def tool_model_dir(tmp_path_factory) -> Path:
+    """A model whose greedy reply to anything is <|python_start|>2+3<|python_end|>, and after the tool's output
+    " ok". One-hot embeddings, blocks adding nothing (zero output projections), lm_head row next holds a 1 at
+    column current (as tests/inference's wired models)."""
+    tokenizer = train_tokenizer(TOOL_TEXTS, vocab_size=300)
+    vocab = len(tokenizer)
+    model = NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(vocab_size=vocab, sequence_len=64, n_layer=1, n_head=2, n_embd=320)
+    )
+
+    def tid(piece: str) -> int:
+        if piece.startswith("<|"):
+            return tokenizer.convert_tokens_to_ids(piece)
+        (idx,) = tokenizer.encode(piece, add_special_tokens=False)
+        return idx
+
+    chain = ["<|assistant_start|>", *TOOL_REPLY]
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(torch.eye(vocab, 320))
+        model.lm_head.weight.zero_()
+        for src, dst in [*zip(chain[:-1], chain[1:]), *zip(AFTER_TOOL[:-1], AFTER_TOOL[1:])]:
+            model.lm_head.weight[tid(dst), tid(src)] = 1.0
+    return save_model(tmp_path_factory.mktemp("tool"), model.eval(), tokenizer)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Running:
+    """A started server: its openai client, its model name, the model and tokenizer it serves (for references)."""
+
+    def __init__(self, folder: Path, **options):
+        self.port = free_port()
+        self.server = start(ServeOptions(model=str(folder), port=self.port, **options))
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.thread.start()
+        deadline = time.monotonic() + 60
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        self.url = f"http://127.0.0.1:{self.port}/v1"
+        self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
+        self.name = folder.name
+        self.model, self.tokenizer = self.server.manager.served()
+
+    def stop(self) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the server did not stop"
+
+    def reference(self, messages: list[dict], max_tokens: int, calculator: bool = True, **sampling) -> str:
+        """What our generate() writes for these messages, rendered by the chat template, as the client reads it."""
+        prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
+        # on the server's generation thread, after what it is doing: generate_tokens restores the global RNG when it
+        # ends, which would change the draws of a generation running beside it (a server runs one at a time)
+        thread = self.server.state.get_manager(self.name)
+        run = generate_tokens, self.model, self.tokenizer, [prompt], max_tokens
+        (tokens,) = thread.submit(*run, calculator=calculator, **sampling).result()
+        ids = special_token_ids(self.tokenizer)
+        return reply_text(self.tokenizer, tokens, {ids[name]: mark for name, mark in TOOL_MARKS.items()})
+
+
+@pytest.fixture(scope="module")
+def serve():
+    """serve(folder, **ServeOptions fields) -> a Running server, stopped at the end of the module."""
+    running = []
+
+    def run(folder: Path, **options) -> Running:
+        running.append(Running(folder, **options))
+        return running[-1]
+
+    yield run
+    for server in running:
+        server.stop()

@@ -1,0 +1,79 @@
+"""The serve command: its module imports no server before parsing (so --help and bad arguments answer at once
+once the package import is light), bad arguments and a bad model directory are one line, and the real command
+serves the openai client until it is interrupted."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from nanochat_hf.serving.cli import main
+
+from .conftest import free_port, openai
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "serve.py"
+
+
+def test_the_command_module_imports_no_server_before_parsing():
+    code = (
+        "import sys, nanochat_hf; before = set(sys.modules); import nanochat_hf.serving.cli; "
+        "print(sorted({m.split('.')[0] for m in set(sys.modules) - before} | "
+        "{m for m in sys.modules if m.startswith('transformers.cli')}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["['nanochat_hf']"], out.stderr
+
+
+def test_help_and_bad_arguments(tmp_path, capsys):
+    with pytest.raises(SystemExit) as shown:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert shown.value.code == 0 and "--continuous-batching" in out and "nanochat-hf[serve]" in out
+    with pytest.raises(SystemExit) as bad:
+        main([str(tmp_path), "--port", "-5"])
+    assert (bad.value.code, capsys.readouterr().err) == (
+        2,
+        "serve: error: --port must be positive, got -5 (see --help)\n",
+    )
+    assert main([str(tmp_path)]) == 2
+    assert capsys.readouterr().err.splitlines() == [
+        f"serve: error: {tmp_path}: no config.json here (expected a model directory written by save_pretrained)"
+    ]
+
+
+@pytest.mark.slow
+def test_the_command_serves_until_interrupted(model_dir):
+    port = free_port()
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    server = subprocess.Popen(
+        [sys.executable, str(SCRIPT), str(model_dir("g0")), "--port", str(port), "--name", "tiny"],
+        env=env,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 240
+        while True:
+            assert server.poll() is None, server.stderr.read()
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                assert time.monotonic() < deadline, "no answer from the server"
+                time.sleep(0.5)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0)
+        assert [m.id for m in client.models.list().data] == ["tiny"]
+        reply = client.chat.completions.create(model="tiny", messages=[{"role": "user", "content": "hi"}], max_tokens=4)
+        assert reply.usage.completion_tokens == 4 and reply.choices[0].finish_reason == "length"
+    finally:
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=60) == 0
+    assert "serve: http://127.0.0.1" in server.stderr.read()

@@ -1,0 +1,119 @@
+"""nanochat's calculator tool in a served chat (same text as CalculatorToolProcessor through generate(), off on
+request), and bad requests: an HTTP 4xx with one line saying what is wrong, while another client is served."""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.error
+import urllib.request
+
+import pytest
+
+from .conftest import openai
+
+QUESTION = [{"role": "user", "content": "What is 2+3?"}]
+
+
+@pytest.fixture(scope="module")
+def tool_server(serve, tool_model_dir):
+    return serve(tool_model_dir)
+
+
+@pytest.fixture(scope="module")
+def server(serve, model_dir):
+    return serve(model_dir("g0"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_the_calculator_s_output_is_inserted_and_generation_goes_on(tool_server, stream):
+    reply = tool_server.client.chat.completions.create(
+        model=tool_server.name, messages=QUESTION, max_tokens=20, stream=stream
+    )
+    if stream:
+        text = "".join(c.choices[0].delta.content or "" for c in reply)
+    else:
+        text = reply.choices[0].message.content
+        assert reply.choices[0].finish_reason == "stop"  # the model ended with <|assistant_end|>
+    assert text == tool_server.reference(QUESTION, max_tokens=20) == "<<2+3=5>> ok"
+
+
+def test_a_client_turns_the_calculator_off(tool_server):
+    reply = tool_server.client.chat.completions.create(
+        model=tool_server.name, messages=QUESTION, max_tokens=8, extra_body={"calculator": False}
+    )
+    text = reply.choices[0].message.content
+    assert text == tool_server.reference(QUESTION, max_tokens=8, calculator=False)
+    assert text.startswith("<<2+3=") and "5" not in text  # the call is there, no result was inserted
+
+
+def post(server, body: bytes) -> tuple[int, dict]:
+    request = urllib.request.Request(
+        f"{server.url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=60) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def chat(server, **fields) -> bytes:
+    return json.dumps({"model": server.name, "messages": QUESTION, **fields}).encode()
+
+
+@pytest.mark.parametrize(
+    "body, status, says",
+    [
+        (lambda s: b'{"model": "g0", "messages": [', 400, "not valid JSON"),
+        (lambda s: chat(s, model="gpt-4o"), 404, "'gpt-4o' is not served here"),
+        (
+            lambda s: chat(s, messages=[{"role": "user", "content": "word " * 300}]),
+            400,
+            "context (sequence_len) is 128",
+        ),
+        (lambda s: chat(s, max_tokens=-1), 400, "max_tokens must be a positive integer, got -1"),
+        (lambda s: chat(s, temperature="hot"), 400, "temperature must be a number >= 0.0"),
+        (lambda s: chat(s, messages=[]), 400, "messages must be a non-empty list"),
+        (lambda s: chat(s, messages=[{"role": "assistant", "content": "hi"}]), 400, "message 0 has role 'assistant'"),
+        (lambda s: chat(s, stop=[""]), 400, "stop must be a string or a list"),
+        (lambda s: chat(s, calculator="yes"), 400, "calculator must be true or false"),
+        (lambda s: chat(s, colour="blue"), 422, "Unexpected fields in the request: {'colour'}"),
+    ],
+)
+def test_bad_requests_get_a_4xx_with_one_line(server, body, status, says):
+    code, answer = post(server, body(server))
+    message = answer["error"]["message"]
+    assert (code, says in message, "\n" in message) == (status, True, False), message
+
+
+def test_bad_requests_do_not_disturb_another_client(server):
+    expected = server.reference(QUESTION, max_tokens=60)
+    streamed = []
+
+    def other_client() -> None:
+        for chunk in server.client.chat.completions.create(
+            model=server.name, messages=QUESTION, max_tokens=60, stream=True
+        ):
+            streamed.append(chunk.choices[0].delta.content or "")
+
+    thread = threading.Thread(target=other_client)
+    thread.start()
+    for _ in range(3):
+        assert post(server, b"{not json")[0] == 400
+        assert post(server, chat(server, max_tokens=0))[0] == 400
+        with pytest.raises(openai.NotFoundError):
+            server.client.chat.completions.create(model="nope", messages=QUESTION)
+    thread.join(timeout=120)
+    assert "".join(streamed) == expected
+    assert server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=5).choices[
+        0
+    ].message.content == server.reference(QUESTION, max_tokens=5)
+
+
+def test_a_client_that_goes_away_does_not_disturb_the_next(server):
+    stream = server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=100, stream=True)
+    next(iter(stream))
+    stream.close()  # the server stops generating for it (the streamer raises at its next token)
+    reply = server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=7)
+    assert reply.choices[0].message.content == server.reference(QUESTION, max_tokens=7)
