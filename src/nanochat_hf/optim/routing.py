@@ -11,8 +11,9 @@ Two layouts, decided once per model (`layout_of`):
     head       get_output_embeddings().weight, unless tied to the input embedding (then it is the embedding,
                counted once) -> AdamW at unembedding_lr * s;
     matrix     a 2-D weight inside the repeated layers (an nn.ModuleList) -> Muon at matrix_lr;
-    scalar     everything else that is 0-D or 1-D (norm weights, biases) and PEFT's LoRA adapters -> AdamW at the
-               head's rate (the one AdamW rate nanochat tunes for ordinary weights);
+    adapter    PEFT's LoRA adapters -> AdamW at the head's rate (a model training only adapters is all AdamW);
+    scalar     everything else that is 0-D or 1-D (norm weights, biases) -> AdamW at the head's rate (the one
+               AdamW rate nanochat tunes for ordinary weights);
   where s = (hidden_size/768)^-0.5. ``roles={glob: role}`` routes parameters by name where the rule above does
   not fit (a classifier head, stacked MoE experts). Decisions, with reasons, in docs/optimizer.md:
     - GPT-2's Conv1D stores (in, out): Newton-Schulz does not care (orthogonalising a matrix or its transpose gives
@@ -41,7 +42,7 @@ from .head import RECIPES, NorMuonAdamW
 from .optimizer import MuonAdamW
 from .precision import polar_dtype_name, resolve_polar_dtype
 
-ROLES = ("embedding", "head", "matrix", "scalar")
+ROLES = ("embedding", "head", "matrix", "adapter", "scalar")
 SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
 SMEAR_PARAMS = ("smear_gate.weight", "smear_lambda", "backout_lambda")  # G5's, in nanochat's module order
 
@@ -57,7 +58,12 @@ ADAMW_GROUPS = (
 )
 # Recipe 2026-07's settings for the roles of any other model: nanochat HEAD's lm_head and wte groups' betas and
 # weight decay for head and embedding, its plain scalar settings for the rest.
-ROLE_ADAMW_2026 = {"head": ((0.8, 0.96), 0.01), "embedding": ((0.8, 0.995), 0.001), "scalar": ((0.8, 0.95), 0.0)}
+ROLE_ADAMW_2026 = {
+    "head": ((0.8, 0.96), 0.01),
+    "embedding": ((0.8, 0.995), 0.001),
+    "adapter": ((0.8, 0.95), 0.0),
+    "scalar": ((0.8, 0.95), 0.0),
+}
 _BLOCK_ORDER = ("attn.c_q", "attn.c_k", "attn.c_v", "attn.c_proj", "attn.ve_gate", "mlp.c_fc", "mlp.c_proj")
 
 
@@ -127,7 +133,7 @@ def _is_peft(model: nn.Module) -> bool:
 
 
 def layout_of(model: nn.Module) -> str:
-    """ "nanochat" for nanochat's model (or a plain module named like it), "roles" for every other (module docstring)."""
+    """The layout: "nanochat" for nanochat's model (or a plain module named like it), "roles" for any other."""
     inner = _inner(model)
     if _is_peft(inner):
         return "roles"
@@ -375,7 +381,9 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
             role = "embedding"
         elif id(p) == head_id:
             role = "head"
-        elif _is_lora(name) or p.ndim < 2:
+        elif _is_lora(name):
+            role = "adapter"
+        elif p.ndim < 2:
             role = "scalar"
         elif p.ndim == 2 and id(p) in in_layers:
             role = "matrix"
@@ -420,25 +428,32 @@ def role_param_groups(
     polar_dtype: str,
     roles: dict[str, str] | None,
 ) -> list[dict[str, Any]]:
-    """The groups of a model in the "roles" layout (module docstring): adamw/lm_head, adamw/embedding, adamw/scalar,
+    """The groups of a model in the "roles" layout (module docstring): adamw/lm_head, adamw/embedding, adamw/adapter,
+    adamw/scalar,
     then the matrices: recipe 2025-12 one "muon/matrix" group, 2026-07 one group per shape ("muon/RxC"); a
     non-square Conv1D weight in a group of its own shape ("muon/RxC/conv1d") whose rate carries the orientation
     factor. Each role's settings: the December betas/eps/weight decay, or HEAD's per group (`ROLE_ADAMW_2026`)."""
     routed = role_of(model, roles)
     if not routed:
         raise UserError("every parameter of the model is frozen (requires_grad=False): nothing to optimise")
-    if not any(role == "matrix" for role, _, _ in routed.values()):
+    if not any(role in ("matrix", "adapter") for role, _, _ in routed.values()):
         raise UserError(
-            "the model has no trainable 2-D weight inside its repeated layers (nn.ModuleList): nothing for Muon; "
-            "route matrices with roles={glob: 'matrix'} or use an AdamW optimizer"
+            "the model has no trainable 2-D weight inside its repeated layers (nn.ModuleList) and no adapter: "
+            "nothing for Muon; route matrices with roles={glob: 'matrix'} or use an AdamW optimizer"
         )
     s = (_width(model) / 768) ** -0.5
-    lrs = {"head": unembedding_lr * s, "embedding": embedding_lr * s, "scalar": unembedding_lr * s}
+    lrs = {"head": unembedding_lr * s, "embedding": embedding_lr * s}
+    lrs["adapter"] = lrs["scalar"] = lrs["head"]
     by_role: dict[str, list[Tensor]] = {role: [] for role in ROLES}
     for role, p, _ in routed.values():
         by_role[role].append(p)
     groups = []
-    for role, group in (("head", "adamw/lm_head"), ("embedding", "adamw/embedding"), ("scalar", "adamw/scalar")):
+    for role, group in (
+        ("head", "adamw/lm_head"),
+        ("embedding", "adamw/embedding"),
+        ("adapter", "adamw/adapter"),
+        ("scalar", "adamw/scalar"),
+    ):
         if recipe == "2025-12":
             settings = {"betas": betas, "eps": eps, "weight_decay": weight_decay}
         else:
