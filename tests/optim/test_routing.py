@@ -50,8 +50,9 @@ def test_llama_routing_by_role(helpers, recipe):
 def test_qwen3_and_tied_gemma(helpers, arch):
     model = helpers.tiny_hf(arch)
     members = _members(build_optimizer(model))
-    if arch == "gemma":  # tied head: once, as the embedding (a scaled embedding is an nn.Embedding too)
-        assert "adamw/lm_head" not in members and members["adamw/embedding"] == {"model.embed_tokens.weight"}
+    if arch == "gemma":  # tied head: once, as the embedding (a scaled embedding is an nn.Embedding too), head's rate
+        assert "adamw/lm_head" not in members and "adamw/embedding" not in members
+        assert members["adamw/tied_embedding"] == {"model.embed_tokens.weight"}
     else:
         assert members["adamw/lm_head"] == {"lm_head.weight"}
     assert members["adamw/scalar"] == _names(model, "norm")  # Qwen3's q_norm/k_norm included
@@ -64,11 +65,12 @@ def test_gpt2_conv1d_orientation_and_tied_head(helpers):
     model = helpers.tiny_hf("gpt2")
     opt = build_optimizer(model)
     members = _members(opt)
-    assert members["adamw/embedding"] == {"transformer.wte.weight", "transformer.wpe.weight"}
-    assert "adamw/lm_head" not in members
+    assert members["adamw/embedding"] == {"transformer.wpe.weight"}
+    assert members["adamw/tied_embedding"] == {"transformer.wte.weight"} and "adamw/lm_head" not in members
     assert members["adamw/scalar"] == _names(model, "bias", "ln_")
     assert members["muon/matrix"] == _names(model, "attn.c_proj.weight")  # square: no factor
     lrs = {g["name"]: g["lr"] for g in opt.param_groups}
+    assert lrs["adamw/tied_embedding"] == pytest.approx(0.004 * S) and lrs["adamw/embedding"] == pytest.approx(0.2 * S)
     # real (out, in) shapes: c_attn (96, 32) -> sqrt(3); c_fc (128, 32) -> 2; mlp.c_proj (32, 128) -> 1, stored
     # (128, 32) where the step reads 2: factor 1/2
     assert lrs["muon/32x96/conv1d"] == pytest.approx(0.02 * 3**0.5)

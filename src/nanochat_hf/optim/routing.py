@@ -8,8 +8,9 @@ Two layouts, decided once per model (`layout_of`):
   does, never by its name (`role_of`):
     embedding  every nn.Embedding weight (get_input_embeddings(), position and value embeddings) -> AdamW at
                embedding_lr * s;
-    head       get_output_embeddings().weight, unless tied to the input embedding (then it is the embedding,
-               counted once) -> AdamW at unembedding_lr * s;
+    head       get_output_embeddings().weight -> AdamW at unembedding_lr * s; when tied to the input embedding it
+               is counted once, as the embedding, in a group "adamw/tied_embedding" at the head's rate and settings
+               (the head's rate bounds how fast the logits move; the embedding rate would blow them up);
     matrix     a 2-D weight inside the repeated layers (an nn.ModuleList) -> Muon at matrix_lr;
     adapter    PEFT's LoRA adapters -> AdamW at the head's rate (a model training only adapters is all AdamW);
     scalar     everything else that is 0-D or 1-D (norm weights, biases) -> AdamW at the head's rate (the one
@@ -444,12 +445,17 @@ def role_param_groups(
     s = (_width(model) / 768) ** -0.5
     lrs = {"head": unembedding_lr * s, "embedding": embedding_lr * s}
     lrs["adapter"] = lrs["scalar"] = lrs["head"]
-    by_role: dict[str, list[Tensor]] = {role: [] for role in ROLES}
+    inner = _inner(model)
+    out = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
+    tied = getattr(out, "weight", None) is getattr(inner.get_input_embeddings(), "weight", False)
+    by_role: dict[str, list[Tensor]] = {role: [] for role in (*ROLES, "tied")}
     for role, p, _ in routed.values():
-        by_role[role].append(p)
+        by_role["tied" if tied and p is out.weight else role].append(p)
+    lrs["tied"] = lrs["head"]
     groups = []
     for role, group in (
         ("head", "adamw/lm_head"),
+        ("tied", "adamw/tied_embedding"),
         ("embedding", "adamw/embedding"),
         ("adapter", "adamw/adapter"),
         ("scalar", "adamw/scalar"),
@@ -457,7 +463,7 @@ def role_param_groups(
         if recipe == "2025-12":
             settings = {"betas": betas, "eps": eps, "weight_decay": weight_decay}
         else:
-            role_betas, role_wd = ROLE_ADAMW_2026[role]
+            role_betas, role_wd = ROLE_ADAMW_2026["head" if role == "tied" else role]
             settings = {"betas": role_betas, "eps": 1e-10, "weight_decay": role_wd}
         if by_role[role]:
             groups.append(
