@@ -201,3 +201,19 @@ def test_grpo_trainer(tokenizer, tmp_path):
     trainer.train()
     assert type(trainer.optimizer.optimizer) is NorMuonAdamW
     assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if "proj" in n)
+
+
+@pytest.mark.parametrize("setup, words", [("is_deepspeed_enabled", "DeepSpeed is not"), ("is_fsdp_enabled", "FSDP is")])
+def test_deepspeed_and_fsdp_refused_in_one_line(setup, words):
+    """What the Trainer reports once it has set DeepSpeed or FSDP up (neither runs on this CPU-only suite: Accelerate
+    ignores FSDP on CPU and DeepSpeed is not installed), refused before any training."""
+    from types import SimpleNamespace
+
+    from nanochat_hf.optim.trainer_mixin import check_distributed_setup
+
+    trainer = SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=False)
+    check_distributed_setup(trainer)
+    setattr(trainer, setup, True)
+    with pytest.raises(UserError, match=words) as e:
+        check_distributed_setup(trainer)
+    assert "\n" not in str(e.value)
