@@ -40,10 +40,32 @@ def _two_nodes(tmp_path):
     port = str(_free_port())
     nodes = [
         subprocess.Popen(
-            [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
-             "--num_machines", "2", "--machine_rank", str(rank), "--main_process_ip", "127.0.0.1",
-             "--main_process_port", port, "--mixed_precision", "no", "--dynamo_backend", "no", WORKER, str(out)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            [
+                sys.executable,
+                "-m",
+                "accelerate.commands.launch",
+                "--multi_gpu",
+                "--num_processes",
+                "2",
+                "--num_machines",
+                "2",
+                "--machine_rank",
+                str(rank),
+                "--main_process_ip",
+                "127.0.0.1",
+                "--main_process_port",
+                port,
+                "--mixed_precision",
+                "no",
+                "--dynamo_backend",
+                "no",
+                WORKER,
+                str(out),
+            ],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
         )  # fmt: skip
         for rank in (0, 1)
     ]
