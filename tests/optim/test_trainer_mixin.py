@@ -217,3 +217,10 @@ def test_deepspeed_and_fsdp_refused_in_one_line(setup, words):
     with pytest.raises(UserError, match=words) as e:
         check_distributed_setup(trainer)
     assert "\n" not in str(e.value)
+
+
+def test_unknown_optimizer_setting_is_one_line(tokenizer, tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **COMMON)
+    with pytest.raises(UserError, match=r"nanochat_optimizer: unknown \['matrix_rate'\]; build_optimizer takes"):
+        NanoTrainer(model=tiny_llama(tokenizer), args=args, nanochat_optimizer={"matrix_rate": 0.01})
+    assert not (tmp_path / "out").exists()

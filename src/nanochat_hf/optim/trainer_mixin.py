@@ -27,6 +27,7 @@ no matrices for Muon) and FSDP (sharded parameters); the sharded step already ke
 
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from typing import Any
 
@@ -98,7 +99,11 @@ class NanoChatOptimizerMixin:
         muon_momentum_warmup: bool = True,
         **kwargs: Any,
     ) -> None:
-        self.nanochat_optimizer = dict(nanochat_optimizer or {})
+        self.nanochat_optimizer_kwargs = dict(nanochat_optimizer or {})
+        accepted = list(inspect.signature(build_optimizer).parameters)[1:]  # all but the model
+        unknown = sorted(set(self.nanochat_optimizer_kwargs) - set(accepted))
+        if unknown:
+            raise UserError(f"nanochat_optimizer: unknown {unknown}; build_optimizer takes {', '.join(accepted)}")
         super().__init__(*args, **kwargs)
         check_distributed_setup(self)
         if muon_momentum_warmup:
@@ -109,7 +114,7 @@ class NanoChatOptimizerMixin:
 
     def optimizer_settings(self) -> dict[str, Any]:
         """`build_optimizer`'s keyword arguments."""
-        return self.nanochat_optimizer
+        return self.nanochat_optimizer_kwargs
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         if self.optimizer is None:
