@@ -4,6 +4,7 @@ and the two optimizer recipes against each other (December 2025 and nanochat HEA
     python benchmarks/convergence.py [--steps 80] [--eval_every 5] [--lrs 0.0003,0.001,0.003,0.01]
                                      [--recipes 2025-12,2026-07] [--output convergence.json]
                                      [--MidTrainingArguments flag value ...]
+    python benchmarks/convergence.py --model llama [--steps 120] [--eval_every 10] [--output llama.json]
 
 Arms, all trained by `MidTrainer` through `nanochat_hf.training.run` (`build_trainer`, `train`):
 - "muon": the recipe, Muon on the block matrices at matrix_lr, AdamW on embedding and lm_head at the demo's rates;
@@ -14,6 +15,14 @@ Arms, all trained by `MidTrainer` through `nanochat_hf.training.run` (`build_tra
 Every arm starts from the same initial weights and reads the same batches in the same order, under the same LR
 schedule (constant, then linear to 0 over the last 20% of the steps), with 1 torch thread; val bpb is recorded at
 every evaluation (step 0, every --eval_every steps, the last step).
+
+``--model llama`` (nanochat's optimizer on another architecture): a SmolLM2-shaped Llama scaled down (width 192,
+4 layers, 3 heads of 64, 1 KV head, MLP 512, tied embeddings, random init) on the same demo mixture, trained by a
+plain loop: arms "muon 2025-12" and "muon 2026-07" (`build_optimizer` at its default rates, routed by role) against
+torch.optim.AdamW on every parameter at each of --lrs (default 0.001,0.003,0.01: half-decades around the usual rate
+of a small Llama), the same schedule (constant, linear to 0 over the last 20%), batches and initial weights; then
+the optimizer step time of both recipes against torch.optim.Muon (the hidden matrices) + torch.optim.AdamW (the
+rest) on the same model and gradients, 1 thread.
 
 The table: each arm's final val bpb, the first evaluated step at which its val bpb is at or below the best AdamW
 arm's final val bpb (the target), and that step divided by the best AdamW arm's own. With both recipes, one more
@@ -28,6 +37,8 @@ import copy
 import datetime
 import gc
 import json
+import math
+import os
 import platform
 import sys
 import tempfile
@@ -51,6 +62,11 @@ from nanochat_hf.training.run import build_trainer, train
 # 0.0069 once scaled to width 256), down to 0.0003: in a first 80-step demo run 0.001 finished ahead of 0.003, and
 # 0.01 was behind both at step 5 (where that run was stopped), so the best rate needed a neighbour below it.
 DEFAULT_LRS = "0.0003,0.001,0.003,0.01"
+# --model llama: torch.optim.AdamW on every parameter, half-decades around 0.003 (SmolLM2-135M's peak rate)
+LLAMA_LRS = "0.001,0.003,0.01"
+LLAMA = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
+             tie_word_embeddings=True, rope_theta=100000.0)  # fmt: skip
+LLAMA_ROWS, LLAMA_SEQ, LLAMA_VAL_ROWS, TIMED_STEPS = 8, 128, 32, 10
 
 
 class EvalPrinter(TrainerCallback):
@@ -67,11 +83,19 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=80, help="optimizer steps per arm")
     p.add_argument("--eval_every", type=int, default=5, help="evaluate val bpb every N steps (and at 0 and the end)")
-    p.add_argument("--lrs", default=DEFAULT_LRS, help="comma list of AdamW rates for the block matrices")
+    p.add_argument("--lrs", default=None, help=f"comma list of AdamW rates for the block matrices ({DEFAULT_LRS}; "
+                   f"--model llama: for every parameter, {LLAMA_LRS})")  # fmt: skip
     p.add_argument("--depth", type=int, default=4, help="model depth (nanochat's rule: width 64*depth)")
     p.add_argument("--output", default=None, help="JSON file of the curves (rewritten after every arm)")
-    p.add_argument("--recipes", default="2025-12", help=f"comma list of optimizer recipes for Muon arms ({RECIPES})")
+    p.add_argument("--recipes", default=None, help=f"comma list of optimizer recipes for Muon arms ({RECIPES}; "
+                   "default 2025-12, --model llama both)")  # fmt: skip
+    p.add_argument("--model", choices=("nanochat", "llama"), default="nanochat", help="see the module docstring")
     a, rest = p.parse_known_args(argv)
+    llama = a.model == "llama"
+    if llama and rest:
+        p.error(f"--model llama takes no MidTrainingArguments flags, got {rest}")
+    a.lrs = a.lrs or (LLAMA_LRS if llama else DEFAULT_LRS)
+    a.recipes = a.recipes or (",".join(RECIPES) if llama else "2025-12")
     a.recipes = [x.strip() for x in a.recipes.split(",") if x.strip()]
     if not a.recipes or set(a.recipes) - set(RECIPES):
         p.error(f"--recipes {a.recipes}: expected a comma list of {', '.join(RECIPES)}")
@@ -176,8 +200,144 @@ def run_arm(
     return result
 
 
+def _rows(tokens, n: int, offset: int = 0) -> torch.Tensor:
+    """n rows of LLAMA_SEQ + 1 tokens cut from the tokenized mixture's stream, from row ``offset`` (wrapping)."""
+    stream = torch.tensor([t for ids in tokens["input_ids"] for t in ids])
+    per = LLAMA_SEQ + 1
+    total = stream.numel() // per
+    rows = stream[: total * per].view(total, per)
+    return rows[[(offset + i) % total for i in range(n)]]
+
+
+@torch.no_grad()
+def _val_bpb(model, val: torch.Tensor, token_bytes: torch.Tensor) -> float:
+    logits = model(input_ids=val[:, :-1]).logits.float()
+    nats = torch.nn.functional.cross_entropy(logits.flatten(0, 1), val[:, 1:].flatten(), reduction="none")
+    nb = token_bytes[val[:, 1:].flatten()]
+    return (nats * (nb > 0)).sum().item() / (math.log(2) * nb.sum().item())
+
+
+def _llama_optimizer(name: str, model, lr: float | None, recipe: str):
+    if lr is not None:
+        return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
+    return build_optimizer(model, recipe=recipe)
+
+
+def _torch_muon_adamw(model):
+    """torch.optim.Muon on the matrices our routing sends to Muon, torch.optim.AdamW on the rest (the step-time
+    baseline)."""
+    matrices = {id(p) for r in build_optimizer(model).param_groups if r["kind"] == "muon" for p in r["params"]}
+    muon = torch.optim.Muon([p for p in model.parameters() if id(p) in matrices], lr=0.02)
+    adamw = torch.optim.AdamW([p for p in model.parameters() if id(p) not in matrices], lr=0.003)
+    return muon, adamw
+
+
+def step_times(model, data: torch.Tensor) -> dict[str, float]:
+    """Mean seconds of one optimizer step (TIMED_STEPS steps after one untimed) on the same gradients."""
+    model.zero_grad(set_to_none=True)
+    model(input_ids=data[:, :-1], labels=data[:, :-1]).loss.backward()  # labels shift inside the model
+    candidates = {
+        "nanochat 2025-12": [build_optimizer(model)],
+        "nanochat 2026-07": [build_optimizer(model, recipe="2026-07")],
+        "torch Muon + AdamW": list(_torch_muon_adamw(model)),
+    }
+    saved = {n: p.detach().clone() for n, p in model.named_parameters()}
+    times = {}
+    for name, optimizers in candidates.items():
+        for i in range(TIMED_STEPS + 1):
+            if i == 1:
+                t0 = time.perf_counter()
+            for opt in optimizers:
+                opt.step()
+        times[name] = (time.perf_counter() - t0) / TIMED_STEPS
+        with torch.no_grad():
+            for n, p in model.named_parameters():
+                p.copy_(saved[n])
+    return times
+
+
+def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    from nanochat_hf.tokenizer import token_bytes as compute_token_bytes
+    from nanochat_hf.training.schedule import lr_multiplier, muon_momentum
+
+    torch.set_num_threads(1)
+    tokenizer = demo_tokenizer()
+    train_tokens, val_tokens = (
+        tokenize_conversations(load_mixture(None, split=s), tokenizer, max_tokens=2048) for s in ("train", "val")
+    )
+    val = _rows(val_tokens, LLAMA_VAL_ROWS)
+    token_bytes = compute_token_bytes(tokenizer)
+    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=LLAMA_SEQ, **LLAMA)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(config)
+    print(
+        f"convergence --model llama: width {LLAMA['hidden_size']}, {LLAMA['num_hidden_layers']} layers, "
+        f"{sum(p.numel() for p in model.parameters()):,} parameters, {a.steps} steps of {LLAMA_ROWS}x{LLAMA_SEQ} "
+        f"tokens, eval every {a.eval_every}, 1 thread",
+        flush=True,
+    )
+    report = {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "command": " ".join(["python", "benchmarks/convergence.py", *(argv if argv is not None else sys.argv[1:])]),
+        "machine": f"{platform.machine()}, 1 torch thread, torch {torch.__version__}",
+        "load": os.getloadavg(),
+        "settings": {"model": "llama", **LLAMA, "rows": LLAMA_ROWS, "seq": LLAMA_SEQ, "steps": a.steps},
+        "arms": [],
+    }
+    plan = [(f"muon {r}", None, r) for r in a.recipes] + [(f"adamw lr={lr:g}", lr, "-") for lr in a.lrs]
+    for name, lr, recipe in plan:
+        t0 = time.time()
+        arm = copy.deepcopy(model)
+        opt = _llama_optimizer(name, arm, lr, recipe)
+        if lr is None and name == plan[0][0]:
+            print(opt.routing.table(), flush=True)
+        base = [g["lr"] for g in opt.param_groups]
+        curve = [(0, _val_bpb(arm, val, token_bytes))]
+        for step in range(a.steps):
+            for g, lr0 in zip(opt.param_groups, base):
+                g["lr"] = lr0 * lr_multiplier(step / a.steps)
+            if lr is None:
+                opt.set_muon_momentum(muon_momentum(step))
+            batch = _rows(train_tokens, LLAMA_ROWS, step * LLAMA_ROWS)
+            arm(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
+                curve.append((step + 1, _val_bpb(arm, val, token_bytes)))
+                print(f"  {name:<16} step {step + 1:5d}  val bpb {curve[-1][1]:.4f}", flush=True)
+        optimizer = "adamw" if lr is not None else "muon"
+        report["arms"].append(
+            {
+                "name": name,
+                "optimizer": optimizer,
+                "recipe": recipe,
+                "matrix_lr": lr,
+                "final_val_bpb": curve[-1][1],
+                "curve": curve,
+                "wall_s": round(time.time() - t0, 1),
+            }  # fmt: skip
+        )
+        if a.output:
+            write_text(a.output, json.dumps(report, indent=1) + "\n")
+    report["summary"] = summarize(report["arms"])
+    report["step_seconds"] = step_times(copy.deepcopy(model), _rows(train_tokens, LLAMA_ROWS))
+    if a.output:
+        write_text(a.output, json.dumps(report, indent=1) + "\n")
+    print(table(report["arms"], report["summary"]))
+    base = report["step_seconds"]["torch Muon + AdamW"]
+    print(f"{'optimizer step':<20} {'ms':>8} {'/ torch':>8}")
+    for name, seconds in report["step_seconds"].items():
+        print(f"{name:<20} {seconds * 1000:>8.2f} {seconds / base:>8.2f}")
+    print(f"load (uptime): {' '.join(f'{x:.2f}' for x in report['load'])}")
+    return report
+
+
 def main(argv: list[str] | None = None) -> dict:
     a, rest = parse(argv)
+    if a.model == "llama":
+        return llama_main(a, argv)
     with tempfile.TemporaryDirectory() as tmp:  # dry_run writes nothing; the Trainer still wants an output_dir
         # 1 thread and eager unless asked otherwise: every arm would pay the compile again, and the curves do not
         # depend on it

@@ -61,3 +61,16 @@ def test_bad_lrs_is_one_clear_error(convergence, capsys):
     with pytest.raises(SystemExit):
         convergence.main(["--lrs", "0.01,fast"])
     assert "--lrs '0.01,fast': expected a comma list of numbers" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_llama_mode_runs_every_arm_and_times_the_steps(convergence, capsys):
+    report = convergence.main(["--model", "llama", "--steps", "2", "--eval_every", "1", "--lrs", "0.003"])
+    text = capsys.readouterr().out
+    assert [a["name"] for a in report["arms"]] == ["muon 2025-12", "muon 2026-07", "adamw lr=0.003"]
+    assert "(roles routing)" in text and "adamw/tied_embedding" in text  # a SmolLM2 shape: tied embeddings
+    curves = [a["curve"] for a in report["arms"]]
+    assert all([s for s, _ in c] == [0, 1, 2] for c in curves) and len({c[0] for c in curves}) == 1
+    assert len({c[-1][1] for c in curves}) == 3  # every arm trained, differently
+    assert set(report["step_seconds"]) == {"nanochat 2025-12", "nanochat 2026-07", "torch Muon + AdamW"}
+    assert "torch Muon + AdamW" in text.splitlines()[-2] and text.splitlines()[-1].startswith("load (uptime):")

@@ -364,3 +364,92 @@ def head_dist_worker(rank, world, port, out_dir, max_grad_norm):
         torch.save(own, os.path.join(out_dir, f"bytes{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+# ---- other transformers models (the "roles" routing) ------------------------------------------------------------
+ARCHS = ("llama", "qwen3", "gemma", "gpt2", "qwen2_moe")
+MOE_ROLES = {"*.experts.*": "scalar"}  # stacked 3-D expert weights: AdamW (Muon takes 2-D matrices)
+
+
+def tiny_hf(arch, seed=0):
+    """A tiny random transformers causal LM of the given architecture (no download: built from a config)."""
+    from transformers import AutoModelForCausalLM, GemmaConfig, GPT2Config, LlamaConfig, Qwen2MoeConfig, Qwen3Config
+
+    small = dict(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
+    configs = {
+        "llama": lambda: LlamaConfig(**small),
+        "qwen3": lambda: Qwen3Config(**small, head_dim=8),
+        "gemma": lambda: GemmaConfig(**small, head_dim=8),
+        "gpt2": lambda: GPT2Config(
+            vocab_size=128, n_embd=32, n_layer=2, n_head=4, n_positions=64, bos_token_id=0, eos_token_id=0
+        ),
+        "qwen2_moe": lambda: Qwen2MoeConfig(
+            **small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32
+        ),
+    }
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(configs[arch]())
+
+
+def fixed_grads(model, steps, rank, seed=3):
+    """Per step, a gradient per parameter name for this rank (ranks differ; the same on every call)."""
+    g = torch.Generator().manual_seed(seed + 1000 * rank)
+    names = [(n, p.shape) for n, p in model.named_parameters() if p.requires_grad]
+    return [{n: torch.randn(shape, generator=g) for n, shape in names} for _ in range(steps)]
+
+
+def step_fixed(model, opt, grads):
+    """Optimizer steps with the given per-name gradients, the LR scaled down a little each step."""
+    for i, step_grads in enumerate(grads):
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                p.grad = step_grads[n].clone()
+        for group in opt.param_groups:
+            group["lr"] = group["initial_lr"] * (1.0 - 0.1 * i)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+
+
+def archs_dist_worker(rank, world, port, steps, out_dir):
+    """Every tiny architecture in both recipes on ``world`` gloo ranks with per-rank fixed gradients (the model also
+    wrapped in DDP, whose averaging is then silenced); rank 0 compares with one process stepping on the average."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim import build_optimizer
+    from nanochat_hf.training.gradients import silence_ddp
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    worst = {}
+    try:
+        for arch in ARCHS:
+            for recipe in ("2025-12", "2026-07"):
+                roles = MOE_ROLES if arch == "qwen2_moe" else None
+                model = tiny_hf(arch)
+                ref = copy.deepcopy(model)
+                wrapped = torch.nn.parallel.DistributedDataParallel(model)
+                opt = build_optimizer(wrapped, recipe=recipe, roles=roles, polar_dtype="float32")
+                silence_ddp(wrapped, opt)
+                assert opt.world_size == world and opt.reduces_gradients
+                step_fixed(model, opt, fixed_grads(model, steps, rank))
+                ref_opt = build_optimizer(ref, recipe=recipe, roles=roles, polar_dtype="float32", sharded=False)
+                per_rank = [fixed_grads(ref, steps, r) for r in range(world)]
+                avg = [{n: sum(gs[s][n] for gs in per_rank) / world for n in per_rank[0][s]} for s in range(steps)]
+                step_fixed(ref, ref_opt, avg)
+                for (name, p), q in zip(model.named_parameters(), ref.parameters()):
+                    rel = ((p.detach() - q.detach()).norm() / q.detach().norm()).item()
+                    key = f"{arch} {recipe}"
+                    worst[key] = max(worst.get(key, 0.0), rel)
+        if rank == 0:
+            torch.save(worst, os.path.join(out_dir, "worst.pt"))
+    finally:
+        dist.destroy_process_group()

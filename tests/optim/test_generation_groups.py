@@ -11,7 +11,7 @@ import pytest
 import torch
 from torch import nn
 
-from nanochat_hf.optim.optimizer import SCALAR_LR, build_optimizer
+from nanochat_hf.optim.routing import SCALAR_LR, build_optimizer
 
 SHAPES = {
     "transformer.resid_lambdas": (3,),
@@ -122,7 +122,7 @@ WORKER = """
 import sys, torch, torch.distributed as dist
 sys.path.insert(0, {here!r})
 from test_generation_groups import g5_like
-from nanochat_hf.optim.optimizer import build_optimizer
+from nanochat_hf.optim.routing import build_optimizer
 rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=world)
 

@@ -8,17 +8,17 @@ from __future__ import annotations
 import inspect
 from functools import cached_property
 
+import pytest
 import transformers.trainer
 from transformers import Trainer, TrainingArguments
 
+from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
 from nanochat_hf.training.arguments import MidTrainingArguments
 from nanochat_hf.training.ddp_timeout import DDPTimeoutOnEveryBackendMixin
 from nanochat_hf.training.trainer import MidTrainer
 
 # every private Trainer method MidTrainer overrides (the reason for each is the comment line above it)
 PRIVATE_HOOKS = {
-    "_clip_grad_norm",
-    "_get_grad_norm",
     "_save_checkpoint",
     "_push_from_checkpoint",
     "_save_optimizer_and_scheduler",
@@ -26,6 +26,8 @@ PRIVATE_HOOKS = {
     "_load_optimizer_and_scheduler",
     "_load_rng_state",
 }
+# every private Trainer method NanoChatOptimizerMixin (MidTrainer's base, and any Trainer's) overrides
+MIXIN_HOOKS = {"_clip_grad_norm", "_get_grad_norm", "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler"}
 # public, but called by the stock _save_checkpoint and push_to_hub with a private argument (_internal_call)
 PINNED_PUBLIC = {"save_model"}
 
@@ -38,9 +40,10 @@ def _private_methods(cls: type) -> dict[str, object]:
     }
 
 
-def test_the_private_overrides_are_the_listed_ones_each_with_its_reason():
-    ours = _private_methods(MidTrainer)
-    assert set(ours) == PRIVATE_HOOKS, f"private methods now {sorted(ours)}: list (and justify) or remove them"
+@pytest.mark.parametrize("cls, hooks", [(MidTrainer, PRIVATE_HOOKS), (NanoChatOptimizerMixin, MIXIN_HOOKS)])
+def test_the_private_overrides_are_the_listed_ones_each_with_its_reason(cls, hooks):
+    ours = _private_methods(cls)
+    assert set(ours) == hooks, f"private methods now {sorted(ours)}: list (and justify) or remove them"
     for name, method in ours.items():
         reason = (inspect.getcomments(method) or "\n").splitlines()[-1]  # the comment line right above the def
         assert reason.startswith("# private hook: "), f"{name}: no one-line reason above it"
@@ -48,10 +51,14 @@ def test_the_private_overrides_are_the_listed_ones_each_with_its_reason():
 
 def test_every_private_override_is_a_trainer_hook_it_still_calls_with_the_same_arguments():
     stock_source = inspect.getsource(transformers.trainer)
-    for name in sorted(PRIVATE_HOOKS | PINNED_PUBLIC):
+    for name in sorted(PRIVATE_HOOKS | MIXIN_HOOKS | PINNED_PUBLIC):
         assert hasattr(Trainer, name), f"transformers.Trainer has no {name} any more: MidTrainer's override is dead"
         assert f"self.{name}(" in stock_source, f"transformers.Trainer no longer calls {name}: our override is dead"
         theirs = list(inspect.signature(getattr(Trainer, name)).parameters)
+        for cls in (MidTrainer, NanoChatOptimizerMixin):
+            if hasattr(cls, name):
+                ours = list(inspect.signature(getattr(cls, name)).parameters)
+                assert ours == theirs, f"{cls.__name__}.{name}: Trainer.{name} now takes {theirs}"
         ours = list(inspect.signature(getattr(MidTrainer, name)).parameters)
         assert ours == theirs, f"Trainer.{name} now takes {theirs}"
 

@@ -24,7 +24,8 @@ from torch import Tensor
 
 from ..errors import UserError
 from ..optim import MuonAdamW, NorMuonAdamW, build_optimizer
-from ..optim.head import ADAMW_GROUPS, SMALL_NUMEL, head_group_of, nanochat_order
+from ..optim.head import SMALL_NUMEL
+from ..optim.routing import ADAMW_GROUPS, head_group_of, nanochat_order
 
 FILE_PATTERN = re.compile(r"optim_(\d+)_rank(\d+)\.pt")
 FullState = dict[str, dict[str, Any]]

@@ -24,7 +24,6 @@ from torch import Tensor
 
 from ..errors import UserError
 from .kernels import adamw_update, muon_update
-from .precision import polar_dtype_name, resolve_polar_dtype
 
 _MUON_KEYS = ("lr", "momentum", "nesterov", "ns_steps")
 _ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -77,7 +76,7 @@ class MuonAdamW(torch.optim.Optimizer):
     Muon groups may set ``ns_batch_size`` (matrices per batched Newton-Schulz; default: by device and shape),
     ``ns_gram`` (see :meth:`set_newton_schulz`) and ``polar_dtype`` (the orthogonalisation's dtype by name;
     default "bfloat16", nanochat's December choice; `build_optimizer` always sets it, see optim/precision.py).
-    Use :func:`build_optimizer` to get nanochat's grouping.
+    Use :func:`routing.build_optimizer` to get nanochat's grouping.
     """
 
     def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None, sharded: bool | None = None):
@@ -384,137 +383,3 @@ class MuonAdamW(torch.optim.Optimizer):
             work.wait()
             if finish is not None:
                 finish()
-
-
-SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
-SMEAR_PARAMS = ("smear_gate.weight", "smear_lambda", "backout_lambda")  # G5's, in nanochat's module order
-
-
-def generation_group(key: str) -> str | None:
-    """The AdamW group of a parameter of nanochat's later model generations (G1-G5) that sits beside the blocks
-    (nanochat's name, or ours under ``transformer.``); None for the December model's parameters."""
-    key = key.removeprefix("transformer.")
-    if key.startswith("value_embeds."):
-        return "value_embeds"
-    if key in ("resid_lambdas", "x0_lambdas"):
-        return key
-    return "smear" if key in SMEAR_PARAMS else None
-
-
-def _device(model: torch.nn.Module) -> torch.device:
-    """Where the model's parameters live (what the optimizer will compute on)."""
-    return next(model.parameters()).device
-
-
-def build_optimizer(
-    model: torch.nn.Module,
-    matrix_lr: float = 0.02,
-    embedding_lr: float = 0.2,
-    unembedding_lr: float = 0.004,
-    weight_decay: float = 0.0,
-    init_lr_frac: float = 1.0,
-    *,
-    muon_momentum: float = 0.95,
-    ns_steps: int = 5,
-    betas: tuple[float, float] = (0.8, 0.95),
-    eps: float = 1e-10,
-    process_group: Any = None,
-    sharded: bool | None = None,
-    matrix_optimizer: str = "muon",
-    recipe: str = "2025-12",
-    polar_dtype: str | torch.dtype = "auto",
-) -> MuonAdamW:
-    """nanochat's optimizer for a NanoChatGPT model's trainable parameters: Muon on every ``transformer.h``
-    matrix, AdamW on ``lm_head`` and ``transformer.wte`` with rates scaled by (n_embd/768)^-0.5.
-
-    A G1-G5 model's other parameters get AdamW groups with the December betas and weight decay, at the rates
-    nanochat's setup_optimizers gave them while it had this optimizer (a91743c): value embeddings as wte,
-    resid_lambdas 0.01 * SCALAR_LR, x0_lambdas SCALAR_LR; smear_gate, smear_lambda and backout_lambda (G5) 0.2 as
-    at a825e63. The value-embedding gates (``ve_gate``, in the blocks) are matrices: Muon.
-
-    ``matrix_optimizer="adamw"`` (an ablation, not nanochat's recipe) puts the block matrices in an AdamW group
-    instead ("adamw/matrix": same betas, eps and weight decay, rate ``matrix_lr`` as given, not width-scaled).
-
-    Every group's lr and initial_lr are its base rate times ``init_lr_frac``. Sharded automatically when
-    torch.distributed is initialised with world size > 1 (then ``optimizer.reduces_gradients`` is True);
-    ``sharded=False`` forces the single-process step (gradients must then be averaged by the caller, e.g. DDP).
-
-    ``recipe="2026-07"`` builds nanochat HEAD's optimizer instead (`head.build_head_optimizer` with these rates;
-    muon_momentum, ns_steps, betas, eps and matrix_optimizer are options of the December recipe only).
-
-    ``polar_dtype`` ("auto", "bfloat16", "float32"), both recipes: the dtype Muon orthogonalises in; "auto" is
-    bfloat16 where the parameters' device multiplies it natively (`precision.resolve_polar_dtype`, which also
-    says why); pin "bfloat16" for nanochat's December numbers on every device.
-    """
-    if recipe != "2025-12":
-        from .head import build_recipe_optimizer  # head.py builds on this module
-
-        return build_recipe_optimizer(
-            recipe,
-            model,
-            matrix_lr,
-            embedding_lr,
-            unembedding_lr,
-            weight_decay,
-            init_lr_frac,
-            process_group=process_group,
-            sharded=sharded,
-            polar_dtype=polar_dtype,
-        )
-    if matrix_optimizer not in ("muon", "adamw"):
-        raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' or 'adamw'")
-    config = getattr(model, "config", None) or model.module.config  # model or a DDP-wrapped one
-    n_embd = getattr(config, "n_embd", None) or config.hidden_size
-    adamw_scale = (n_embd / 768) ** -0.5
-    matrices, wte, head = [], [], []
-    later = {"value_embeds": [], "resid_lambdas": [], "x0_lambdas": [], "smear": []}  # G1-G5, in nanochat's order
-    for name, p in model.named_parameters():  # each parameter once, into exactly one group (or an error)
-        if not p.requires_grad:
-            continue
-        key = name.removeprefix("module.").removeprefix("_orig_mod.")
-        if key.startswith("transformer.h."):
-            if p.ndim != 2:
-                raise UserError(f"parameter {name!r} has shape {tuple(p.shape)}: Muon expects 2-D block matrices")
-            matrices.append(p)
-        elif key == "transformer.wte.weight":
-            wte.append(p)
-        elif key == "lm_head.weight":
-            head.append(p)
-        elif (group := generation_group(key)) is not None:
-            later[group].append(p)
-        else:
-            raise UserError(
-                f"parameter {name!r} belongs to no optimizer group: expected transformer.h.*, "
-                "transformer.wte.weight, lm_head.weight or a G1-G5 resid/x0 lambda, value embedding, "
-                "smear or backout parameter"
-            )
-    adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
-    if matrix_optimizer == "muon":
-        matrix_group = {
-            "kind": "muon",
-            "params": matrices,
-            "name": "muon/matrix",
-            "lr": matrix_lr * init_lr_frac,
-            "momentum": muon_momentum,
-            "nesterov": True,
-            "ns_steps": ns_steps,
-            "polar_dtype": polar_dtype_name(resolve_polar_dtype(polar_dtype, _device(model), recipe)[0]),
-        }
-    else:
-        matrix_group = {**adamw, "params": matrices, "name": "adamw/matrix", "lr": matrix_lr * init_lr_frac}
-    later_lr = {
-        "value_embeds": embedding_lr * adamw_scale,
-        "resid_lambdas": 0.01 * SCALAR_LR,
-        "x0_lambdas": SCALAR_LR,
-        "smear": 0.2,
-    }
-    groups = [
-        {**adamw, "params": head, "name": "adamw/lm_head", "lr": unembedding_lr * adamw_scale * init_lr_frac},
-        {**adamw, "params": wte, "name": "adamw/wte", "lr": embedding_lr * adamw_scale * init_lr_frac},
-        *({**adamw, "params": ps, "name": f"adamw/{g}", "lr": later_lr[g] * init_lr_frac} for g, ps in later.items()),
-        matrix_group,
-    ]
-    groups = [g for g in groups if g["params"]]
-    for g in groups:
-        g["initial_lr"] = g["lr"]
-    return MuonAdamW(groups, process_group=process_group, sharded=sharded)

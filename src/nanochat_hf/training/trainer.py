@@ -1,16 +1,18 @@
 """`MidTrainer`: nanochat's mid-training loop as a `transformers.Trainer` with a few hooks overridden.
 
-Public hooks and callbacks where the Trainer has them; the 8 private hooks overridden have their one-line reason
-above them and are pinned by tests/training/test_trainer_hooks.py. Where the stock behaviour is wanted: `super()`.
+Public hooks and callbacks where the Trainer has them; the private hooks overridden (here and in the mixin) have their
+one-line reason above them and are pinned by tests/training/test_trainer_hooks.py. Where the stock behaviour is
+wanted: `super()`.
 - data (`get_train_dataloader`): every rank reads its own share of the packed token stream
   (`nanochat_hf.data.PackedStream`), un-prepared (Accelerate must not re-shard it), for nanochat's number of
   steps (one epoch ends as nanochat's does, see `PackedStream.epoch_steps`), the same on every rank; on CUDA the
   micro-batches go through pinned memory with non-blocking copies (`StreamLoader`).
 - embedding dtype (`__init__`): the token embedding cast to `args.embedding_torch_dtype` (bfloat16 on CUDA in
   bf16, as nanochat), before the optimizer exists.
-- optimizer / schedule (`create_optimizer`, `create_scheduler`): `build_optimizer` (Muon + AdamW, sharded step),
-  a `LambdaLR` applying nanochat's multiplier to the schedule's progress; Muon momentum warm-up in a callback.
-- gradients (`LocalGradients` callback, `_clip_grad_norm`, `_get_grad_norm`): the contract in `gradients.py`.
+- optimizer / schedule (`NanoChatOptimizerMixin`, the glue every Trainer can use: `create_optimizer` builds
+  `build_optimizer` (Muon + AdamW, sharded step) with this run's rates, Muon momentum warm-up in a callback; the
+  gradient contract of `gradients.py` with its `_clip_grad_norm`, `_get_grad_norm`; `create_scheduler`: a `LambdaLR`
+  applying nanochat's multiplier to the schedule's progress.
 - loss (`compute_loss`): the stock loss, plus the last micro-batch's loss handed to nanochat's logger.
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
@@ -40,13 +42,12 @@ from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..jsonfile import read_json, write_json
-from ..optim import build_optimizer
+from ..optim.trainer_mixin import NanoChatOptimizerMixin
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
 from ..tokenizer import token_bytes as compute_token_bytes
 from .callbacks import (
     CheckpointHubPush,
-    MuonMomentumCallback,
     NanoChatConsole,
     NanoChatLogger,
     StepEndJITCheckpoint,
@@ -74,7 +75,6 @@ from .checkpoint.layout import (
 from .checkpoint.output_dir import staged_final_save
 from .device import cpu_threads, to_device
 from .evaluation import evaluate_bpb
-from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
 
@@ -99,7 +99,7 @@ class StreamLoader:
         return ({k: to_device(v, self.device) for k, v in batch.items()} for batch in self.stream.read())
 
 
-class MidTrainer(Trainer):
+class MidTrainer(NanoChatOptimizerMixin, Trainer):
     def __init__(self, *args, token_bytes: torch.Tensor | None = None, run_fingerprint: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_fingerprint = run_fingerprint  # saved into every checkpoint, checked on resume (run.setup)
@@ -119,8 +119,6 @@ class MidTrainer(Trainer):
             peak_flops=device_peak_flops(a.device, a.peak_flops),
             world_size=self.accelerator.num_processes,
         )
-        self.add_callback(MuonMomentumCallback())
-        self.add_callback(LocalGradients(self))
         self.add_callback(self.nanochat_log)
         if a.enable_jit_checkpoint:  # checkpoints at a step's end, after nanochat's logger and the log line
             self.add_callback(StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager))
@@ -179,19 +177,21 @@ class MidTrainer(Trainer):
         return self.model.num_flops_per_token() * inputs["input_ids"][:, :-1].numel()
 
     # ---- optimizer and schedule -------------------------------------------------------------------------
+    def optimizer_settings(self) -> dict:
+        a = self.args
+        return {
+            "matrix_lr": a.matrix_lr,
+            "embedding_lr": a.embedding_lr,
+            "unembedding_lr": a.unembedding_lr,
+            "weight_decay": a.weight_decay,
+            "init_lr_frac": a.init_lr_frac,
+            "recipe": a.optimizer_recipe,
+        }
+
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:
         if self.optimizer is None:
+            super().create_optimizer(model)  # NanoChatOptimizerMixin: build_optimizer, clipping in the optimizer
             a = self.args
-            self.optimizer = build_optimizer(
-                self.model,
-                matrix_lr=a.matrix_lr,
-                embedding_lr=a.embedding_lr,
-                unembedding_lr=a.unembedding_lr,
-                weight_decay=a.weight_decay,
-                init_lr_frac=a.init_lr_frac,
-                recipe=a.optimizer_recipe,
-            )
-            clip_in_optimizer(self.optimizer, a.max_grad_norm)
             if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
                 full, fmt, settings = self.warm_start
                 load_full_state(self.optimizer, self.model, full)
@@ -221,20 +221,6 @@ class MidTrainer(Trainer):
             )
             self._created_lr_scheduler = True
         return self.lr_scheduler
-
-    # ---- gradients (see gradients.py) -------------------------------------------------------------------
-    # private hook: the stock step clips each rank's local gradients; ours clips the averaged one, in the optimizer
-    def _clip_grad_norm(self, model):
-        """The optimizer clips in its step (see `gradients.py`): the same norm formula at every world size."""
-        return None
-
-    # private hook: with several processes the stock norm of the local gradients is a wasted pass and meaningless
-    def _get_grad_norm(self, model, grad_norm=None):
-        """The stock norm with one process; with several the local gradients' norm means nothing (the logged
-        grad_norm is then the optimizer's norm of the averaged gradient, when it clips)."""
-        if reduces_gradients(self.optimizer):
-            return None
-        return super()._get_grad_norm(model, grad_norm)
 
     # ---- loss, evaluation, logging ----------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
@@ -290,10 +276,7 @@ class MidTrainer(Trainer):
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.state.global_step > 0:  # a training step's log: add nanochat's metrics
             self.nanochat_log.enrich(logs, self.state.global_step)
-            clipped_norm = getattr(getattr(self.optimizer, "optimizer", self.optimizer), "last_grad_norm", None)
-            if clipped_norm is not None:
-                logs["grad_norm"] = clipped_norm
-        super().log(logs, start_time)
+        super().log(logs, start_time)  # NanoChatOptimizerMixin: grad_norm is the optimizer's, where it clips
 
     # ---- checkpoints: the stock _save_checkpoint calls these per-piece hooks ------------------------------
     # private hook: no public one runs before a checkpoint is written (set an old one aside, undo on a full disk)

@@ -1,0 +1,186 @@
+"""nanochat's optimizer in any `transformers.Trainer` (TRL's SFTTrainer, DPOTrainer, GRPOTrainer, ...): one mixin.
+
+    from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+
+    class MySFT(NanoChatOptimizerMixin, SFTTrainer):
+        pass
+
+    trainer = MySFT(model=..., args=SFTConfig(...), train_dataset=..., nanochat_optimizer={"recipe": "2026-07"})
+
+What the mixin changes, and nothing else:
+- `create_optimizer`: `build_optimizer(model, **nanochat_optimizer)` (routing by role, see routing.py), the routing
+  printed once as a table by the main process. The rates are build_optimizer's (``args.learning_rate`` is not
+  read); the Trainer's LR schedule (``lr_scheduler_type``, warm-up) multiplies every group's rate in proportion.
+- Muon's momentum warm-up 0.85 -> 0.95 over 300 steps (nanochat's), as a callback
+  (`nanochat_hf.training.callbacks.MuonMomentumCallback`, usable on its own);
+  ``muon_momentum_warmup=False`` leaves momentum at the optimizer's.
+- gradients with several processes (the contract of training/gradients.py): the optimizer averages them in its
+  sharded step, so DDP's all-reduce is silenced when training begins (`silence_ddp`); a DDP that cannot be
+  silenced (a communication hook already registered) averages them instead, and the optimizer is told so
+  (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the optimizer, on the averaged
+  gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
+- checkpoints: each rank writes its optimizer shard as safetensors (the stock hook pickles rank 0's only), the
+  scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's.
+Refused in one line when the Trainer is built: DeepSpeed (its ZeRO optimizers flatten the parameters, which leaves
+no matrices for Muon) and FSDP (sharded parameters); the sharded step already keeps 1/W of the optimizer state.
+"""
+
+from __future__ import annotations
+
+import inspect
+from pathlib import Path
+from typing import Any
+
+import torch
+from transformers import TrainerCallback
+
+from ..errors import UserError
+from ..jsonfile import read_json, write_json
+from .routing import build_optimizer
+
+# nanochat_hf.training imports this module (MidTrainer is built on the mixin), so its modules are imported where used:
+# training.callbacks (MuonMomentumCallback), training.gradients (the gradient contract), training.checkpoint.
+
+
+def _inner_optimizer(optimizer: Any) -> Any:
+    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps ours
+
+
+def check_distributed_setup(trainer: Any) -> None:
+    """Refuse, in one line, what the sharded optimizer cannot run under."""
+    if getattr(trainer, "is_deepspeed_enabled", False):
+        raise UserError(
+            "DeepSpeed is not supported with nanochat's optimizer: its ZeRO optimizers flatten the parameters (no "
+            "matrices left for Muon); launch without --deepspeed: the optimizer shards its state across ranks itself"
+        )
+    if getattr(trainer, "is_fsdp_enabled", False):
+        raise UserError(
+            "FSDP is not supported with nanochat's optimizer (it needs whole parameters on every rank); launch with "
+            "plain DDP (accelerate launch / torchrun): the optimizer shards its state across ranks itself"
+        )
+
+
+class DistributedGradients(TrainerCallback):
+    """When training begins (the Trainer has wrapped the model, in DDP with several processes): DDP leaves gradient
+    averaging to the optimizer (`silence_ddp`), or, where DDP already has a communication hook and cannot be
+    silenced, the optimizer is told that the gradients arrive averaged (``grads_averaged``)."""
+
+    def __init__(self, trainer: Any) -> None:
+        self.trainer = trainer  # its model_wrapped: the callbacks are handed only the unwrapped model
+
+    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
+        from ..training.gradients import silence_ddp
+
+        try:
+            silence_ddp(self.trainer.model_wrapped, optimizer)
+        except RuntimeError as e:
+            if "only be called once" not in str(e):  # torch's words for a second communication hook
+                raise
+            _inner_optimizer(optimizer).grads_averaged = True
+            if state.is_world_process_zero:
+                print(
+                    "nanochat optimizer: DDP averages the gradients (its communication hook is set already); the "
+                    "optimizer's step skips its own reduction",
+                    flush=True,
+                )
+
+
+class NanoChatOptimizerMixin:
+    """Put first among the bases: ``class MySFT(NanoChatOptimizerMixin, SFTTrainer)`` (module docstring).
+
+    ``nanochat_optimizer``: keyword arguments of `build_optimizer` (rates, ``recipe``, ``roles``, ...).
+    Subclasses may override `optimizer_settings` instead (nanochat's MidTrainer reads them from its arguments).
+    """
+
+    def __init__(
+        self,
+        *args: Any,
+        nanochat_optimizer: dict[str, Any] | None = None,
+        muon_momentum_warmup: bool = True,
+        **kwargs: Any,
+    ) -> None:
+        self.nanochat_optimizer_kwargs = dict(nanochat_optimizer or {})
+        accepted = list(inspect.signature(build_optimizer).parameters)[1:]  # all but the model
+        unknown = sorted(set(self.nanochat_optimizer_kwargs) - set(accepted))
+        if unknown:
+            raise UserError(f"nanochat_optimizer: unknown {unknown}; build_optimizer takes {', '.join(accepted)}")
+        super().__init__(*args, **kwargs)
+        check_distributed_setup(self)
+        if muon_momentum_warmup:
+            from ..training.callbacks import MuonMomentumCallback
+
+            self.add_callback(MuonMomentumCallback())
+        self.add_callback(DistributedGradients(self))
+
+    def optimizer_settings(self) -> dict[str, Any]:
+        """`build_optimizer`'s keyword arguments."""
+        return self.nanochat_optimizer_kwargs
+
+    def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
+        if self.optimizer is None:
+            from ..training.gradients import clip_in_optimizer
+
+            self.optimizer = build_optimizer(self.model, **self.optimizer_settings())
+            clip_in_optimizer(self.optimizer, self.args.max_grad_norm)
+            if self.is_world_process_zero():
+                print(self.optimizer.routing.table(), flush=True)
+        return self.optimizer
+
+    # private hook: the stock step clips each rank's local gradients; ours clips the averaged one, in the optimizer
+    def _clip_grad_norm(self, model: torch.nn.Module) -> None:
+        """The optimizer clips in its step (see training/gradients.py): the same norm at every world size."""
+        return None
+
+    # private hook: with several processes the stock norm of the local gradients is a wasted pass and meaningless
+    def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
+        """The stock norm with one process; with several the logged norm is the optimizer's (when it clips)."""
+        from ..training.gradients import reduces_gradients
+
+        if reduces_gradients(self.optimizer):
+            return None
+        return super()._get_grad_norm(model, grad_norm)
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        if "loss" in logs and (norm := getattr(_inner_optimizer(self.optimizer), "last_grad_norm", None)) is not None:
+            logs["grad_norm"] = norm  # the norm of the averaged gradient, measured by the optimizer as it clipped
+        super().log(logs, start_time)
+
+    # private hook: the stock one pickles rank 0's optimizer state only; ours is sharded across ranks
+    def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
+        """Each rank writes its optimizer shard as safetensors; the main process the scheduler as JSON."""
+        from ..training.checkpoint.files import save_optimizer_state
+        from ..training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
+
+        out = Path(output_dir)
+        out.mkdir(parents=True, exist_ok=True)
+        rank = self.accelerator.process_index
+        save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
+        if self.args.should_save:
+            write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
+
+    # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
+    def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
+        """This rank's optimizer shard and the schedule; a checkpoint of another world size or model in one line."""
+        from ..training.checkpoint.files import load_optimizer_state
+        from ..training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
+
+        if checkpoint is None:
+            return
+        ckpt, world = Path(checkpoint), self.accelerator.num_processes
+        shards = sorted(ckpt.glob(OPTIMIZER_FILE.format(rank="*")))
+        if not shards or not (ckpt / SCHEDULER_FILE).is_file():
+            raise UserError(
+                f"{ckpt}: no {OPTIMIZER_FILE.format(rank='<r>')} / {SCHEDULER_FILE}: not a checkpoint of "
+                "nanochat's optimizer"
+            )
+        if len(shards) != world:
+            raise UserError(
+                f"{ckpt}: optimizer state of {len(shards)} processes, this run has {world}: the state is sharded per "
+                f"rank, resume with {len(shards)} processes"
+            )
+        state = load_optimizer_state(ckpt / OPTIMIZER_FILE.format(rank=self.accelerator.process_index))
+        try:
+            _inner_optimizer(self.optimizer).load_state_dict(state)
+        except UserError as e:
+            raise UserError(f"{ckpt}: {e}") from None
+        self.lr_scheduler.load_state_dict(read_json(ckpt / SCHEDULER_FILE))

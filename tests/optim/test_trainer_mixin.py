@@ -1,0 +1,226 @@
+"""`NanoChatOptimizerMixin` in transformers' Trainer and TRL's SFTTrainer, DPOTrainer and GRPOTrainer on a tiny
+random Llama (no downloads): the optimizer is ours, the routing printed once, the schedule scales every group in
+proportion, Muon's momentum warms up; an SFT epoch lowers the loss in both recipes, its checkpoint resumes with
+identical losses and the model reloads with AutoModelForCausalLM; a resume from another layout is refused."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+
+from nanochat_hf.errors import UserError
+from nanochat_hf.optim import MuonAdamW, NorMuonAdamW
+from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+from nanochat_hf.tokenizer import train_tokenizer
+
+trl = pytest.importorskip("trl")
+
+WORDS = "the quick brown fox jumps over the lazy dog one two three four five six seven eight nine ten".split()
+CONVERSATIONS = [
+    [
+        {"role": "user", "content": " ".join(WORDS[i : i + 3])},
+        {"role": "assistant", "content": " ".join(WORDS[i + 3 : i + 7])},
+    ]
+    for i in range(12)
+]
+COMMON = dict(report_to=[], use_cpu=True, seed=0, bf16=False, dataloader_num_workers=0, disable_tqdm=True)
+
+
+@pytest.fixture(scope="module")
+def tokenizer():
+    return train_tokenizer([m["content"] for c in CONVERSATIONS for m in c] * 4, vocab_size=300)
+
+
+def tiny_llama(tokenizer, seed=0):
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=128,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return AutoModelForCausalLM.from_config(config)
+
+
+class NanoTrainer(NanoChatOptimizerMixin, Trainer):
+    pass
+
+
+class NanoSFT(NanoChatOptimizerMixin, trl.SFTTrainer):
+    pass
+
+
+class NanoDPO(NanoChatOptimizerMixin, trl.DPOTrainer):
+    pass
+
+
+class NanoGRPO(NanoChatOptimizerMixin, trl.GRPOTrainer):
+    pass
+
+
+def _losses(trainer):
+    return [h["loss"] for h in trainer.state.log_history if "loss" in h]
+
+
+def test_plain_trainer_schedule_and_momentum(tokenizer, tmp_path, capsys):
+    ids = [tokenizer.encode(" ".join(WORDS[i : i + 8]))[:8] for i in range(8)]
+    data = Dataset.from_list([{"input_ids": x, "labels": x} for x in ids])
+    args = TrainingArguments(
+        output_dir=str(tmp_path),
+        max_steps=4,
+        per_device_train_batch_size=2,
+        lr_scheduler_type="linear",
+        warmup_steps=1,
+        logging_steps=1,
+        save_strategy="no",
+        max_grad_norm=0.5,
+        **COMMON,
+    )
+    trainer = NanoTrainer(model=tiny_llama(tokenizer), args=args, train_dataset=data)
+    trainer.train()
+    opt = trainer.optimizer.optimizer  # inside Accelerate's wrapper
+    assert type(opt) is MuonAdamW
+    out = capsys.readouterr().out
+    assert out.count("optimizer recipe 2025-12 (roles routing)") == 1 and "muon/matrix" in out
+    # the linear schedule scaled every group by the same factor; momentum followed nanochat's warm-up
+    factors = {g["lr"] / g["initial_lr"] for g in opt.param_groups}
+    assert len({round(f, 12) for f in factors}) == 1
+    assert [g["momentum"] for g in opt.param_groups if g["kind"] == "muon"] == [pytest.approx(0.85 + 0.1 * 3 / 300)]
+    # clipping happened in the optimizer, on the averaged gradient; the log shows its norm
+    assert opt.max_grad_norm == 0.5
+    assert [h["grad_norm"] for h in trainer.state.log_history if "loss" in h][-1] == opt.last_grad_norm
+
+
+def _sft(tokenizer, tmp_path, recipe, **kw):
+    args = trl.SFTConfig(
+        output_dir=str(tmp_path),
+        num_train_epochs=1,
+        per_device_train_batch_size=2,
+        logging_steps=1,
+        max_length=64,
+        save_strategy="steps",
+        save_steps=3,
+        **COMMON,
+        **kw,
+    )
+    return NanoSFT(
+        model=tiny_llama(tokenizer),
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list([{"messages": c} for c in CONVERSATIONS]),
+        nanochat_optimizer={"recipe": recipe, "init_lr_frac": 0.5},
+    )
+
+
+@pytest.mark.parametrize("recipe", ["2025-12", "2026-07"])
+def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, tmp_path, recipe):
+    trainer = _sft(tokenizer, tmp_path, recipe)
+    trainer.train()
+    assert type(trainer.optimizer.optimizer) is (MuonAdamW if recipe == "2025-12" else NorMuonAdamW)
+    losses = _losses(trainer)
+    assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2]), losses
+    ckpt = tmp_path / "checkpoint-3"
+    assert (ckpt / "optimizer.rank0.safetensors").is_file() and not (ckpt / "optimizer.pt").exists()
+    resumed = _sft(tokenizer, tmp_path, recipe)
+    resumed.train(resume_from_checkpoint=str(ckpt))
+    assert len(_losses(resumed)) == 6  # the checkpoint's 3 logged losses, then the 3 of this run
+    assert _losses(resumed) == pytest.approx(losses, rel=1e-6, abs=1e-7)
+    trainer.save_model(str(tmp_path / "final"))
+    reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "final")
+    for (name, p), q in zip(trainer.model.named_parameters(), reloaded.parameters()):
+        assert torch.equal(p.detach(), q.detach()), name
+
+
+def test_resume_from_another_layout_or_world_size_is_refused(tokenizer, tmp_path):
+    trainer = _sft(tokenizer, tmp_path, "2025-12", max_steps=3)
+    trainer.train()
+    ckpt = tmp_path / "checkpoint-3"
+    other = _sft(tokenizer, tmp_path, "2026-07", max_steps=4)  # other groups
+    with pytest.raises(UserError, match="checkpoint-3: optimizer state_dict has 4 param groups"):
+        other.train(resume_from_checkpoint=str(ckpt))
+    (ckpt / "optimizer.rank1.safetensors").write_bytes((ckpt / "optimizer.rank0.safetensors").read_bytes())
+    with pytest.raises(UserError, match="optimizer state of 2 processes, this run has 1"):
+        _sft(tokenizer, tmp_path, "2025-12", max_steps=4).train(resume_from_checkpoint=str(ckpt))
+
+
+def test_dpo_trainer(tokenizer, tmp_path):
+    pairs = [
+        {"prompt": " ".join(WORDS[i : i + 3]), "chosen": " " + WORDS[i + 3], "rejected": " " + WORDS[i + 5]}
+        for i in range(8)
+    ]
+    args = trl.DPOConfig(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, logging_steps=1, max_length=32, **COMMON
+    )
+    model = tiny_llama(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = NanoDPO(
+        model=model,
+        ref_model=tiny_llama(tokenizer),  # the reference model, frozen (TRL would load one from the model's name)
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(pairs),
+    )
+    trainer.train()
+    assert type(trainer.optimizer.optimizer) is MuonAdamW and len(_losses(trainer)) == 2
+    moved = {n for n, p in model.named_parameters() if not torch.equal(p.detach(), before[n])}
+    assert "model.layers.0.mlp.up_proj.weight" in moved and "model.embed_tokens.weight" in moved
+
+
+def test_grpo_trainer(tokenizer, tmp_path):
+    def reward_length(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    prompts = [{"prompt": " ".join(WORDS[i : i + 3])} for i in range(4)]
+    args = trl.GRPOConfig(
+        output_dir=str(tmp_path),
+        max_steps=2,
+        per_device_train_batch_size=2,
+        num_generations=2,
+        max_completion_length=6,
+        logging_steps=1,
+        **COMMON,
+    )
+    model = tiny_llama(tokenizer)
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    trainer = NanoGRPO(
+        model=model,
+        reward_funcs=reward_length,
+        args=args,
+        processing_class=tokenizer,
+        train_dataset=Dataset.from_list(prompts),
+        nanochat_optimizer={"recipe": "2026-07"},
+    )
+    trainer.train()
+    assert type(trainer.optimizer.optimizer) is NorMuonAdamW
+    assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if "proj" in n)
+
+
+@pytest.mark.parametrize("setup, words", [("is_deepspeed_enabled", "DeepSpeed is not"), ("is_fsdp_enabled", "FSDP is")])
+def test_deepspeed_and_fsdp_refused_in_one_line(setup, words):
+    """What the Trainer reports once it has set DeepSpeed or FSDP up (neither runs on this CPU-only suite: Accelerate
+    ignores FSDP on CPU and DeepSpeed is not installed), refused before any training."""
+    from types import SimpleNamespace
+
+    from nanochat_hf.optim.trainer_mixin import check_distributed_setup
+
+    trainer = SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=False)
+    check_distributed_setup(trainer)
+    setattr(trainer, setup, True)
+    with pytest.raises(UserError, match=words) as e:
+        check_distributed_setup(trainer)
+    assert "\n" not in str(e.value)
+
+
+def test_unknown_optimizer_setting_is_one_line(tokenizer, tmp_path):
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **COMMON)
+    with pytest.raises(UserError, match=r"nanochat_optimizer: unknown \['matrix_rate'\]; build_optimizer takes"):
+        NanoTrainer(model=tiny_llama(tokenizer), args=args, nanochat_optimizer={"matrix_rate": 0.01})
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,87 @@
+"""A transformers Trainer with NanoChatOptimizerMixin on a tiny random Llama, for test_trainer_distributed.py (run by
+ `accelerate launch` in 2 processes, or plainly in 1). Global batch 4 in every layout. Writes rank 0's final
+parameters and, per rank, whether the local gradients differed across ranks before each optimizer step (DDP
+silenced) and the optimizer's grads_averaged flag.
+
+    python trainer_worker.py OUT_DIR [--ddp_hook]   (--ddp_hook: DDP keeps a communication hook, so it averages)
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
+
+from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+
+
+class NanoTrainer(NanoChatOptimizerMixin, Trainer):
+    pass
+
+
+class DDPHook(TrainerCallback):
+    """Registers DDP's own all-reduce hook before the mixin's callback runs: a DDP that cannot be silenced."""
+
+    def __init__(self):
+        self.trainer = None
+
+    def on_train_begin(self, args, state, control, **kwargs):
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.trainer.model_wrapped.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
+
+
+class LocalGradCheck(TrainerCallback):
+    """Before each optimizer step: do the ranks hold different gradients (local ones) or the same (averaged)?"""
+
+    def __init__(self):
+        self.differ = []
+
+    def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
+        if dist.is_initialized():
+            g = model.model.layers[0].mlp.up_proj.weight.grad.detach().flatten()[:64].clone()
+            everyone = [torch.empty_like(g) for _ in range(dist.get_world_size())]
+            dist.all_gather(everyone, g)
+            self.differ.append(not torch.equal(everyone[0], everyone[1]))
+
+
+def main():
+    out, ddp_hook = Path(sys.argv[1]), "--ddp_hook" in sys.argv
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, 64, (8,), generator=g).tolist() for _ in range(16)]
+    data = Dataset.from_list([{"input_ids": r, "labels": r} for r in rows])
+    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, per_device_train_batch_size=4 // world,
+                             logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
+                             disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=1.0,
+                             ddp_backend="gloo" if world > 1 else None)  # fmt: skip
+    check, hook = LocalGradCheck(), DDPHook()
+    callbacks = [hook, check] if ddp_hook else [check]
+    trainer = NanoTrainer(
+        model=model, args=args, train_dataset=data, callbacks=callbacks, nanochat_optimizer={"polar_dtype": "float32"}
+    )
+    hook.trainer = trainer
+    trainer.train()
+    opt = trainer.optimizer.optimizer
+    rank = trainer.accelerator.process_index
+    report = {
+        "differ": check.differ,
+        "grads_averaged": getattr(opt, "grads_averaged", False),
+        "world_size": opt.world_size,
+        "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    if rank == 0:
+        save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(out / "params.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
