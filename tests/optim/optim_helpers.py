@@ -364,3 +364,60 @@ def head_dist_worker(rank, world, port, out_dir, max_grad_norm):
         torch.save(own, os.path.join(out_dir, f"bytes{rank}.pt"))
     finally:
         dist.destroy_process_group()
+
+
+# ---- ZeRO-2: reduction during backward (optim/reduction.py) ------------------------------------------------------
+def held_grad_bytes(opt):
+    """Bytes of gradient this rank holds: every ``.grad`` plus the reduced pieces kept beside the parameters."""
+    grads = sum(
+        p.grad.numel() * p.grad.element_size() for g in opt.param_groups for p in g["params"] if p.grad is not None
+    )
+    kept = {id(p.grad) for g in opt.param_groups for p in g["params"] if p.grad is not None}
+    side = sum(t.numel() * t.element_size() for t in opt._reducer.pieces.values() if id(t) not in kept)
+    return grads + side
+
+
+def overlap_worker(rank, world, port, recipe):
+    """Three replicas of the tiny model with 2 micro-batches per step: reduction at the step (A), during backward
+    (B, hooks), and gradients averaged by hand with ``grads_averaged`` (C). B and C must equal A bit for bit; after
+    B's last backward a rank holds only its own pieces."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim import build_optimizer
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        data = batches(3, 2 * world)
+        models = [tiny_model() for _ in range(3)]
+        opts = [build_optimizer(m, recipe=recipe) for m in models]
+        for opt in opts:
+            opt.max_grad_norm = 1.0  # clipping by the averaged gradient's norm, in every path
+        last = [False]
+        opts[1].reduce_during_backward(lambda: last[0])
+        opts[2].grads_averaged = True
+        assert not opts[2].reduces_gradients
+        full_bytes = sum(p.numel() * p.element_size() for p in models[0].parameters())
+        for step in range(3):
+            micro = data[step][2 * rank : 2 * rank + 2]
+            for i, ids in enumerate(micro):
+                last[0] = i == len(micro) - 1
+                for m in models:
+                    loss_backward(m, ids)
+            held = held_grad_bytes(opts[1])
+            for p in models[2].parameters():  # C: averaged by hand, as a DDP that could not be silenced would
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            # step 0 reduces in reverse parameter order and learns the hooks' order; later steps use that order
+            print(f"rank {rank} {recipe} step {step}: {held} of {full_bytes} gradient bytes held after backward")
+            assert held <= full_bytes / world + 1031 * 64 * 4, (held, full_bytes)  # + at most the largest unit
+        a, b, c = (flat_params(m) for m in models)
+        assert torch.equal(a, b), f"{recipe}: reduction during backward differs from reduction at the step"
+        assert torch.equal(a, c), f"{recipe}: grads_averaged differs from the optimizer's own reduction"
+        assert opts[0].last_grad_norm == opts[1].last_grad_norm == opts[2].last_grad_norm
+    finally:
+        dist.destroy_process_group()

@@ -280,7 +280,11 @@ class MuonAdamW(torch.optim.Optimizer):
         torch.nn.utils.clip_grad_norm_'s: min(1, max_norm / (norm + 1e-6))."""
         pieces = self._reducer.finish(averaged=self.grads_averaged)
         if self.max_grad_norm > 0:
-            counted = [g for p, g in pieces.items() if self.rank == 0 or self._plan(p)[0] != "whole"]
+            counted = [  # in parameter order: the same sum whatever order the pieces were reduced in
+                pieces[p]
+                for p in self._reducer.params
+                if p in pieces and (self.rank == 0 or self._plan(p)[0] != "whole")
+            ]
             sumsq = torch.stack([g.float().pow(2).sum() for g in counted]).sum() if counted else None
             if sumsq is None:
                 sumsq = torch.zeros((), device=self.param_groups[0]["params"][0].device)

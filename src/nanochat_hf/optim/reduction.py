@@ -11,12 +11,13 @@ it (`MuonAdamW._plan`); the layout is the one the optimizer-state files record, 
 
 During backward (`GradientReducer.hook_into_backward`): a post-accumulate-grad hook marks a parameter's gradient
 final; on the last micro-batch of an accumulation (``is_last()``, the Trainer's ``accelerator.sync_gradients``) the
-units are launched in one fixed order that every rank shares (collectives must match across ranks): the order the
-hooks fired in on rank 0 during the first such backward (learned at the first step, broadcast from rank 0, as DDP
-rebuilds its buckets), a unit as soon as it and every unit before it are final. Before launching the next unit the
-previous one is waited for and its freed gradient released, so at most one unit is in flight beyond what a rank
-owns. Whatever was not launched in backward (every unit when no hooks are set, the first step, a parameter whose
-hook is skipped) is launched at the step, in the same order.
+units are launched in one fixed order that every rank shares (collectives must match across ranks), a unit as soon as
+it and every unit before it are final. The order: reverse parameter order for the first step (DDP's first guess too),
+then the order the hooks fired in on rank 0 during that first backward (broadcast from rank 0 at the first step, as
+DDP rebuilds its buckets after its first iteration). Before launching the next unit the previous one is waited for
+and its freed gradient released, so at most one unit is in flight beyond what a rank owns. Whatever was not launched
+in backward (every unit when no hooks are set, a parameter whose hook is skipped, the units after it in the order)
+is launched at the step, in the same order.
 """
 
 from __future__ import annotations
@@ -57,7 +58,8 @@ class GradientReducer:
         self.opt = optimizer
         self.params = [p for group in optimizer.param_groups for p in group["params"]]
         self.index = {p: i for i, p in enumerate(self.params)}
-        self.order: list[int] | None = None  # launch order shared by every rank; None: not learned yet
+        self.order = list(range(len(self.params)))  # the launch order, the same on every rank
+        self.learning = False  # True until the first step after hooking: the hooks' order is recorded
         self.is_last: Callable[[], bool] | None = None  # set by hook_into_backward
         self.handles: list[Any] = []
         self._reset()
@@ -77,20 +79,20 @@ class GradientReducer:
         self.is_last = is_last
         for handle in self.handles:
             handle.remove()
-        self.handles = [
-            p.register_post_accumulate_grad_hook(self._on_final)
-            for p in self.params
-            if p.requires_grad and not any(p is s for s in skip)
-        ]
+        hooked = [i for i, p in enumerate(self.params) if p.requires_grad and not any(p is s for s in skip)]
+        self.handles = [self.params[i].register_post_accumulate_grad_hook(self._on_final) for i in hooked]
+        # until the hooks' order is known: reverse parameter order (what DDP starts its buckets with), the
+        # parameters without a hook last
+        self.order = hooked[::-1] + sorted(set(range(len(self.params))) - set(hooked))
+        self.learning = True
 
     def _on_final(self, p: Tensor) -> None:
         if not self.is_last():
             return
         i = self.index[p]
         self.ready[i] = True
-        if self.order is None:
+        if self.learning:
             self.fired.append(i)
-            return
         while self.next < len(self.order) and self.ready[self.order[self.next]]:
             self._wait_all()  # at most one unit in flight: the previous one is done before the next starts
             self._launch(self.params[self.order[self.next]])
@@ -108,24 +110,23 @@ class GradientReducer:
                 if piece is not None:
                     pieces[p] = piece
             return pieces
-        if self.order is None:
-            self.order = self._shared_order()
         for i in self.order[self.next :]:  # what backward did not launch, in the same order on every rank
             self._launch(self.params[i])
         self._wait_all()
         pieces = self.pieces
+        if self.learning:
+            self.order = self._learned_order()
+            self.learning = False
         self._reset()
         return pieces
 
-    def _shared_order(self) -> list[int]:
-        """Rank 0's hook order of this first backward, then every unit it did not see in parameter order."""
+    def _learned_order(self) -> list[int]:
+        """Rank 0's hook order of the first backward, then the units it saw no hook of, in the current order."""
         seen = set(self.fired)
-        mine = self.fired + [i for i in range(len(self.params)) if i not in seen]
-        if self.is_last is None:
-            return mine  # no hooks: parameter order, the same everywhere without asking
+        mine = self.fired + [i for i in self.order if i not in seen]
         order = torch.tensor(mine, dtype=torch.int64, device=self.params[0].device)
-        dist.broadcast(order, dist.get_global_rank(self.opt.process_group, 0) if self.opt.process_group else 0,
-                       group=self.opt.process_group)  # fmt: skip
+        pg = self.opt.process_group
+        dist.broadcast(order, 0 if pg is None else dist.get_global_rank(pg, 0), group=pg)
         return order.tolist()
 
     # --------------------------------------------------------------------------------------------- one unit
