@@ -86,22 +86,23 @@ def state_bytes_per_rank(
 
 
 def rules_table() -> None:
-    """What a d20 and a d32 run hold per GPU at W = 1, 2, 8 (bf16 autocast keeps float32 parameters, so float32
-    gradients; the state is float32), from the rules above."""
-    print("per GPU, recipe 2026-07 (2025-12 within 1%), float32 parameters/gradients, GiB:")
-    print(f"{'model':>6} {'W':>3} {'params':>8} {'grads':>8} {'state':>8} {'sum':>8}   grads+state vs W=1")
+    """What a d20 and a d32 run (December G0 architecture, vocab 65536) hold per GPU at W = 1, 2, 8, from the rules
+    above: float32 parameters and gradients (bf16 autocast keeps float32 parameters), float32 optimizer state."""
+    print("per GPU (the fullest rank), GiB; grads: after backward with the reduction during backward")
+    print(f"{'model':>6} {'recipe':>8} {'W':>3} {'params':>7} {'grads':>7} {'state':>7} {'sum':>7}  grads+state vs W=1")
     for name in ("d20", "d32"):
         muon, adamw = model_shapes(*SHAPES[name])
         params = 4 * sum(a * b for a, b in muon + adamw)
-        base = None
-        for world in (1, 2, 8):
-            g = max(grad_bytes_per_rank(muon, adamw, world, "2026-07"))
-            s = max(state_bytes_per_rank(muon, adamw, world, "2026-07"))
-            base = base or g + s
-            print(
-                f"{name:>6} {world:>3} {params / 2**30:8.2f} {g / 2**30:8.2f} {s / 2**30:8.2f} "
-                f"{(params + g + s) / 2**30:8.2f}   {(g + s) / base:.2f}"
-            )
+        for recipe in ("2025-12", "2026-07"):
+            base = None
+            for world in (1, 2, 8):
+                g = max(grad_bytes_per_rank(muon, adamw, world, recipe))
+                s = max(state_bytes_per_rank(muon, adamw, world, recipe))
+                base = base or g + s
+                print(
+                    f"{name:>6} {recipe:>8} {world:>3} {params / 2**30:7.2f} {g / 2**30:7.2f} {s / 2**30:7.2f} "
+                    f"{(params + g + s) / 2**30:7.2f}  {(g + s) / base:.2f}"
+                )
 
 
 # ---- measurement --------------------------------------------------------------------------------------------------

@@ -6,13 +6,17 @@ Same optimizer object as the December recipe (`MuonAdamW`, this is a subclass of
 - one Muon group per matrix shape, sorted by shape, stepped as one stack by `normuon_update` (Polar Express,
   MuonEq, Muon+, NorMuon, cautious weight decay). Its state lives on the group's first parameter, as nanochat keeps
   it: ``momentum_buffer`` (n, r, c) and ``second_momentum_buffer`` (n, r, 1) or (n, 1, c), float32.
-One code path for 1 and W processes, with nanochat's layout (so that its optimizer files map onto ours rank by rank):
-- Muon stack of K matrices: rank r owns the contiguous chunk [r*k, (r+1)*k), k = ceil(K/W) (stack zero-padded to
-  k*W); its gradients are reduce-scattered, the owner steps them and keeps their state, the stack is all-gathered.
+With W processes, nanochat's layout (so that its optimizer files map onto ours rank by rank); one process steps
+every stack whole, exactly as before:
+- Muon stack of K matrices: rank r owns the contiguous chunk [r*k, (r+1)*k), k = ceil(K/W); each matrix's gradient
+  is reduced to its owner (optim/reduction.py; the other ranks free theirs), the owner stacks and steps only its
+  chunk and keeps its state, and the matrices are all-gathered straight into the parameters (k rounds, one matrix
+  per rank each: no full-size stack of gradients or parameters on any rank).
 - AdamW parameter with at least 1024 elements: rows sharded as in the December recipe (reduce-scatter, moments
   for this rank's rows, all-gather). Smaller ones (the scalars): gradient all-reduced, every rank updates the whole
   parameter and keeps its whole state.
-With several processes the optimizer does all gradient communication (``reduces_gradients``), like the December one.
+With several processes the optimizer does all gradient communication (``reduces_gradients``), like the December one,
+during backward once `reduce_during_backward` is on (ZeRO-2, docs/distributed.md).
 """
 
 from __future__ import annotations
