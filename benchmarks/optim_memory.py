@@ -194,28 +194,34 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run(world: int, cfg: dict) -> list[dict]:
-    """``measure`` in ``world`` fresh processes (one process each, so ru_maxrss is this configuration's own)."""
-    with tempfile.TemporaryDirectory() as tmp:
-        out = os.path.join(tmp, "result.json")
-        code = (
-            "import json, sys; sys.path.insert(0, sys.argv[1]); import optim_memory as m; "
-            "r = m.measure(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])); "
-            "sys.argv[2] == '0' and json.dump(r, open(sys.argv[6], 'w'))"
-        )
-        port = _free_port()
-        here = os.path.dirname(os.path.abspath(__file__))
-        env = {**os.environ, "OMP_NUM_THREADS": "1"}
-        procs = [
-            subprocess.Popen(
-                [sys.executable, "-c", code, here, str(r), str(world), str(port), json.dumps(cfg), out], env=env
-            )
-            for r in range(world)
-        ]
-        if any(p.wait() != 0 for p in procs):
-            raise SystemExit(f"optim_memory: a rank failed ({cfg['shape']}, W={world})")
-        with open(out) as f:
-            return json.load(f)
+def run(world: int, cfg: dict, tries: int = 3) -> list[dict]:
+    """``measure`` in ``world`` fresh processes (one process each, so ru_maxrss is this configuration's own); tried
+    again on another port when a rank fails (on a shared machine the free port can be taken before rank 0 binds it)."""
+    code = (
+        "import json, sys; sys.path.insert(0, sys.argv[1]); import optim_memory as m; "
+        "r = m.measure(int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4]), json.loads(sys.argv[5])); "
+        "sys.argv[2] == '0' and json.dump(r, open(sys.argv[6], 'w'))"
+    )
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for _ in range(tries):
+        with tempfile.TemporaryDirectory() as tmp:
+            out, port = os.path.join(tmp, "result.json"), _free_port()
+            procs = [
+                subprocess.Popen(
+                    [sys.executable, "-c", code, here, str(r), str(world), str(port), json.dumps(cfg), out], env=env
+                )
+                for r in range(world)
+            ]
+            failed = False
+            for p in procs:
+                if failed:
+                    p.kill()  # a rank failed: the others would wait for it forever
+                failed = p.wait() != 0 or failed
+            if not failed:
+                with open(out) as f:
+                    return json.load(f)
+    raise SystemExit(f"optim_memory: a rank failed {tries} times ({cfg['shape']}, W={world})")
 
 
 def main() -> None:
