@@ -143,7 +143,7 @@ def measure(rank: int, world: int, port: int, cfg: dict) -> dict:
             p.normal_(0, 0.02)
     opt = build_optimizer(model, recipe=cfg["recipe"])
     if cfg["overlap"]:
-        opt.reduce_during_backward()
+        opt.reduce_during_backward(model_order=tuple(model.parameters()))
     peak = [0]
 
     def sample(_=None) -> None:
@@ -213,11 +213,13 @@ def run(world: int, cfg: dict, tries: int = 3) -> list[dict]:
                 )
                 for r in range(world)
             ]
-            failed = False
+            while any(p.poll() is None for p in procs) and not any(p.poll() for p in procs):
+                time.sleep(0.5)
+            failed = any(p.poll() for p in procs)
             for p in procs:
-                if failed:
+                if failed and p.poll() is None:
                     p.kill()  # a rank failed: the others would wait for it forever
-                failed = p.wait() != 0 or failed
+                p.wait()
             if not failed:
                 with open(out) as f:
                     return json.load(f)

@@ -133,15 +133,21 @@ class MuonAdamW(torch.optim.Optimizer):
                 if batch_size is not None:
                     group["ns_batch_size"] = batch_size
 
-    def reduce_during_backward(self, is_last: Callable[[], bool] = lambda: True, skip: tuple[Tensor, ...] = ()) -> None:
+    def reduce_during_backward(
+        self,
+        is_last: Callable[[], bool] = lambda: True,
+        skip: tuple[Tensor, ...] = (),
+        model_order: tuple[Tensor, ...] = (),
+    ) -> None:
         """ZeRO-2: reduce each gradient onto its owner while backward still runs, and free the pieces this rank
         does not own (optim/reduction.py). ``is_last()`` says whether the running backward is the last micro-batch
         of the accumulation (only then is anything reduced; the Trainer's ``accelerator.sync_gradients``); the
         default suits one backward per step. ``skip``: parameters reduced at the step instead (one whose gradient
-        DDP still writes after the hooks). Without this call every gradient is reduced at the step. No-op with one
-        process or when the gradients arrive averaged."""
+        DDP still writes after the hooks). ``model_order``: ``tuple(model.parameters())``, so that the first step
+        already reduces in about backward's order (later steps use the order measured on rank 0). Without this call
+        every gradient is reduced at the step. No-op with one process or when the gradients arrive averaged."""
         if self.reduces_gradients:
-            self._reducer.hook_into_backward(is_last, skip)
+            self._reducer.hook_into_backward(is_last, skip, model_order)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:

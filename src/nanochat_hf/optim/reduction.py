@@ -12,7 +12,7 @@ it (`MuonAdamW._plan`); the layout is the one the optimizer-state files record, 
 During backward (`GradientReducer.hook_into_backward`): a post-accumulate-grad hook marks a parameter's gradient
 final; on the last micro-batch of an accumulation (``is_last()``, the Trainer's ``accelerator.sync_gradients``) the
 units are launched in one fixed order that every rank shares (collectives must match across ranks), a unit as soon as
-it and every unit before it are final. The order: reverse parameter order for the first step (DDP's first guess too),
+it and every unit before it are final. The order: reverse model order for the first step (DDP's first guess too),
 then the order the hooks fired in on rank 0 during that first backward (broadcast from rank 0 at the first step, as
 DDP rebuilds its buckets after its first iteration). Before launching the next unit the previous one is waited for
 and its freed gradient released, so at most one unit is in flight beyond what a rank owns. Whatever was not launched
@@ -72,18 +72,24 @@ class GradientReducer:
         self.pieces: dict[Tensor, Tensor] = {}
 
     # ------------------------------------------------------------------------------------------------ backward
-    def hook_into_backward(self, is_last: Callable[[], bool], skip: tuple[Tensor, ...] = ()) -> None:
+    def hook_into_backward(
+        self, is_last: Callable[[], bool], skip: tuple[Tensor, ...] = (), model_order: tuple[Tensor, ...] = ()
+    ) -> None:
         """Reduce during backward, on the backward passes where ``is_last()`` is True (the last micro-batch of each
         accumulation: the others accumulate locally). ``skip``: parameters whose gradient someone else finalises
-        after the hooks run (DDP's copy-back), reduced at the step instead."""
+        after the hooks run (DDP's copy-back), reduced at the step instead. ``model_order``: the parameters in the
+        model's order (``model.parameters()``), whose reverse is the first step's guess of backward's order (else
+        the reverse of the param groups' order)."""
         self.is_last = is_last
         for handle in self.handles:
             handle.remove()
         hooked = [i for i, p in enumerate(self.params) if p.requires_grad and not any(p is s for s in skip)]
         self.handles = [self.params[i].register_post_accumulate_grad_hook(self._on_final) for i in hooked]
-        # until the hooks' order is known: reverse parameter order (what DDP starts its buckets with), the
-        # parameters without a hook last
-        self.order = hooked[::-1] + sorted(set(range(len(self.params))) - set(hooked))
+        # until the hooks' order is known: reverse model order (what DDP starts its buckets with), the parameters
+        # without a hook last
+        guess = [self.index[p] for p in model_order[::-1] if p in self.index] or list(range(len(self.params)))[::-1]
+        guess += [i for i in range(len(self.params))[::-1] if i not in set(guess)]
+        self.order = [i for i in guess if i in set(hooked)] + [i for i in guess if i not in set(hooked)]
         self.learning = True
 
     def _on_final(self, p: Tensor) -> None:

@@ -86,4 +86,6 @@ class LocalGradients(TrainerCallback):
         for p in self.trainer.model.parameters():  # DDP broadcast only the parameter it kept
             dist.broadcast(p.data, 0)
         accelerator = self.trainer.accelerator
-        _inner(optimizer).reduce_during_backward(lambda: accelerator.sync_gradients, skip=tuple(kept))
+        _inner(optimizer).reduce_during_backward(
+            lambda: accelerator.sync_gradients, skip=tuple(kept), model_order=tuple(self.trainer.model.parameters())
+        )
