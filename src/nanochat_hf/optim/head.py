@@ -31,7 +31,7 @@ from ..errors import UserError
 from .kernels import adamw_update, normuon_update
 from .optimizer import SMEAR_PARAMS, MuonAdamW, generation_group
 from .precision import polar_dtype_name, resolve_polar_dtype
-from .reduction import _grad
+from .reduction import checked_grad
 
 RECIPES = ("2025-12", "2026-07")  # the optimizer recipes: nanochat of December 2025 (G0) and nanochat HEAD
 SMALL_NUMEL = 1024  # AdamW parameters below this size are replicated, not sharded (nanochat's threshold)
@@ -246,9 +246,14 @@ class NorMuonAdamW(MuonAdamW):
     def _step_local(self) -> None:
         """One process: every gradient whole, each Muon group stepped as one stack."""
         adamw = [
-            (group, p, _grad(p)) for group in self.param_groups if group["kind"] == "adamw" for p in group["params"]
+            (group, p, checked_grad(p))
+            for group in self.param_groups
+            if group["kind"] == "adamw"
+            for p in group["params"]
         ]
-        muon = [(g, torch.stack([_grad(p) for p in g["params"]])) for g in self.param_groups if g["kind"] == "muon"]
+        muon = [
+            (g, torch.stack([checked_grad(p) for p in g["params"]])) for g in self.param_groups if g["kind"] == "muon"
+        ]
         if self.max_grad_norm > 0:  # global norm: the Muon stacks' squares, then the AdamW ones
             grads = [g for _, g in muon] + [g for _, _, g in adamw]
             coef = self._clip_coefficient(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())

@@ -138,7 +138,7 @@ class GradientReducer:
     # --------------------------------------------------------------------------------------------- one unit
     def _local_piece(self, p: Tensor) -> Tensor | None:
         kind, *arg = self.opt._plan(p)
-        grad = _grad(p)
+        grad = checked_grad(p)
         if kind == "rows":
             _, start, end = rows_per_rank(p.shape[0], self.opt.world_size, self.opt.rank)
             return grad[start:end]
@@ -152,7 +152,7 @@ class GradientReducer:
         the ranks that will not own it."""
         opt, world, pg = self.opt, self.opt.world_size, self.opt.process_group
         kind, *arg = opt._plan(p)
-        grad = _grad(p)
+        grad = checked_grad(p)
         if kind == "owner":
             owner = arg[0]
             dst = owner if pg is None else dist.get_global_rank(pg, owner)
@@ -192,7 +192,7 @@ class GradientReducer:
         self.launched = []
 
 
-def _grad(p: Tensor) -> Tensor:
+def checked_grad(p: Tensor) -> Tensor:
     if p.grad is None:  # every rank must join every collective, so a missing gradient cannot be skipped
         raise RuntimeError(f"sharded optimizer step: a parameter of shape {tuple(p.shape)} has no gradient")
     if not p.grad.is_contiguous():
