@@ -89,6 +89,18 @@ def optim_step_benchmark():
     return module
 
 
+def optim_memory_benchmark():
+    """benchmarks/optim_memory.py as a module: its gradient-layout rule is checked here against real runs."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "optim_memory.py"
+    spec = importlib.util.spec_from_file_location("optim_memory_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def consolidated_state_dict(opt):
     """The single-process state dict of a sharded `MuonAdamW` / `NorMuonAdamW`, gathered from every rank's shard
     (collective: call on all ranks); a one-process optimizer can load it. Test-only: it reads the optimizers'
@@ -451,5 +463,68 @@ def archs_dist_worker(rank, world, port, steps, out_dir):
                     worst[key] = max(worst.get(key, 0.0), rel)
         if rank == 0:
             torch.save(worst, os.path.join(out_dir, "worst.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+# ---- ZeRO-2: reduction during backward (optim/reduction.py) ------------------------------------------------------
+def held_grad_bytes(opt):
+    """Bytes of gradient this rank holds: every ``.grad`` plus the reduced pieces kept beside the parameters."""
+    grads = sum(
+        p.grad.numel() * p.grad.element_size() for g in opt.param_groups for p in g["params"] if p.grad is not None
+    )
+    kept = {id(p.grad) for g in opt.param_groups for p in g["params"] if p.grad is not None}
+    side = sum(t.numel() * t.element_size() for t in opt._reducer.pieces.values() if id(t) not in kept)
+    return grads + side
+
+
+def overlap_worker(rank, world, port, recipe):
+    """Three replicas of the tiny model with 2 micro-batches per step: reduction at the step (A), during backward
+    (B, hooks), and gradients averaged by hand with ``grads_averaged`` (C). B and C must equal A bit for bit; after
+    B's last backward a rank holds only its own pieces."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim import build_optimizer
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        data = batches(3, 2 * world)
+        models = [tiny_model() for _ in range(3)]
+        opts = [build_optimizer(m, recipe=recipe) for m in models]
+        for opt in opts:
+            opt.max_grad_norm = 1.0  # clipping by the averaged gradient's norm, in every path
+        last = [False]
+        opts[1].reduce_during_backward(lambda: last[0])
+        opts[2].grads_averaged = True
+        assert not opts[2].reduces_gradients
+        full_bytes = sum(p.numel() * p.element_size() for p in models[0].parameters())
+        muon = [tuple(p.shape) for n, p in models[0].named_parameters() if n.startswith("transformer.h.")]
+        adamw = [tuple(p.shape) for n, p in models[0].named_parameters() if not n.startswith("transformer.h.")]
+        rule = optim_memory_benchmark().grad_bytes_per_rank(muon, adamw, world, recipe)
+        assert sum(optim_memory_benchmark().grad_bytes_per_rank(muon, adamw, 1, recipe)) == full_bytes
+        for step in range(3):
+            micro = data[step][2 * rank : 2 * rank + 2]
+            for i, ids in enumerate(micro):
+                last[0] = i == len(micro) - 1
+                for m in models:
+                    loss_backward(m, ids)
+            opts[1]._reducer._wait_all()  # the one unit still in flight lands (the step would wait for it first)
+            held = held_grad_bytes(opts[1])
+            for p in models[2].parameters():  # C: averaged by hand, as a DDP that could not be silenced would
+                dist.all_reduce(p.grad)
+                p.grad.div_(world)
+            for opt in opts:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            # step 0 reduces in reverse parameter order and learns the hooks' order; later steps use that order.
+            # A rank holds exactly what the layout rule gives it (benchmarks/optim_memory.py prints it for d20/d32)
+            print(f"rank {rank} {recipe} step {step}: {held} of {full_bytes} gradient bytes held after backward")
+            assert held == rule[rank], (held, rule)
+        a, b, c = (flat_params(m) for m in models)
+        assert torch.equal(a, b), f"{recipe}: reduction during backward differs from reduction at the step"
+        assert torch.equal(a, c), f"{recipe}: grads_averaged differs from the optimizer's own reduction"
+        assert opts[0].last_grad_norm == opts[1].last_grad_norm == opts[2].last_grad_norm
     finally:
         dist.destroy_process_group()

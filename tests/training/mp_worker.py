@@ -1,8 +1,8 @@
 """Instrumented mid_train run for the multi-process tests (launched as a script, not collected by pytest).
 
 Writes, per rank, into --output_dir: params.rank{r}.safetensors (final parameters) and grads.rank{r}.safetensors
-(one Muon and one AdamW parameter's gradient just before each optimizer step, i.e. after the backward passes and
-before the optimizer's own reduction; keys "<step>/<name>"). With INTERLEAVE=1 and one process, the train stream
+(one Muon and one AdamW parameter's gradient just before each optimizer step, i.e. after the backward passes, where
+this rank still holds it; keys "<step>/<name>"). With INTERLEAVE=1 and one process, the train stream
 alternates the micro-batches of ranks 0 and 1 of a 2-process run, so grad accumulation 2 on one process sees the
 same global batch as 2 processes with accumulation 1.
 """
@@ -18,7 +18,7 @@ from nanochat_hf.data import MicroBatchStream, PackedStream
 from nanochat_hf.training.run import build_trainer, finish, setup, train
 from nanochat_hf.training.trainer import MidTrainer
 
-PROBES = ("transformer.h.0.attn.c_q.weight", "lm_head.weight")
+PROBES = ("transformer.h.1.mlp.c_fc.weight", "lm_head.weight")
 
 
 class Interleaved(MicroBatchStream):
@@ -69,7 +69,7 @@ class Probe(TrainerCallback):
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         named = dict(model.named_parameters())
-        self.grads.append({n: named[n].grad.detach().clone() for n in PROBES})
+        self.grads.append({n: named[n].grad.detach().clone() for n in PROBES if named[n].grad is not None})
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         rank = args.process_index

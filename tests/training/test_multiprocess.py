@@ -35,7 +35,7 @@ def two_proc(tmp_path_factory):
     return tmp, tmp / "two", proc
 
 
-def test_two_processes_match_one_and_reduce_once(two_proc):
+def test_two_processes_match_one_and_keep_only_their_gradients(two_proc):
     tmp, two, proc = two_proc
     one = tmp / "one"
     _launch(tmp, one, 1, env={"INTERLEAVE": "1"})
@@ -44,16 +44,15 @@ def test_two_processes_match_one_and_reduce_once(two_proc):
     for name in p0:
         assert torch.equal(p0[name], p1[name]), f"{name} differs between ranks"
         torch.testing.assert_close(p0[name], ref[name], rtol=1e-4, atol=1e-5, msg=f"{name}: 2 procs != 1 proc")
-    # Before the optimizer step each rank still holds its OWN gradient (DDP did not all-reduce it) ...
+    # ZeRO-2: after backward each rank holds only the averaged gradient of what it owns. Layer 1's c_fc is matrix 1
+    # of its shape bucket, so rank 1's; lm_head's rows are reduce-scattered, so no rank holds its whole gradient.
     g0 = load_file(str(two / "grads.rank0.safetensors"))
     g1 = load_file(str(two / "grads.rank1.safetensors"))
     g = load_file(str(one / "grads.rank0.safetensors"))
-    assert len(g0) == len(g1) == len(g) == 12  # 6 steps x 2 probed parameters
-    assert not torch.allclose(g0["5/lm_head.weight"], g1["5/lm_head.weight"])
-    assert not torch.allclose(g0["5/transformer.h.0.attn.c_q.weight"], g1["5/transformer.h.0.attn.c_q.weight"])
-    # ... and their average is the single process's accumulated gradient (the optimizer averages them once).
-    for key in g:
-        torch.testing.assert_close((g0[key] + g1[key]) / 2, g[key], rtol=1e-4, atol=1e-6, msg=key)
+    assert len(g) == 12  # 6 steps x 2 probed parameters
+    assert sorted(g1) == sorted(k for k in g if k.endswith("c_fc.weight")) and not g0
+    for key in g1:  # the one process's accumulated gradient of the same global batch
+        torch.testing.assert_close(g1[key], g[key], rtol=1e-4, atol=1e-6, msg=key)
     # logged losses (the mean over the step's micro-batches of all ranks) agree too
     l2 = [x[2] for x in _losses(two / "checkpoint-6")]
     l1 = [x[2] for x in _losses(one / "checkpoint-6")]

@@ -6,13 +6,17 @@ Same optimizer object as the December recipe (`MuonAdamW`, this is a subclass of
 - one Muon group per matrix shape, sorted by shape, stepped as one stack by `normuon_update` (Polar Express,
   MuonEq, Muon+, NorMuon, cautious weight decay). Its state lives on the group's first parameter, as nanochat keeps
   it: ``momentum_buffer`` (n, r, c) and ``second_momentum_buffer`` (n, r, 1) or (n, 1, c), float32.
-One code path for 1 and W processes, with nanochat's layout (so that its optimizer files map onto ours rank by rank):
-- Muon stack of K matrices: rank r owns the contiguous chunk [r*k, (r+1)*k), k = ceil(K/W) (stack zero-padded to
-  k*W); its gradients are reduce-scattered, the owner steps them and keeps their state, the stack is all-gathered.
+With W processes, nanochat's layout (so that its optimizer files map onto ours rank by rank); one process steps
+every stack whole, exactly as before:
+- Muon stack of K matrices: rank r owns the contiguous chunk [r*k, (r+1)*k), k = ceil(K/W); each matrix's gradient
+  is reduced to its owner (optim/reduction.py; the other ranks free theirs), the owner stacks and steps only its
+  chunk and keeps its state, and the matrices are all-gathered straight into the parameters (k rounds, one matrix
+  per rank each: no full-size stack of gradients or parameters on any rank).
 - AdamW parameter with at least 1024 elements: rows sharded as in the December recipe (reduce-scatter, moments
   for this rank's rows, all-gather). Smaller ones (the scalars): gradient all-reduced, every rank updates the whole
   parameter and keeps its whole state.
-With several processes the optimizer does all gradient communication (``reduces_gradients``), like the December one.
+With several processes the optimizer does all gradient communication (``reduces_gradients``), like the December one,
+during backward once `reduce_during_backward` is on (ZeRO-2, docs/distributed.md).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ import torch.distributed as dist
 from torch import Tensor
 
 from .kernels import adamw_update, normuon_update
-from .optimizer import MuonAdamW, _Done
+from .optimizer import MuonAdamW
+from .reduction import checked_grad
 
 RECIPES = ("2025-12", "2026-07")  # the optimizer recipes: nanochat of December 2025 (G0) and nanochat HEAD
 SMALL_NUMEL = 1024  # AdamW parameters below this size are replicated, not sharded (nanochat's threshold)
@@ -37,7 +42,13 @@ class NorMuonAdamW(MuonAdamW):
     torch dtype's name).
     """
 
-    def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None, sharded: bool | None = None):
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        process_group: Any = None,
+        sharded: bool | None = None,
+        grads_averaged: bool = False,
+    ):
         for group in param_groups:
             shapes = {tuple(p.shape) for p in group["params"]}
             if group.get("kind") == "muon" and len(shapes) > 1:
@@ -45,13 +56,7 @@ class NorMuonAdamW(MuonAdamW):
                     f"param group {group.get('name')!r}: a Muon group of recipe 2026-07 is one stack "
                     f"of same-shaped matrices, got shapes {sorted(shapes)}"
                 )
-        super().__init__(param_groups, process_group=process_group, sharded=sharded)
-
-    def _step_local(self) -> None:
-        self._step_head()
-
-    def _step_sharded(self) -> None:
-        self._step_head()
+        super().__init__(param_groups, process_group=process_group, sharded=sharded, grads_averaged=grads_averaged)
 
     # ------------------------------------------------------------------------------------------- step
     def _muon_chunk(self, group: dict[str, Any]) -> tuple[int, int, int]:
@@ -76,108 +81,101 @@ class NorMuonAdamW(MuonAdamW):
     def _replicated(self, p: Tensor) -> bool:
         return self.world_size == 1 or p.numel() < SMALL_NUMEL
 
-    def _step_head(self) -> None:
+    def _plan(self, p: Tensor) -> tuple:
+        """Where p's averaged gradient goes (reduction.py): matrix j of a Muon stack to rank j // k (the contiguous
+        chunks of nanochat's layout), AdamW rows sharded, the small AdamW parameters to every rank."""
+        if not hasattr(self, "_owners"):
+            self._owners = {}
+            for group in self.param_groups:
+                if group["kind"] == "muon":
+                    k, _, _ = self._muon_chunk(group)
+                    self._owners.update((q, j // k) for j, q in enumerate(group["params"]))
+        if p in self._owners:
+            return ("owner", self._owners[p])
+        return ("whole",) if self._replicated(p) else ("rows",)
+
+    def _adamw(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> None:
+        """AdamW on the whole parameter (one process, or a replicated one)."""
+        st = self._adamw_state(p, p.shape[0])
+        st["step"] += 1
+        adamw_update(
+            p,
+            grad,
+            st["exp_avg"],
+            st["exp_avg_sq"],
+            step=st["step"],
+            lr=group["lr"],
+            betas=group["betas"],
+            eps=group["eps"],
+            weight_decay=group["weight_decay"],
+        )
+
+    def _normuon(self, group: dict[str, Any], owned: list[Tensor], grads: Tensor) -> None:
+        """nanochat HEAD's Muon step on this rank's matrices ``owned`` of the group (``grads``: their stack)."""
+        st = self._muon_state(group)
+        n = len(owned)
+        normuon_update(
+            owned,
+            grads[:n],
+            st["momentum_buffer"][:n],
+            st["second_momentum_buffer"][:n],
+            lr=group["lr"],
+            momentum=group["momentum"],
+            beta2=group["beta2"],
+            weight_decay=group["weight_decay"],
+            ns_steps=group["ns_steps"],
+            dtype=getattr(torch, group["polar_dtype"]),
+        )
+
+    def _step_local(self) -> None:
+        """One process: every gradient whole, each Muon group stepped as one stack."""
+        adamw = [
+            (group, p, checked_grad(p))
+            for group in self.param_groups
+            if group["kind"] == "adamw"
+            for p in group["params"]
+        ]
+        muon = [
+            (g, torch.stack([checked_grad(p) for p in g["params"]])) for g in self.param_groups if g["kind"] == "muon"
+        ]
+        if self.max_grad_norm > 0:  # global norm: the Muon stacks' squares, then the AdamW ones
+            grads = [g for _, g in muon] + [g for _, _, g in adamw]
+            coef = self._clip_coefficient(torch.stack([g.float().pow(2).sum() for g in grads]).sum().sqrt())
+            for g in grads:
+                g.mul_(coef.to(g.dtype))
+        for group, p, grad in adamw:
+            self._adamw(group, p, grad)
+        for group, grads in muon:
+            self._normuon(group, group["params"], grads)
+
+    def _step_sharded(self) -> None:
+        """W processes: this rank's averaged pieces (reduction.py), AdamW on its rows (or the whole replicated
+        parameter), NorMuon on its chunk of each stack, then the parameters all-gathered."""
         world, pg = self.world_size, self.process_group
-        # 1. launch every gradient reduction (nothing to reduce with one process)
-        adamw_jobs, muon_jobs = [], []
+        pieces = self._reduced_pieces()
+        gathers = []
         for group in self.param_groups:
             if group["kind"] == "adamw":
                 for p in group["params"]:
-                    if world == 1:
-                        adamw_jobs.append((group, p, self._grad(p), _Done()))
-                    elif self._replicated(p):
-                        grad = self._grad(p).clone()
-                        op = dist.ReduceOp.AVG if self._native_avg else dist.ReduceOp.SUM
-                        adamw_jobs.append((group, p, grad, dist.all_reduce(grad, op=op, group=pg, async_op=True)))
+                    if self._replicated(p):
+                        self._adamw(group, p, pieces.pop(p))
                     else:
-                        adamw_jobs.append((group, p, *self._reduce_scatter_rows(p)))
+                        gathers.append(self._adamw_rows_step(group, p, pieces.pop(p)))
                 continue
-            params = group["params"]
-            grads = torch.stack([self._grad(p) for p in params])
-            if world == 1:
-                muon_jobs.append((group, grads, _Done()))
-                continue
-            k, _, _ = self._muon_chunk(group)
-            stacked = grads.new_zeros((k * world, *grads.shape[1:]))
-            stacked[: len(params)] = grads
-            out = grads.new_empty((k, *grads.shape[1:]))
-            muon_jobs.append((group, out, self._reduce_scatter(out.flatten(0, 1), stacked.flatten(0, 1))))
-        # 2. averaged gradients (and clipped to max_grad_norm, which needs all of them first)
-        for job in adamw_jobs + muon_jobs:
-            job[-1].wait()
-        reduced = [job[-2] for job in adamw_jobs + muon_jobs]
-        if world > 1:
-            reduced = [self._averaged(g) for g in reduced]
-        if self.max_grad_norm > 0:
-            self._clip_head(adamw_jobs, reduced)
-        # 3. AdamW, then Muon on the matrices this rank owns, launching the all-gathers
-        gathers = []
-        for (group, p, _, _), grad in zip(adamw_jobs, reduced):
-            if self._replicated(p):
-                st = self._adamw_state(p, p.shape[0])
-                st["step"] += 1
-                adamw_update(
-                    p,
-                    grad,
-                    st["exp_avg"],
-                    st["exp_avg_sq"],
-                    step=st["step"],
-                    lr=group["lr"],
-                    betas=group["betas"],
-                    eps=group["eps"],
-                    weight_decay=group["weight_decay"],
-                )
-            else:
-                gathers.append(self._adamw_rows_step(group, p, grad))
-        for (group, _, _), grad in zip(muon_jobs, reduced[len(adamw_jobs) :]):
             params = group["params"]
             k, start, end = self._muon_chunk(group)
-            st = self._muon_state(group)
             owned = params[start:end]
-            normuon_update(
-                owned,
-                grad[: end - start],
-                st["momentum_buffer"][: end - start],
-                st["second_momentum_buffer"][: end - start],
-                lr=group["lr"],
-                momentum=group["momentum"],
-                beta2=group["beta2"],
-                weight_decay=group["weight_decay"],
-                ns_steps=group["ns_steps"],
-                dtype=getattr(torch, group["polar_dtype"]),
-            )
-            if world > 1:
-                mine = grad.new_zeros((k, *grad.shape[1:]))
-                if owned:
-                    mine[: end - start] = torch.stack(owned)
-                full = grad.new_empty((k * world, *grad.shape[1:]))
-                work = dist.all_gather_single(full.flatten(0, 1), mine.flatten(0, 1), group=pg, async_op=True)
-                gathers.append(
-                    (
-                        work,
-                        lambda params=params, full=full: torch._foreach_copy_(
-                            params, list(full[: len(params)].unbind(0))
-                        ),
-                    )
-                )
-        # 4. wait for every parameter to be complete again
-        for work, finish in gathers:
-            work.wait()
-            if finish is not None:
-                finish()
-
-    def _clip_head(self, adamw_jobs: list, reduced: list[Tensor]) -> None:
-        """Scale the averaged gradients so that their global norm is at most max_grad_norm (torch's coefficient).
-
-        The ranks' sharded pieces are disjoint (padding is zero); a replicated gradient is counted on rank 0 only.
-        """
-        parts = [g.float().pow(2).sum() for g in reduced[len(adamw_jobs) :]]
-        for (_, p, _, _), g in zip(adamw_jobs, reduced):
-            if not self._replicated(p) or self.world_size == 1 or self.rank == 0:
-                parts.append(g.float().pow(2).sum())
-        sumsq = torch.stack(parts).sum()
-        if self.world_size > 1:
-            dist.all_reduce(sumsq, group=self.process_group)
-        coef = self._clip_coefficient(sumsq.sqrt())
-        for g in reduced:
-            g.mul_(coef.to(g.dtype))
+            if owned:  # the only stack: this rank's k matrices, their gradients released as they are copied in
+                grads = torch.stack([pieces.pop(p) for p in owned])
+                for p in owned:
+                    p.grad = None
+                self._normuon(group, owned, grads)
+            else:
+                self._muon_state(group)
+            # all-gather round i: every rank sends its i-th matrix straight into the parameters (no stacked copy)
+            for i in range(k):
+                scratch = [torch.empty_like(params[0]) for r in range(world) if r * k + i >= len(params)]
+                outputs = [params[r * k + i] for r in range(world) if r * k + i < len(params)] + scratch
+                src = params[start + i] if start + i < end else torch.empty_like(params[0])
+                gathers.append((dist.all_gather(outputs, src, group=pg, async_op=True), None))
+        self._wait_gathers(gathers)

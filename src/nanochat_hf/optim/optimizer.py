@@ -1,16 +1,18 @@
-"""One torch Optimizer holding nanochat's Muon and AdamW groups, with an optional sharded (ZeRO-2 style) step.
+"""One torch Optimizer holding nanochat's Muon and AdamW groups, with an optional sharded step (ZeRO-2).
 
 Single process: Muon (Newton-Schulz batched over same-shaped matrices where that is faster) + AdamW (float32 moments).
 torch.distributed initialised with world size W > 1: the optimizer does all gradient communication itself
-(``reduces_gradients`` is True, so the caller must NOT all-reduce gradients):
-- AdamW: reduce-scatter (average) each gradient along dim 0, rank r owns rows [r*k, (r+1)*k) with k = ceil(n/W)
+(``reduces_gradients`` is True, so the caller must NOT all-reduce gradients), through `reduction.GradientReducer`:
+- AdamW: each gradient is reduce-scattered (averaged) along dim 0, rank r owns rows [r*k, (r+1)*k) with k = ceil(n/W)
   (dim 0 is zero-padded to k*W when W does not divide it), keeps moments for those rows only, updates them and
   all-gathers the parameter.
-- Muon: within each (group, shape) bucket parameter i is owned by rank i % W; every chunk of W parameters is
-  reduce-scattered (short chunks padded with zeros) so each owner receives its parameter's averaged gradient,
-  the owner alone keeps the momentum and runs Newton-Schulz (batched over everything it owns in the bucket),
-  then the chunk's parameters are all-gathered.
-Every collective is launched asynchronously and waited on just before its result is needed.
+- Muon: within each (group, shape) bucket parameter i is owned by rank i % W; its gradient is reduced to the owner
+  (the others drop theirs), the owner alone keeps the momentum and runs Newton-Schulz (batched over everything it
+  owns in the bucket), then every chunk of W parameters is all-gathered.
+Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
+gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
+Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
+rank (not ZeRO-3).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from torch import Tensor
 
 from ..errors import UserError
 from .kernels import adamw_update, muon_update
+from .reduction import GradientReducer, rows_per_rank
 
 _MUON_KEYS = ("lr", "momentum", "nesterov", "ns_steps")
 _ADAMW_KEYS = ("lr", "betas", "eps", "weight_decay")
@@ -50,24 +53,6 @@ def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-class _SliceWork:
-    """Async handle for the all-reduce fallback of reduce-scatter: on wait, copy this rank's slice out."""
-
-    def __init__(self, work: Any, full: Tensor, out: Tensor, rank: int, world: int):
-        self.work, self.full, self.out, self.rank, self.world = work, full, out, rank, world
-
-    def wait(self) -> None:
-        self.work.wait()
-        self.out.copy_(self.full.chunk(self.world)[self.rank])
-
-
-class _Done:
-    """A collective already waited on (waiting again may copy its result over the clipped gradient)."""
-
-    def wait(self) -> None:
-        return
-
-
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for hidden matrices plus AdamW for embedding/unembedding, in one optimizer (see module docstring).
 
@@ -79,7 +64,13 @@ class MuonAdamW(torch.optim.Optimizer):
     Use :func:`routing.build_optimizer` to get nanochat's grouping.
     """
 
-    def __init__(self, param_groups: list[dict[str, Any]], process_group: Any = None, sharded: bool | None = None):
+    def __init__(
+        self,
+        param_groups: list[dict[str, Any]],
+        process_group: Any = None,
+        sharded: bool | None = None,
+        grads_averaged: bool = False,
+    ):
         for i, group in enumerate(param_groups):
             kind = group.get("kind")
             if kind not in ("muon", "adamw"):
@@ -98,18 +89,26 @@ class MuonAdamW(torch.optim.Optimizer):
             sharded = dist.is_available() and dist.is_initialized() and dist.get_world_size(process_group) > 1
         self.world_size = dist.get_world_size(process_group) if sharded else 1
         self.rank = dist.get_rank(process_group) if sharded else 0
-        self.reduces_gradients = self.world_size > 1
+        # True: the gradients reach the step already averaged across ranks (by a DDP that could not be silenced),
+        # so the sharded step only takes this rank's pieces and communicates no gradient
+        self.grads_averaged = grads_averaged
         # Clip the (averaged) gradient to this global norm in step() (0: off), at every world size with the same
         # formula: sqrt of the sum of squares. torch.nn.utils.clip_grad_norm_'s fp32 vector_norm differs from it
         # by up to ~1e-4 relative on CPU, so clipping outside the optimizer would make 1 and W processes differ.
         self.max_grad_norm = 0.0
         self.last_grad_norm: float | None = None  # pre-clip norm of the averaged gradient, when clipping
-        if self.reduces_gradients:
+        if self.world_size > 1:
             self._native_rs = self._probe_reduce_scatter()
             # AVG is only relied upon where it is native (NCCL, which serves CUDA tensors also in a mixed
             # "cpu:gloo,cuda:nccl" group); elsewhere SUM then divide, which is exact for W = 2^k.
             on_cuda = self.param_groups[0]["params"][0].is_cuda
             self._native_avg = self._native_rs and on_cuda and "nccl" in str(dist.get_backend(process_group))
+            self._reducer = GradientReducer(self)
+
+    @property
+    def reduces_gradients(self) -> bool:
+        """True when this optimizer averages the gradients across ranks itself (the caller must not)."""
+        return self.world_size > 1 and not self.grads_averaged
 
     # ----------------------------------------------------------------------------------------- public
     def set_muon_momentum(self, momentum: float) -> None:
@@ -132,6 +131,22 @@ class MuonAdamW(torch.optim.Optimizer):
                     group["ns_gram"] = gram
                 if batch_size is not None:
                     group["ns_batch_size"] = batch_size
+
+    def reduce_during_backward(
+        self,
+        is_last: Callable[[], bool] = lambda: True,
+        skip: tuple[Tensor, ...] = (),
+        model_order: tuple[Tensor, ...] = (),
+    ) -> None:
+        """ZeRO-2: reduce each gradient onto its owner while backward still runs, and free the pieces this rank
+        does not own (optim/reduction.py). ``is_last()`` says whether the running backward is the last micro-batch
+        of the accumulation (only then is anything reduced; the Trainer's ``accelerator.sync_gradients``); the
+        default suits one backward per step. ``skip``: parameters reduced at the step instead (one whose gradient
+        DDP still writes after the hooks). ``model_order``: ``tuple(model.parameters())``, so that the first step
+        already reduces in about backward's order (later steps use the order measured on rank 0). Without this call
+        every gradient is reduced at the step. No-op with one process or when the gradients arrive averaged."""
+        if self.reduces_gradients:
+            self._reducer.hook_into_backward(is_last, skip, model_order)
 
     @torch.no_grad()
     def step(self, closure: Callable[[], Any] | None = None) -> Any:
@@ -209,9 +224,20 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _rows(self, p: Tensor) -> tuple[int, int, int]:
         """(k, start, end): rows per rank (dim 0 padded to k*W) and this rank's real rows [start, end)."""
-        k = -(-p.shape[0] // self.world_size)
-        start = min(self.rank * k, p.shape[0])
-        return k, start, min(start + k, p.shape[0])
+        return rows_per_rank(p.shape[0], self.world_size, self.rank)
+
+    def _plan(self, p: Tensor) -> tuple:
+        """Where p's averaged gradient goes (reduction.py): ("rows",) for AdamW, ("owner", i % W) for the Muon
+        matrix i of its (group, shape) bucket."""
+        if not hasattr(self, "_owners"):
+            self._owners = {
+                q: i % self.world_size
+                for group in self.param_groups
+                if group["kind"] == "muon"
+                for bucket in _shape_buckets(group["params"])
+                for i, q in enumerate(bucket)
+            }
+        return ("owner", self._owners[p]) if p in self._owners else ("rows",)
 
     def _probe_reduce_scatter(self) -> bool:
         """Whether the backend implements reduce_scatter_single (older gloo builds do not)."""
@@ -224,40 +250,9 @@ class MuonAdamW(torch.optim.Optimizer):
         except (RuntimeError, NotImplementedError, ValueError):
             return False
 
-    def _reduce_scatter(self, out: Tensor, full: Tensor) -> Any:
-        """Async reduce-scatter of ``full`` (W*len(out) along dim 0) into ``out``; average done in _averaged."""
-        op = dist.ReduceOp.AVG if self._native_avg else dist.ReduceOp.SUM
-        if self._native_rs:
-            return dist.reduce_scatter_single(out, full, op=op, group=self.process_group, async_op=True)
-        # Fallback: all-reduce the whole tensor and keep our slice. Costs about twice the traffic of a
-        # reduce-scatter (a ring all-reduce is a reduce-scatter plus an all-gather) and a full-size copy.
-        full = full.clone()
-        work = dist.all_reduce(full, op=op, group=self.process_group, async_op=True)
-        return _SliceWork(work, full, out, self.rank, self.world_size)
-
-    def _averaged(self, reduced: Tensor) -> Tensor:
-        return reduced if self._native_avg else reduced.div_(self.world_size)
-
-    def _grad(self, p: Tensor) -> Tensor:
-        if p.grad is None:  # every rank must join every collective, so a missing gradient cannot be skipped
-            raise RuntimeError(f"sharded optimizer step: a parameter of shape {tuple(p.shape)} has no gradient")
-        return p.grad.contiguous()
-
-    def _reduce_scatter_rows(self, p: Tensor) -> tuple[Tensor, Any]:
-        """Launch the reduce-scatter of p's gradient along dim 0 (zero-padded to k*W rows): (this rank's k rows,
-        work)."""
-        grad = self._grad(p)
-        k, _, _ = self._rows(p)
-        if k * self.world_size != p.shape[0]:
-            padded = grad.new_zeros((k * self.world_size, *grad.shape[1:]))
-            padded[: p.shape[0]] = grad
-            grad = padded
-        out = grad.new_empty((k, *grad.shape[1:]))
-        return out, self._reduce_scatter(out, grad)
-
     def _adamw_rows_step(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> tuple[Any, Callable[[], Any] | None]:
-        """AdamW on this rank's rows of p (``grad``: its averaged k rows), then launch the all-gather of p: returns
-        (work, what to run once it is done)."""
+        """AdamW on this rank's rows of p (``grad``: their averaged gradient), then launch the all-gather of p:
+        returns (work, what to run once it is done)."""
         world, rank, pg = self.world_size, self.rank, self.process_group
         k, start, end = self._rows(p)
         st = self._adamw_state(p, end - start)
@@ -282,21 +277,35 @@ class MuonAdamW(torch.optim.Optimizer):
         work = dist.all_gather_single(full, mine, group=pg, async_op=True)
         return work, lambda p=p, full=full: p.copy_(full[: p.shape[0]])
 
-    def _clip_reduced(self, adamw_outs: list[Tensor], muon_chunks: list, adamw_works: list) -> None:
-        """Scale the reduced gradients so the averaged gradient's global norm is at most max_grad_norm.
+    def _reduced_pieces(self) -> dict[Tensor, Tensor]:
+        """This rank's averaged gradient pieces (reduction.py), clipped to max_grad_norm when it is set.
 
-        Waits for every reduce-scatter first (clipping needs the whole norm). The ranks' reduced pieces are
-        disjoint (padding is zero), so the norm is the square root of the all-reduced sum of their squares;
-        the coefficient is torch.nn.utils.clip_grad_norm_'s: min(1, max_norm / (norm + 1e-6)).
-        """
-        for work in adamw_works + [work for _, _, work in muon_chunks]:
+        The ranks' pieces are disjoint except a replicated ("whole") one, counted on rank 0 only, so the global norm
+        is the square root of the all-reduced sum of their squares; the coefficient is
+        torch.nn.utils.clip_grad_norm_'s: min(1, max_norm / (norm + 1e-6))."""
+        pieces = self._reducer.finish(averaged=self.grads_averaged)
+        if self.max_grad_norm > 0:
+            counted = [  # in parameter order: the same sum whatever order the pieces were reduced in
+                pieces[p]
+                for p in self._reducer.params
+                if p in pieces and (self.rank == 0 or self._plan(p)[0] != "whole")
+            ]
+            sumsq = torch.stack([g.float().pow(2).sum() for g in counted]).sum() if counted else None
+            if sumsq is None:
+                sumsq = torch.zeros((), device=self.param_groups[0]["params"][0].device)
+            dist.all_reduce(sumsq, group=self.process_group)
+            coef = self._clip_coefficient(sumsq.sqrt())
+            for g in pieces.values():
+                g.mul_(coef.to(g.dtype))
+        return pieces
+
+    @staticmethod
+    def _wait_gathers(gathers: list[tuple[Any, Callable[[], Any] | None]]) -> None:
+        """Wait for every parameter's all-gather, then run what completes it."""
+        for work, finish in gathers:
             work.wait()
-        outs = adamw_outs + [out for _, out, _ in muon_chunks]
-        sumsq = torch.stack([o.float().pow(2).sum() for o in outs]).sum()
-        dist.all_reduce(sumsq, group=self.process_group)
-        coef = self._clip_coefficient(sumsq.sqrt() / (1 if self._native_avg else self.world_size))
-        for o in outs:
-            o.mul_(coef.to(o.dtype))
+            if finish is not None:
+                finish()
 
     # ------------------------------------------------------------------------------------------ steps
     def _clip_coefficient(self, norm: Tensor) -> Tensor:
@@ -335,51 +344,22 @@ class MuonAdamW(torch.optim.Optimizer):
 
     def _step_sharded(self) -> None:
         world, rank, pg = self.world_size, self.rank, self.process_group
-        # 1. launch every gradient reduce-scatter
-        adamw_jobs, muon_jobs = [], []
+        pieces = self._reduced_pieces()  # 1. this rank's averaged gradient pieces (most reduced during backward)
+        gathers: list[tuple[Any, Callable[[], Any] | None]] = []
         for group in self.param_groups:
-            if group["kind"] == "adamw":
+            if group["kind"] == "adamw":  # 2. AdamW on this rank's rows, then all-gather the parameter
                 for p in group["params"]:
-                    adamw_jobs.append((group, p, *self._reduce_scatter_rows(p)))
+                    gathers.append(self._adamw_rows_step(group, p, pieces.pop(p)))
                 continue
+            # 3. Muon on the matrices this rank owns (one batched Newton-Schulz per bucket), then all-gather each
+            # chunk of W matrices (matrix i of the bucket from rank i % W)
             for bucket in _shape_buckets(group["params"]):
-                chunks = []
+                owned = bucket[rank::world]
+                muon_update(owned, [pieces.pop(p) for p in owned], [self._muon_buf(p) for p in owned],
+                            **_muon_options(group))  # fmt: skip
                 for c0 in range(0, len(bucket), world):
                     chunk = bucket[c0 : c0 + world]
-                    grads = [self._grad(p) for p in chunk]
-                    grads += [torch.zeros_like(grads[0])] * (world - len(chunk))
-                    stacked = torch.stack(grads).flatten(0, 1)  # (W*rows, cols): gloo scatters along dim 0
-                    out = torch.empty_like(grads[0])
-                    chunks.append((chunk, out, self._reduce_scatter(out, stacked)))
-                muon_jobs.append((group, chunks))
-        if self.max_grad_norm > 0:
-            self._clip_reduced(
-                [out for _, _, out, _ in adamw_jobs],
-                [c for _, chunks in muon_jobs for c in chunks],
-                [work for *_, work in adamw_jobs],
-            )
-            adamw_jobs = [(group, p, out, _Done()) for group, p, out, _ in adamw_jobs]
-            muon_jobs = [(group, [(c, out, _Done()) for c, out, _ in chunks]) for group, chunks in muon_jobs]
-        gathers: list[tuple[Any, Callable[[], Any] | None]] = []
-        # 2. AdamW on this rank's rows, then all-gather the parameter
-        for group, p, out, work in adamw_jobs:
-            work.wait()
-            gathers.append(self._adamw_rows_step(group, p, self._averaged(out)))
-        # 3. Muon on the matrices this rank owns (one batched Newton-Schulz per bucket), then all-gather them
-        for group, chunks in muon_jobs:
-            owned, grads = [], []
-            for chunk, out, work in chunks:
-                work.wait()
-                if rank < len(chunk):
-                    owned.append(chunk[rank])
-                    grads.append(self._averaged(out))
-            muon_update(owned, grads, [self._muon_buf(p) for p in owned], **_muon_options(group))
-            for chunk, out, _ in chunks:
-                src = chunk[rank] if rank < len(chunk) else out  # a padding rank sends scratch, dropped below
-                outputs = list(chunk) + [torch.empty_like(out) for _ in range(world - len(chunk))]
-                gathers.append((dist.all_gather(outputs, src, group=pg, async_op=True), None))
-        # 4. wait for every parameter to be complete again
-        for work, finish in gathers:
-            work.wait()
-            if finish is not None:
-                finish()
+                    scratch = [torch.empty_like(chunk[0]) for _ in range(world - len(chunk))]
+                    src = chunk[rank] if rank < len(chunk) else scratch[0]  # a padding rank sends scratch
+                    gathers.append((dist.all_gather(list(chunk) + scratch, src, group=pg, async_op=True), None))
+        self._wait_gathers(gathers)  # 4. every parameter complete again
