@@ -1,7 +1,7 @@
 """A transformers Trainer with NanoChatOptimizerMixin on a tiny random Llama, for test_trainer_distributed.py (run by
  `accelerate launch` in 2 processes, or plainly in 1). Global batch 4 in every layout. Writes rank 0's final
-parameters and, per rank, whether the local gradients differed across ranks before each optimizer step (DDP
-silenced) and the optimizer's grads_averaged flag.
+parameters and, per rank, how many ranks held a Muon matrix's gradient before each optimizer step (ZeRO-2: its
+owner only) and the optimizer's grads_averaged flag.
 
     python trainer_worker.py OUT_DIR [--ddp_hook]   (--ddp_hook: DDP keeps a communication hook, so it averages)
 """
@@ -35,18 +35,23 @@ class DDPHook(TrainerCallback):
         self.trainer.model_wrapped.register_comm_hook(dist.group.WORLD, default_hooks.allreduce_hook)
 
 
-class LocalGradCheck(TrainerCallback):
-    """Before each optimizer step: do the ranks hold different gradients (local ones) or the same (averaged)?"""
+class GradCheck(TrainerCallback):
+    """Before each optimizer step: how many ranks hold a Muon matrix's gradient (ZeRO-2: only its owner), and
+    whether the ranks that hold it hold the same values (averaged by DDP)."""
 
     def __init__(self):
-        self.differ = []
+        self.holders, self.same = [], []
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         if dist.is_initialized():
-            g = model.model.layers[0].mlp.up_proj.weight.grad.detach().flatten()[:64].clone()
+            grad = model.model.layers[0].mlp.up_proj.weight.grad
+            g = torch.zeros(64) if grad is None else grad.detach().flatten()[:64].clone()
             everyone = [torch.empty_like(g) for _ in range(dist.get_world_size())]
             dist.all_gather(everyone, g)
-            self.differ.append(not torch.equal(everyone[0], everyone[1]))
+            held = torch.tensor([int(grad is not None)])
+            dist.all_reduce(held)
+            self.holders.append(int(held))
+            self.same.append(torch.equal(everyone[0], everyone[1]))
 
 
 def main():
@@ -63,17 +68,20 @@ def main():
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
                              disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=1.0,
                              ddp_backend="gloo" if world > 1 else None)  # fmt: skip
-    check, hook = LocalGradCheck(), DDPHook()
+    check, hook = GradCheck(), DDPHook()
     callbacks = [hook, check] if ddp_hook else [check]
     trainer = NanoTrainer(
         model=model, args=args, train_dataset=data, callbacks=callbacks, nanochat_optimizer={"polar_dtype": "float32"}
     )
     hook.trainer = trainer
+    if ddp_hook:  # a DDP that manages every parameter (as if the model were wrapped without the mixin's help)
+        model._ddp_params_and_buffers_to_ignore = []
     trainer.train()
     opt = trainer.optimizer.optimizer
     rank = trainer.accelerator.process_index
     report = {
-        "differ": check.differ,
+        "holders": check.holders,
+        "same": check.same,
         "grads_averaged": getattr(opt, "grads_averaged", False),
         "world_size": opt.world_size,
         "losses": [h["loss"] for h in trainer.state.log_history if "loss" in h],

@@ -14,11 +14,11 @@ What the mixin changes, and nothing else:
 - Muon's momentum warm-up 0.85 -> 0.95 over 300 steps (nanochat's), as a callback
   (`nanochat_hf.training.callbacks.MuonMomentumCallback`, usable on its own);
   ``muon_momentum_warmup=False`` leaves momentum at the optimizer's.
-- gradients with several processes (the contract of training/gradients.py): the optimizer averages them in its
-  sharded step, so DDP's all-reduce is silenced when training begins (`silence_ddp`); a DDP that cannot be
-  silenced (a communication hook already registered) averages them instead, and the optimizer is told so
-  (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the optimizer, on the averaged
-  gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
+- gradients with several processes (the contract of training/gradients.py, `LocalGradients`): the optimizer
+  reduces each gradient onto the rank that owns it while backward runs (ZeRO-2), so DDP is told to leave them
+  alone; a DDP that manages every parameter and already has a communication hook averages them instead, and the
+  optimizer is told so (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the
+  optimizer, on the averaged gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
 - checkpoints: each rank writes its optimizer shard as safetensors (the stock hook pickles rank 0's only), the
   scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's.
 Refused in one line when the Trainer is built: DeepSpeed (its ZeRO optimizers flatten the parameters, which leaves
@@ -32,7 +32,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import TrainerCallback
 
 from ..errors import UserError
 from ..jsonfile import read_json, write_json
@@ -60,31 +59,6 @@ def check_distributed_setup(trainer: Any) -> None:
         )
 
 
-class DistributedGradients(TrainerCallback):
-    """When training begins (the Trainer has wrapped the model, in DDP with several processes): DDP leaves gradient
-    averaging to the optimizer (`silence_ddp`), or, where DDP already has a communication hook and cannot be
-    silenced, the optimizer is told that the gradients arrive averaged (``grads_averaged``)."""
-
-    def __init__(self, trainer: Any) -> None:
-        self.trainer = trainer  # its model_wrapped: the callbacks are handed only the unwrapped model
-
-    def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        from ..training.gradients import silence_ddp
-
-        try:
-            silence_ddp(self.trainer.model_wrapped, optimizer)
-        except RuntimeError as e:
-            if "only be called once" not in str(e):  # torch's words for a second communication hook
-                raise
-            _inner_optimizer(optimizer).grads_averaged = True
-            if state.is_world_process_zero:
-                print(
-                    "nanochat optimizer: DDP averages the gradients (its communication hook is set already); the "
-                    "optimizer's step skips its own reduction",
-                    flush=True,
-                )
-
-
 class NanoChatOptimizerMixin:
     """Put first among the bases: ``class MySFT(NanoChatOptimizerMixin, SFTTrainer)`` (module docstring).
 
@@ -110,7 +84,9 @@ class NanoChatOptimizerMixin:
             from ..training.callbacks import MuonMomentumCallback
 
             self.add_callback(MuonMomentumCallback())
-        self.add_callback(DistributedGradients(self))
+        from ..training.gradients import LocalGradients
+
+        self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
 
     def optimizer_settings(self) -> dict[str, Any]:
         """`build_optimizer`'s keyword arguments."""

@@ -80,7 +80,12 @@ class LocalGradients(TrainerCallback):
             keep_ddp_off(trainer.model)
 
     def on_train_begin(self, args, state, control, optimizer=None, **kwargs):
-        kept = silence_ddp(self.trainer.model_wrapped, optimizer)
+        try:
+            kept = silence_ddp(self.trainer.model_wrapped, optimizer)
+        except RuntimeError as e:
+            if "only be called once" not in str(e):  # torch's words for a second communication hook
+                raise
+            kept = self._foreign_hook(state, optimizer)
         if not reduces_gradients(optimizer):
             return
         for p in self.trainer.model.parameters():  # DDP broadcast only the parameter it kept
@@ -89,3 +94,22 @@ class LocalGradients(TrainerCallback):
         _inner(optimizer).reduce_during_backward(
             lambda: accelerator.sync_gradients, skip=tuple(kept), model_order=tuple(self.trainer.model.parameters())
         )
+
+    def _foreign_hook(self, state, optimizer) -> list[torch.nn.Parameter]:
+        """DDP already has someone else's communication hook, so it reduces what it manages. If that is every
+        parameter (the model was wrapped without `keep_ddp_off`), the gradients arrive averaged and the optimizer
+        skips its own reduction (``grads_averaged``); otherwise DDP averages only the parameter it kept, which the
+        optimizer then averages again (the same values) while it reduces the others as usual."""
+        ddp = getattr(self.trainer.model_wrapped, "_orig_mod", self.trainer.model_wrapped)
+        kept = [p for n, p in ddp.module.named_parameters() if n not in ddp.parameters_to_ignore]
+        trainable = [p for p in ddp.module.parameters() if p.requires_grad]
+        if len(kept) == len(trainable):
+            _inner(optimizer).grads_averaged = True
+            said = "DDP averages the gradients (its communication hook is set already); the optimizer skips its own"
+        else:
+            said = (
+                "DDP has a communication hook already: it averages the one parameter it keeps, the optimizer the rest"
+            )
+        if state.is_world_process_zero:
+            print(f"nanochat optimizer: {said}", flush=True)
+        return kept
