@@ -4,6 +4,7 @@ names and the Auto classes' lookup work as before."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -44,24 +45,18 @@ def test_help_version_and_argument_errors_import_neither_torch_nor_transformers(
 
 
 def test_the_package_imports_light_and_keeps_its_names_and_auto_classes(tmp_path):
+    from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM  # the names, imported on first use
+
+    config = NanoChatGPTConfig(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)
+    NanoChatGPTForCausalLM(config).save_pretrained(tmp_path)
+    auto_map = json.loads((tmp_path / "config.json").read_text())["auto_map"]
+    assert sorted(auto_map) == ["AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"]
+    # a fresh process: the package imports without torch and transformers, then the Auto classes find the model
+    # (registered when transformers loads them) without remote code
     code = f"""
 import sys
 import nanochat_hf
 assert not {{"torch", "transformers"}} & set(sys.modules), "import nanochat_hf pulled in torch / transformers"
-from transformers import AutoConfig, AutoModelForCausalLM
-from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-config = NanoChatGPTConfig(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)
-NanoChatGPTForCausalLM(config).save_pretrained({str(tmp_path)!r})
-print(sorted(__import__("json").load(open({str(tmp_path / "config.json")!r}))["auto_map"]))
-"""
-    saved = run(code)
-    assert saved.returncode == 0, saved.stderr
-    assert saved.stdout.split("\n")[0] == str(
-        ["AutoConfig", "AutoModel", "AutoModelForCausalLM", "AutoModelForSequenceClassification"]
-    )
-    # a fresh process: the package only imported, then the Auto classes find the model without remote code
-    code = f"""
-import nanochat_hf
 from transformers import AutoModelForCausalLM
 print(type(AutoModelForCausalLM.from_pretrained({str(tmp_path)!r})).__name__)
 """
