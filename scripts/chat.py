@@ -12,9 +12,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from transformers.generation.streamers import BaseStreamer
-
-from nanochat_hf.errors import OneLineArgumentParser, UserError, run_cli
+from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, run_cli
 
 PROG = "chat"
 
@@ -36,12 +34,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default=None, help="default: bfloat16 on cuda, float32 on cpu"
     )
+    add_version(parser)
     return parser.parse_args(argv)
 
 
-class ReplyPrinter(BaseStreamer):
+class ReplyPrinter:
     """A generate() streamer printing reply tokens as they come: text streamed, tool calls and results on lines
-    of their own."""
+    of their own. (generate() calls a streamer's put and end only; transformers' BaseStreamer declares just those,
+    and subclassing it would import torch before the arguments are read.)"""
 
     def __init__(self, tokenizer, at_line_start: bool = True, out=None):
         # imported here, as in chat(): beyond the package (torch, the model), what a reply needs is loaded once the

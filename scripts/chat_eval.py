@@ -18,15 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-from accelerate import PartialState
-
-from nanochat_hf.errors import OneLineArgumentParser, UserError, error_line, first_rank, run_cli
-from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
+from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, error_line, first_rank, run_cli
 from nanochat_hf.tasks import EVAL_TASKS, check_data_file, task_by_name
-from nanochat_hf.training.device import cpu_threads
-from nanochat_hf.training.model_source import load_pretrained
 
+# torch, accelerate and the model stack are imported in evaluate(), once the arguments are read: --help and
+# argument errors answer at once
 PROG = "chat_eval"
 
 
@@ -61,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="CPU threads per process (default: the cores divided among the processes, no more than "
         "the cores other jobs leave idle; as mid_train)",
     )
+    add_version(parser)
     return parser.parse_args(argv)
 
 
@@ -123,6 +120,13 @@ def evaluate(args: argparse.Namespace) -> int:
     results on the main process; bad input raises UserError / OSError before the evaluation starts."""
     check_args(args)
     check_inputs(args)
+    import torch
+    from accelerate import PartialState
+
+    from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
+    from nanochat_hf.training.device import cpu_threads
+    from nanochat_hf.training.model_source import load_pretrained
+
     # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
     state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
     if state.device.type == "cpu":

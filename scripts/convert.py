@@ -21,7 +21,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from nanochat_hf.errors import OneLineArgumentParser, run_cli
+from nanochat_hf.errors import OneLineArgumentParser, add_version, run_cli
 
 PROG = "convert"
 
@@ -84,6 +84,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
+    add_version(parser)
     return parser.parse_args(argv)
 
 

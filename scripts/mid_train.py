@@ -4,7 +4,10 @@ With no arguments: a small model from scratch on the offline demo mixture (CPU, 
 See `MidTrainingArguments` (src/nanochat_hf/training/arguments.py) for every flag.
 """
 
-from nanochat_hf.training.run import main
+from nanochat_hf.training.cli import answer_quickly
 
 if __name__ == "__main__":
+    answer_quickly()  # --help, --version and argument errors before torch and transformers are imported
+    from nanochat_hf.training.run import main
+
     main()

@@ -14,10 +14,10 @@ import os
 import statistics
 import sys
 
-from nanochat_hf.errors import OneLineArgumentParser, UserError, one_line, run_cli
+from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, one_line, run_cli
 
-# The error contract's import loads the package (torch, the model); the rest (datasets, tokenizers, the training
-# arguments) is imported inside the functions that use it, after the arguments are checked.
+# datasets, tokenizers and the training arguments are imported inside the functions that use them, after the
+# arguments are checked: --help and argument errors answer at once.
 PROG = "preview_data"
 GREEN, RESET = "\033[32m", "\033[0m"
 OPEN, CLOSE = "[[", "]]"
@@ -64,6 +64,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-tokens", type=positive_int, default=2048, help="truncation of each rendered conversation")
     p.add_argument("--color", choices=("auto", "always", "never"), default="auto")
     p.add_argument("--strict", action="store_true", help="fail on the first malformed row")
+    add_version(p)
     return p.parse_args(argv)
 
 

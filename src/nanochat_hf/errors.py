@@ -63,3 +63,10 @@ class OneLineArgumentParser(argparse.ArgumentParser):
 
     def error(self, message: str) -> NoReturn:
         self.exit(2, error_line(self.prog, f"{message} (see --help)") + "\n" if first_rank() else None)
+
+
+def add_version(parser: argparse.ArgumentParser) -> None:
+    """Every command's --version: `<prog> <the installed nanochat-hf version>`."""
+    from importlib.metadata import version
+
+    parser.add_argument("--version", action="version", version=f"%(prog)s {version('nanochat-hf')}")

@@ -7,7 +7,6 @@ from pathlib import Path
 import pytest
 import yaml
 
-import nanochat_hf.tasks.hub as hub_mod
 from nanochat_hf.data import DEMO_MIXTURE, load_mixture, loads, read_mixture
 from nanochat_hf.tasks.spelling import simple_spelling, spelling_bee
 
@@ -172,7 +171,7 @@ def test_strict_raises_on_first_malformed_row(tmp_path, hf_cache):
     ],
 )
 def test_bad_mixture_fails_before_loading_data(tmp_path, monkeypatch, config, error, match):
-    monkeypatch.setattr(hub_mod, "load_dataset", lambda *a, **k: pytest.fail("data read before validation"))
+    monkeypatch.setattr("datasets.load_dataset", lambda *a, **k: pytest.fail("data read before validation"))
     with pytest.raises(error, match=match):
         load_mixture(write_yaml(tmp_path, config), split="val")
 

@@ -77,7 +77,7 @@ def test_bad_input_is_one_line_before_any_work(case, script, model_dir, tmp_path
     make, message = CASES[case]
     extra = make(model_dir, tmp_path)
     evaluated = []
-    monkeypatch.setattr(script, "run_chat_eval", lambda *a, **k: evaluated.append(a) or [])
+    monkeypatch.setattr("nanochat_hf.evaluation.run_chat_eval", lambda *a, **k: evaluated.append(a) or [])
     assert script.main(["--model", str(model_dir), "--tasks", "SpellingBee", *extra]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and err.startswith(message.format(tmp=tmp_path)), err

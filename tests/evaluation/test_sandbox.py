@@ -3,17 +3,21 @@ issue 23 (each escape tried by a program; a test skips, saying why, where this O
 
 import os
 import socket
+import subprocess
+import sys
 import tempfile
 import uuid
 from pathlib import Path
 
 import pytest
 
-from nanochat_hf.evaluation import load_problems, run_program
+from nanochat_hf.evaluation import load_problems, run_program, sandbox
 from nanochat_hf.evaluation.sandbox import MECHANISMS, sandbox_mechanisms
 from nanochat_hf.tasks import EVAL_TASKS
 from nanochat_hf.tasks.humaneval import check as check_humaneval
 from nanochat_hf.tasks.humaneval import program as humaneval_program
+
+SANDBOX_FILE = Path(sandbox.__file__)
 
 
 @pytest.fixture
@@ -242,3 +246,21 @@ def test_process_count_is_limited(scratch):
     )
     result = run_program(program, max_processes=4, timeout=10)
     assert result.reason.endswith(("forked 3", "forked 2", "forked 1", "forked 0")), result.reason
+
+
+def test_runs_for_an_evaluator_whose_python_only_root_can_reach(tmp_path):
+    """A checkout in a folder only root can enter (`mktemp -d` is 0700): the unprivileged uid cannot reach its
+    venv's python, so the program runs on the base installation's interpreter, which the sandbox exposes."""
+    needs("unprivileged uid")
+    venv = tmp_path / "private" / "venv"  # tmp_path is 0700 root's
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    load = (  # the sandbox module is standard library only: loaded by path, without the package's dependencies
+        "import importlib.util, sys\n"
+        f"spec = importlib.util.spec_from_file_location('sandbox', {str(SANDBOX_FILE)!r})\n"
+        "sandbox = sys.modules['sandbox'] = importlib.util.module_from_spec(spec)\n"
+        "spec.loader.exec_module(sandbox)\n"
+        "result = sandbox.run_program('import os; print(os.getuid()); raise SystemExit(3)')\n"
+        "print(result.reason, 'unprivileged uid' in result.held)\n"
+    )
+    proc = subprocess.run([str(venv / "bin" / "python"), "-c", load], capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "failed (exit 3) True", proc.stderr  # it ran: the exit code is the program's

@@ -132,6 +132,20 @@ def test_cached_generate_equals_the_full_forward(gen):
     assert torch.equal(uncached, out.sequences)
 
 
+def test_g5_assisted_decoding_equals_greedy():
+    """Assisted decoding (a smaller G5 drafts, the model verifies several tokens at once with its cache): smear's
+    previous token is found at every verification step, so the tokens are plain greedy decoding's."""
+    model = random_generation_model("g5")
+    assistant = random_generation_model("g5", seed=3, n_layer=1, layer_types=["full_attention"])
+    prompt = torch.randint(0, 48, (1, 12), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        plain = model.generate(prompt, max_new_tokens=20, do_sample=False, eos_token_id=None)
+        assisted = model.generate(
+            prompt, assistant_model=assistant, max_new_tokens=20, do_sample=False, eos_token_id=None
+        )
+    assert torch.equal(assisted, plain)
+
+
 @pytest.mark.parametrize("attn", ["sdpa", "eager"])
 def test_g5_one_token_steps_need_and_use_the_previous_token(attn):
     model = random_generation_model("g5")

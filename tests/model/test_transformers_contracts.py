@@ -252,6 +252,50 @@ def test_loss_honours_shift_labels():
         model(ids, shift_labels=shifted[:, 1:])
 
 
+def test_stock_trainer_evaluate_reports_eval_loss(tmp_path):
+    """A plain ``Trainer(model=...).evaluate()`` returns ``eval_loss``: the Trainer scores a batch only when every
+    label name of the forward (``transformers.utils.find_labels``) is in it, so the forward names ``labels`` only
+    (``shift_labels`` goes through ``**kwargs``). The loss is the model's own mean over the eval rows."""
+    from transformers import Trainer, TrainingArguments
+    from transformers.utils import find_labels
+
+    assert find_labels(NanoChatGPTForCausalLM) == ["labels"]
+    model = tester.model()
+    ids, _ = tester.inputs()
+    rows = [{"input_ids": row, "labels": row} for row in ids[1:]]  # the two unpadded rows, one batch
+    args = TrainingArguments(output_dir=str(tmp_path), per_device_eval_batch_size=2, report_to=[], use_cpu=True)
+    metrics = Trainer(model=model, args=args, eval_dataset=rows).evaluate()
+    with torch.no_grad():
+        expected = model(ids[1:], labels=ids[1:]).loss.item()
+    assert metrics["eval_loss"] == pytest.approx(expected, rel=1e-6)
+
+
+def test_assisted_decoding_and_both_cache_names():
+    """``generate(..., assistant_model=...)`` works (transformers 5.24 hands the model its cache as ``cache`` and
+    checks that the forward names it) and gives plain greedy decoding's tokens; ``cache=`` and ``past_key_values=``
+    are the same argument."""
+    from transformers import DynamicCache
+
+    model, assistant = tester.model(), tester.model(seed=7)
+    ids, mask = tester.inputs()
+    with torch.no_grad():
+        plain = model.generate(ids[1:2], max_new_tokens=12, do_sample=False, eos_token_id=None)
+        assisted = model.generate(
+            ids[1:2], assistant_model=assistant, max_new_tokens=12, do_sample=False, eos_token_id=None
+        )
+        first = {name: DynamicCache(config=model.config) for name in ("cache", "past_key_values")}
+        out = {name: model(ids, attention_mask=mask, use_cache=True, **{name: c}) for name, c in first.items()}
+        step = ids[:, -1:]
+        steps = {
+            name: model(step, attention_mask=F.pad(mask, (0, 1), value=1), use_cache=True, **{name: c}).logits
+            for name, c in first.items()
+        }
+    assert torch.equal(assisted, plain)
+    assert torch.equal(out["cache"].logits, out["past_key_values"].logits)
+    assert all(c.get_seq_length() == tester.seq_length + 1 for c in first.values())  # both were filled and extended
+    assert torch.equal(steps["cache"], steps["past_key_values"])
+
+
 def test_trained_model_config_keeps_use_cache(tmp_path):
     """transformers' Trainer writes args.use_cache into the model's config (its default, False, would make every
     generate() of the saved model run without a KV cache): ours says True."""

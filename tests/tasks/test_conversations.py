@@ -10,7 +10,6 @@ import pytest
 from datasets import Dataset
 
 import nanochat_hf.data.mixture as mixture_mod
-import nanochat_hf.tasks.hub as hub_mod
 from nanochat_hf.data import demo_words, english_words, load_mixture, loads, word_list
 from nanochat_hf.tasks.spelling import simple_spelling, spelling_bee
 from nanochat_hf.tokenizer import render_conversation
@@ -97,7 +96,7 @@ def test_hub_path_uses_real_names(monkeypatch, tmp_path, hf_cache, fx):
         calls.append((name, config, split))
         return Dataset.from_list(layouts[name])
 
-    monkeypatch.setattr(hub_mod, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("datasets.load_dataset", fake_load_dataset)
     ds = load_mixture(
         mixture_file(
             tmp_path,

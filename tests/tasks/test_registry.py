@@ -9,7 +9,7 @@ from nanochat_hf.data import loads
 from nanochat_hf.data.mixture import TaskSpec, load_mixture, load_task
 from nanochat_hf.errors import UserError
 from nanochat_hf.evaluation import load_problems
-from nanochat_hf.tasks import EVAL_TASKS, MIXTURE_TASKS, DataLoadError, hub, mixture_task, task_by_name
+from nanochat_hf.tasks import EVAL_TASKS, MIXTURE_TASKS, DataLoadError, mixture_task, task_by_name
 from nanochat_hf.tasks.gsm8k import final_number
 
 GSM8K_ROWS = [
@@ -49,7 +49,7 @@ def test_unreadable_data_is_the_same_one_line_error_on_both_sides(tmp_path, monk
     def offline(*args, **kwargs):
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub (OfflineModeIsEnabled)")
 
-    monkeypatch.setattr(hub, "load_dataset", offline)
+    monkeypatch.setattr("datasets.load_dataset", offline)
     tail = r"could not load openai/gsm8k/main split 'test' \(Couldn't reach 'openai/gsm8k' on the Hub "
     with pytest.raises(DataLoadError, match=rf"^GSM8K: {tail}"):
         load_problems(EVAL_TASKS["GSM8K"])

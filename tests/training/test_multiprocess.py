@@ -35,10 +35,18 @@ def two_proc(tmp_path_factory):
     return tmp, tmp / "two", proc
 
 
-def test_two_processes_match_one_and_keep_only_their_gradients(two_proc):
+@pytest.fixture(scope="module")
+def one_proc(two_proc):
+    """One process on the two processes' global batches (INTERLEAVE: rank 0 then rank 1 rows in each step), shared
+    by the comparison with two processes and the 1-process resume (launching a fresh run costs the most here)."""
+    tmp = two_proc[0]
+    _launch(tmp, tmp / "one", 1, env={"INTERLEAVE": "1"})
+    return tmp / "one"
+
+
+def test_two_processes_match_one_and_keep_only_their_gradients(two_proc, one_proc):
     tmp, two, proc = two_proc
-    one = tmp / "one"
-    _launch(tmp, one, 1, env={"INTERLEAVE": "1"})
+    one = one_proc
     p0, p1 = load_file(str(two / "params.rank0.safetensors")), load_file(str(two / "params.rank1.safetensors"))
     ref = load_file(str(one / "params.rank0.safetensors"))
     for name in p0:
@@ -60,17 +68,14 @@ def test_two_processes_match_one_and_keep_only_their_gradients(two_proc):
 
 
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_resume_reproduces_logged_losses(two_proc, nproc):
+def test_resume_reproduces_logged_losses(two_proc, one_proc, nproc):
     tmp, two, _ = two_proc
-    if nproc == 1:
-        full = tmp / "full1"
-        _launch(tmp, full, 1)
-    else:
-        full = two
+    full = one_proc if nproc == 1 else two
     resumed = tmp / f"resumed{nproc}"
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")  # as if the run died after step 3
-    _launch(tmp, resumed, nproc, ["--resume_from_checkpoint", "true"])
+    env = {"INTERLEAVE": "1"} if nproc == 1 else None  # the data order of the run it resumes
+    _launch(tmp, resumed, nproc, ["--resume_from_checkpoint", "true"], env=env)
     assert _losses(resumed / "checkpoint-6") == _losses(full / "checkpoint-6")
     a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)

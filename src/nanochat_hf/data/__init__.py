@@ -5,13 +5,35 @@ Mixture rows: ``{"conversation": str (JSON of nanochat's {"messages": [...]}), "
 tokenized rows: ``{"input_ids", "labels", "num_tokens", "task"}``.
 """
 
-from .bestfit import BestFitStream
-from .conversation import check_messages, conversation_texts, dumps, loads
-from .demo import demo_tokenizer
-from .mixture import DEMO_MIXTURE, TaskSpec, load_mixture, parse_mixture, read_mixture
-from .packing import MicroBatchStream, PackedStream
-from .tokenization import tokenize_conversations
-from .words import WORD_LISTS, demo_words, english_words, word_list
+from __future__ import annotations
+
+from ..lazy import lazy_exports
+
+# name -> the submodule defining it, imported on first use (PEP 562): the task registry, which every command's
+# --help reads, imports the light modules (words, conversation) without the tokenization and packing stack
+_WHERE = {
+    "BestFitStream": "bestfit",
+    "check_messages": "conversation",
+    "conversation_texts": "conversation",
+    "dumps": "conversation",
+    "loads": "conversation",
+    "demo_tokenizer": "demo",
+    "DEMO_MIXTURE": "mixture",
+    "TaskSpec": "mixture",
+    "load_mixture": "mixture",
+    "parse_mixture": "mixture",
+    "read_mixture": "mixture",
+    "MicroBatchStream": "packing",
+    "PackedStream": "packing",
+    "tokenize_conversations": "tokenization",
+    "WORD_LISTS": "words",
+    "demo_words": "words",
+    "english_words": "words",
+    "word_list": "words",
+}
+
+
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
 
 __all__ = [
     "DEMO_MIXTURE",

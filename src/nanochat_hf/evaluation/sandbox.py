@@ -5,7 +5,7 @@ environment (PATH, and HOME/TMPDIR pointing into the directory: no token or othe
 started by `sandbox_launch.py`, which uses what the OS offers (its docstring says how each works):
 namespaces (network, PID, mount, IPC; plus a user namespace when not root), uid nobody when root, rlimits
 (CPU, per-process address space = total memory / process count, file size, process count, no core files) and
-process groups. `MECHANISMS` lists them; `sandbox_mechanisms()` says which hold on this machine, and the README
+process groups. `MECHANISMS` lists them; `sandbox_mechanisms()` says which hold on this machine, and docs/sandbox.md
 has the table per platform. The launcher kills the program when its time is up; the evaluator keeps its own
 deadline on the launcher and cleans the directory up in any case.
 """

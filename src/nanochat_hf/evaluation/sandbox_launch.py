@@ -37,6 +37,10 @@ CLONE_NEWNS, CLONE_NEWIPC, CLONE_NEWUSER, CLONE_NEWPID, CLONE_NEWNET = (
     0x20000000,
     0x40000000,
 )
+# The program's interpreter: the base installation's, not a virtual environment's link to it. The program needs
+# only the standard library (-I), the unprivileged uid may not reach the venv (a checkout inside a 0700 folder,
+# e.g. `mktemp -d`), and the base installation is made reachable for it (`_expose`).
+PYTHON = os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 MS_RDONLY, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 32, 4096, 16384, 1 << 18
 KEPT_MOUNT_FLAGS = 2 | 4 | 8 | 1024 | 2048 | 4096  # nosuid, nodev, noexec, noatime, nodiratime, relatime (= ST_*)
 PR_SET_PDEATHSIG = 1
@@ -172,7 +176,7 @@ def _program(cfg: dict, root: bool, namespaces: bool, report_fd: int, uid: int) 
     devnull = os.open(os.devnull, os.O_RDWR)
     for fd, target in ((devnull, 0), (devnull, 1), (stderr, 2)):
         os.dup2(fd, target)
-    os.execve(sys.executable, [sys.executable, "-I", "-c", cfg["prelude"]], cfg["env"])
+    os.execve(PYTHON, [PYTHON, "-I", "-c", cfg["prelude"]], cfg["env"])
 
 
 def main() -> None:

@@ -1,17 +1,22 @@
-"""nanochat's GPT as a transformers model (config, backbone, causal LM, sequence classification)."""
+"""nanochat's GPT as a transformers model (config, backbone, causal LM, sequence classification). The classes are
+imported on first use (see `nanochat_hf.lazy`), so the configuration file alone imports without the modeling stack;
+importing the modeling file registers the model with the transformers Auto classes (see `nanochat_hf`)."""
 
-from .configuration_nanochat_gpt import NanoChatGPTConfig
-from .modeling_nanochat_gpt import (
-    NanoChatGPTForCausalLM,
-    NanoChatGPTForSequenceClassification,
-    NanoChatGPTModel,
-    NanoChatGPTPreTrainedModel,
-)
+from __future__ import annotations
 
-__all__ = [
-    "NanoChatGPTConfig",
-    "NanoChatGPTForCausalLM",
-    "NanoChatGPTForSequenceClassification",
-    "NanoChatGPTModel",
-    "NanoChatGPTPreTrainedModel",
-]
+from ..lazy import lazy_exports
+
+_WHERE = {
+    "NanoChatGPTConfig": "configuration_nanochat_gpt",
+    **dict.fromkeys(
+        (
+            "NanoChatGPTForCausalLM",
+            "NanoChatGPTForSequenceClassification",
+            "NanoChatGPTModel",
+            "NanoChatGPTPreTrainedModel",
+        ),
+        "modeling_nanochat_gpt",
+    ),
+}
+__getattr__, __dir__ = lazy_exports(__name__, _WHERE)
+__all__ = list(_WHERE)

@@ -336,14 +336,15 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         previous_input_ids: torch.LongTensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """``previous_input_ids`` (B,): with smear (G5) and a non-empty cache, the token before each row's
-        ``input_ids`` (generate() passes it), whose embedding smear mixes into the first new position."""
+        ``input_ids`` (generate() passes it), whose embedding smear mixes into the first new position. ``cache`` is
+        ``past_key_values`` by the name transformers >= 5.24 gives it (either may be passed)."""
         c = self.config
-        if kwargs.get("cache") is not None:  # transformers >= 5.24 names the cache `cache` (generate() passes it so)
-            past_key_values = kwargs.pop("cache")
-        kwargs.pop("cache", None)
+        if cache is not None:
+            past_key_values = cache
         if (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
         if c.value_embeddings and input_ids is None:
@@ -491,12 +492,20 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         logits_to_keep: int | torch.Tensor = 0,
         loss_reduction: str = "mean",
         num_items_in_batch: int | torch.Tensor | None = None,
-        shift_labels: torch.LongTensor | None = None,
+        cache: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
-        """Labels are aligned with input_ids (shifted inside), -100 ignored; ``shift_labels`` (already aligned with
-        the logits) replace them. ``loss_reduction``: "mean" (or sum / ``num_items_in_batch`` when given), "sum",
-        or "none" -> per-token nats, 0 where ignored: (B, L-1) from labels, (B, L) from shift_labels."""
+        """Labels are aligned with input_ids (shifted inside), -100 ignored; ``shift_labels`` (a keyword, already
+        aligned with the logits) replace them. ``loss_reduction``: "mean" (or sum / ``num_items_in_batch`` when
+        given), "sum", or "none" -> per-token nats, 0 where ignored: (B, L-1) from labels, (B, L) from shift_labels.
+        ``cache`` is ``past_key_values`` by the name transformers >= 5.24 gives it (generate() passes it so).
+
+        ``shift_labels`` is taken through ``**kwargs`` on purpose: transformers' ``find_labels`` lists every forward
+        argument with "label" in its name, and the Trainer computes an eval loss only when all of them are in the
+        batch, so a named ``shift_labels`` would cost a plain ``Trainer.evaluate()`` its ``eval_loss``."""
+        shift_labels = kwargs.pop("shift_labels", None)
+        if cache is not None:
+            past_key_values = cache
         if use_cache is None:  # a cache only helps decoding: not when training or scoring labels
             use_cache = self.config.use_cache and not self.training and labels is None and shift_labels is None
         out = self.transformer(

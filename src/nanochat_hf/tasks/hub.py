@@ -11,15 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-
-from datasets import Dataset, load_dataset
-from datasets.exceptions import DatasetsError
+from typing import TYPE_CHECKING
 
 from ..errors import UserError, one_line
 from .common import Task
 
 HUB_SHUFFLE_SEED = 42
 SOURCE_ROW = "__source_row__"  # row number in the source, kept through the shuffle (an in-memory column)
+
+if TYPE_CHECKING:
+    from datasets import Dataset
 
 
 class DataLoadError(UserError):
@@ -62,6 +63,9 @@ def load_rows(
 ) -> tuple[Dataset, str]:
     """(rows shuffled with seed 42, with their source row numbers in column SOURCE_ROW; the source's name for
     messages). `where` starts every error message ("task mmlu[train]", "ARC-Easy")."""
+    from datasets import load_dataset  # here, not at the top: the task registry is read by every command's --help
+    from datasets.exceptions import DatasetsError
+
     if data_files:
         builder = "parquet" if all(f.endswith(".parquet") for f in data_files) else "json"
         source = ", ".join(data_files)

@@ -13,98 +13,38 @@ Parsing has no side effects (threads, devices are set up when training starts, i
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
+import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-import yaml
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
 from nanochat_hf.optim import RECIPES
 from nanochat_hf.tasks import EVAL_TASKS, task_by_name
 
-from ..errors import OneLineArgumentParser, UserError, one_line
+from ..atomic import write_text
+from ..errors import OneLineArgumentParser, UserError, add_version, one_line
+from .cli import (
+    ALIASES,
+    ARGUMENTS_FILE,
+    DEMO_CONFIG,
+    DESCRIPTION,
+    PROG,
+    REFUSED,
+    HelpFormatter,
+    config_defaults,
+    config_for,
+    describe,
+    flags,
+    own_help,
+)
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
 from .inherit import find_meta, inherit, inheritance_lines, warm_start_lines
-
-# The demo run's settings (also `configs/demo.yaml`, a link to this file): used when neither a config file nor a
-# --model_source other than "demo" is given. Flags still override them.
-DEMO_CONFIG = Path(__file__).with_name("demo.yaml")
-
-# nanochat knob -> the TrainingArguments field it is an alias of
-ALIASES = {
-    "num_iterations": "max_steps",
-    "device_batch_size": "per_device_train_batch_size",
-    "eval_every": "eval_steps",
-}
-
-# TrainingArguments fields this recipe does not read: setting one (to anything but its default) is an error.
-REFUSED = {
-    "learning_rate": "use matrix_lr / embedding_lr / unembedding_lr (nanochat's per-group rates) and init_lr_frac",
-    "lr_scheduler_type": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
-    "progress)",
-    "lr_scheduler_kwargs": "the schedule is nanochat's (constant, then linear to 0 over the last warmdown_ratio of "
-    "progress)",
-    "warmup_steps": "nanochat's schedule has no LR warm-up (Muon's momentum warms up over 300 steps)",
-    "optim": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
-    "optim_args": "the optimizer is nanochat's Muon + AdamW (matrix_lr, embedding_lr, unembedding_lr, weight_decay)",
-    "optim_target_modules": "Muon takes every transformer.h matrix, AdamW the embedding and lm_head",
-    "adam_beta1": "nanochat's AdamW betas are fixed at (0.8, 0.95)",
-    "adam_beta2": "nanochat's AdamW betas are fixed at (0.8, 0.95)",
-    "adam_epsilon": "nanochat's AdamW eps is fixed at 1e-10",
-    "fp16": "use dtype (auto, bfloat16, float32): nanochat trains in bfloat16 autocast on CUDA",
-    "num_train_epochs": "use num_iterations (-1 = one epoch of the train mixture, N = N optimizer steps)",
-    "label_smoothing_factor": "nanochat trains on plain cross-entropy",
-    "auto_find_batch_size": "set device_batch_size (grad accumulation is derived from total_batch_size)",
-    "dataloader_num_workers": "the per-rank token stream keeps its position in the main process",
-    "ignore_data_skip": "the data position is restored from the checkpoint, never skipped",
-    "average_tokens_across_devices": "nanochat's loss is the per-micro-batch mean / grad accumulation",
-}
-
-# Our --help text for the TrainingArguments fields this recipe reads with a meaning of its own (the rest keep
-# transformers' text and meaning).
-HELP = {
-    "resume_from_checkpoint": "true: continue from the newest intact checkpoint-<step> in output_dir (a damaged newer "
-    "one is skipped, saying why); or a checkpoint folder. Every file is checked first, the "
-    "same number of processes is needed",
-    "torch_compile": "compile the training step with torch.compile (on CPU this needs a C++ compiler; the first steps "
-    "take a minute or more longer); false: eager",
-    "save_total_limit": "keep at most this many checkpoint-<step> folders (the best one is kept)",
-    "load_best_model_at_end": "load the best checkpoint at the end (with --metric_for_best_model val_bpb)",
-    "metric_for_best_model": "val_bpb (lower is better) picks the best checkpoint",
-    "disable_tqdm": "no progress bar (the bar is drawn only when stdout and stderr are a terminal)",
-    "push_to_hub": "push the final model (and checkpoints, see hub_strategy) to hub_model_id",
-    "ddp_timeout": "seconds a process waits for the others at a collective before failing (every backend)",
-}
-
-
-class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
-    """One default per knob: the value a run gets (a config file's included). None is not shown (the help says what
-    it means), nor on an alias (its knob shows it) or where the help states the default itself."""
-
-    def _get_help_string(self, action: argparse.Action) -> str:
-        text = action.help or ""
-        if action.default is None or "default" in text or text.startswith("alias of"):
-            return text
-        return super()._get_help_string(action)
-
-
-def _own_help(parser: HfArgumentParser) -> None:
-    """Refused fields hidden from --help (still parsed, to refuse them in one line), our texts, one default each."""
-    for action in parser._actions:  # a bool field defaulting to True has a second, --no_<name> action
-        if action.dest in REFUSED:
-            action.help = argparse.SUPPRESS
-    actions = {a.dest: a for a in parser._actions if a.help != argparse.SUPPRESS}
-    for name, text in HELP.items():
-        actions[name].help = text
-    for knob, hf in ALIASES.items():  # a knob left at None takes its alias' value
-        shown = actions[knob].default if actions[knob].default is not None else actions[hf].default
-        actions[knob].help = f"{actions[knob].help} (default: {shown})"
 
 
 class _OneLineParser(OneLineArgumentParser, HfArgumentParser):
@@ -458,79 +398,38 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         return getattr(torch, self.embedding_dtype)
 
 
-def _config_defaults(path: Path, known: set[str]) -> dict:
-    if not path.is_file():
-        raise FileNotFoundError(f"config file {path} not found")
-    try:
-        values = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        where = getattr(e, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        problem = getattr(e, "problem", None) or "malformed"
-        raise UserError(f"config file {path}: not valid YAML{line} ({problem})") from None
-    if not isinstance(values, dict):
-        raise UserError(f"config file {path}: expected a mapping of argument names to values")
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise UserError(f"config file {path}: unknown argument(s) {', '.join(unknown)}")
-    return values
-
-
 def config_values(path: str | os.PathLike | None = None) -> dict:
     """Each argument's value before any flag: a config file's (the demo config's when None) over the dataclass
     defaults, an alias pair resolved. `scripts/preview_data.py` shows the batch arithmetic of a run from these."""
     defaults = {
         f.name: f.default for f in dataclasses.fields(MidTrainingArguments) if f.default is not dataclasses.MISSING
     }
-    values = {**defaults, **_config_defaults(Path(path) if path else DEMO_CONFIG, set(defaults))}
+    values = {**defaults, **config_defaults(Path(path) if path else DEMO_CONFIG, set(defaults))}
     for knob, hf in ALIASES.items():
         if values[knob] is None:
             values[knob] = values[hf]
     return values
 
 
-def _flags(argv: list[str]) -> set[str]:
-    return {a[2:].split("=")[0] for a in argv if a.startswith("--")}
-
-
-def _drop_overridden(values: dict, argv: list[str]) -> dict:
-    """A config value of an alias pair gives way to a flag naming EITHER name of the pair."""
-    given = _flags(argv)
-    pairs = [*ALIASES.items(), ("dtype", "bf16")]
-    overridden = {name for pair in pairs if given & set(pair) for name in pair}
-    return {k: v for k, v in values.items() if k not in overridden}
+def _parser() -> _OneLineParser:
+    """MidTrainingArguments' parser, as `cli.ARGUMENTS_FILE` describes it (no config values, no help edits yet)."""
+    return _OneLineParser(MidTrainingArguments, prog=PROG, formatter_class=HelpFormatter, description=DESCRIPTION)
 
 
 def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
     """Parse `[config.yaml] [--field value ...]`: the config's values become defaults, flags override them.
 
     Without a config file, the demo config is the defaults unless --model_source names a real model (then the
-    dataclass defaults, nanochat's recipe, apply).
+    dataclass defaults, nanochat's recipe, apply). (`cli.answer_quickly` does the same without the training stack.)
     """
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _OneLineParser(
-        MidTrainingArguments,
-        prog="mid_train",
-        formatter_class=_HelpFormatter,
-        description=(
-            "Mid-train a nanochat model: mid_train.py [config.yaml] [--flag value ...]. The defaults shown are the "
-            "ones this command line gets: a config file's values, else the demo config's unless --model_source names "
-            "a model."
-        ),
-    )
+    parser = _parser()
     known = {action.dest for action in parser._actions}
-    config: dict = {}
-    if argv and argv[0].endswith((".yaml", ".yml")):
-        config = _drop_overridden(_config_defaults(Path(argv.pop(0)), known), argv)
-    else:
-        peek = _OneLineParser([], prog="mid_train", add_help=False)
-        peek.add_argument("--model_source", default=None)
-        source = peek.parse_known_args(argv)[0].model_source
-        if source in (None, "", "demo"):
-            config = _drop_overridden(_config_defaults(DEMO_CONFIG, known), argv)
+    config = config_for(argv, known, _OneLineParser([], prog=PROG, add_help=False))
     parser.set_defaults(**config)
-    inherited, meta_path = _inherit_from_base(parser, set(config) | _flags(argv), argv)
-    _own_help(parser)
+    inherited, meta_path = _inherit_from_base(parser, set(config) | flags(argv), argv)
+    add_version(parser)
+    own_help(parser)
     args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:  # argparse's own wording, as every other entry point says it
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
@@ -545,7 +444,7 @@ def parse_args(argv: list[str] | None = None) -> MidTrainingArguments:
 def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str]) -> tuple[dict | None, Path | None]:
     """With inherit_from_base: the meta values of the inherited arguments that neither the config nor a flag
     gives (`given`) become defaults. (None, None) without inherit_from_base."""
-    peek = _OneLineParser([], prog="mid_train", add_help=False)
+    peek = _OneLineParser([], prog=PROG, add_help=False)
     for name, kind in (
         ("inherit_from_base", string_to_bool),
         ("model_source", str),
@@ -563,3 +462,14 @@ def _inherit_from_base(parser: HfArgumentParser, given: set[str], argv: list[str
     inherited = inherit(meta_path, given, seen.model_source)
     parser.set_defaults(**inherited)
     return inherited, meta_path
+
+
+def write_arguments_file() -> None:
+    """(Re)write `cli.ARGUMENTS_FILE` from MidTrainingArguments; run it after changing an argument or transformers:
+    `python -m nanochat_hf.training.arguments` (a test says so when the file is out of date)."""
+    write_text(ARGUMENTS_FILE, json.dumps(describe(_parser()), indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    write_arguments_file()
+    print(f"wrote {ARGUMENTS_FILE}")

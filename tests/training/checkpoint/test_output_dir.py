@@ -7,6 +7,7 @@ The permission cases run in a subprocess as uid/gid 65534 (nobody): root, as on 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import json
 import os
 import shutil
@@ -18,6 +19,7 @@ from pathlib import Path
 import pytest
 
 from nanochat_hf.atomic import TMP_PREFIX
+from nanochat_hf.evaluation import sandbox
 from nanochat_hf.training.checkpoint.layout import LOCK_FILE
 from nanochat_hf.training.checkpoint.output_dir import (
     OutputDirError,
@@ -226,12 +228,35 @@ def traversable_by_others(path: Path) -> bool:
     return all(p.stat().st_mode & 0o001 for p in (path, *path.parents))
 
 
+def expose_to_nobody(paths: list[Path]):
+    """A preexec_fn (as root, Linux) giving the child a mount namespace in which a folder above `paths` that others
+    cannot enter (a checkout under a 0700 `mktemp -d` folder) holds only those paths, as the HumanEval sandbox shows
+    the interpreter to its unprivileged uid (`sandbox_launch._expose`); None if nothing needs it."""
+    if os.geteuid() != 0 or all(traversable_by_others(p) for p in paths):
+        return None
+    spec = importlib.util.spec_from_file_location(
+        "sandbox_launch", Path(sandbox.__file__).with_name("sandbox_launch.py")
+    )
+    launch = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch)
+
+    def expose() -> None:
+        launch._libc("unshare", launch.CLONE_NEWNS)
+        launch._mount(None, "/", None, launch.MS_REC | launch.MS_PRIVATE)  # nothing propagates back to the host
+        launch._expose([str(p) for p in paths])
+
+    return expose
+
+
 def run_as_nobody(cases: dict[str, Path], home: Path) -> dict:
-    for needed in (REPO_ROOT / "src", Path(sys.prefix)):
-        if os.geteuid() == 0 and not traversable_by_others(needed):  # e.g. a checkout under a 0700 mktemp folder
-            pytest.skip(f"uid {NOBODY} cannot reach {needed}, so it cannot import the package or torch")
+    needed = [REPO_ROOT, Path(sys.prefix), Path(sys.base_prefix).resolve()]  # the package, the venv, the interpreter
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src"), "HOME": str(home), "HF_HOME": str(home / "hf")}
     cmd, preexec = as_nobody([sys.executable, "-c", CHILD, json.dumps({k: str(v) for k, v in cases.items()})])
+    expose = expose_to_nobody(needed)
+    if expose is not None and preexec is not None:  # no setpriv: the namespace, then the setuid, in one preexec_fn
+        preexec = lambda: (expose(), drop_privileges())  # noqa: E731
+    elif expose is not None:
+        preexec = expose
     try:
         proc = subprocess.run(
             cmd, check=False, env=env, capture_output=True, text=True, timeout=300, preexec_fn=preexec
