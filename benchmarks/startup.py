@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("mid_train", "convert", "chat", "chat_eval", "preview_data")
+SCRIPTS = ("mid_train", "convert", "chat", "chat_eval", "preview_data", "serve")
 BASELINE = "import torch"
 
 
@@ -58,7 +58,7 @@ def cpu_name() -> str:
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--repeats", type=int, default=5)
-    p.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated script names (default: all five)")
+    p.add_argument("--scripts", default=",".join(SCRIPTS), help="comma-separated script names (default: all of them)")
     args = p.parse_args(argv)
     commands = cases([s for s in args.scripts.split(",") if s])
     print(

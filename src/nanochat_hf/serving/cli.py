@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import argparse
 
-from nanochat_hf.errors import OneLineArgumentParser, UserError, run_cli
+from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, run_cli
 
 PROG = "serve"
 
@@ -36,6 +36,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cb-max-batch-tokens", type=int, default=None, help="tokens per continuous batch")
     parser.add_argument("--no-calculator", action="store_true", help="calculator tool off unless a request asks")
     parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    add_version(parser)
     args = parser.parse_args(argv)
     for flag in ("port", "cb_num_blocks", "cb_max_batch_tokens"):
         value = getattr(args, flag)
