@@ -188,6 +188,7 @@ class MidTrainer(Trainer):
                 weight_decay=a.weight_decay,
                 init_lr_frac=a.init_lr_frac,
                 recipe=a.optimizer_recipe,
+                polar_dtype=a.polar_dtype,
             )
             clip_in_optimizer(self.optimizer, a.max_grad_norm)
             if self.warm_start is not None:  # (a resume then replaces this state with the checkpoint's)
