@@ -102,3 +102,15 @@ def test_a_pinned_bfloat16_the_device_cannot_run_is_one_line(helpers):
     )
     with pytest.raises(UserError, match=r"polar_dtype='float16': expected one of auto, bfloat16, float32"):
         build_optimizer(model, polar_dtype="float16")
+
+
+@pytest.mark.parametrize(
+    ("capability", "expected"), [((9, 0), torch.bfloat16), ((8, 0), torch.bfloat16), ((7, 5), torch.float32)]
+)
+def test_auto_on_cuda_follows_nanochat_heads_sm80_rule(monkeypatch, capability, expected):
+    """bfloat16 from Ampere (SM 8.0) on, float32 before (V100, T4), in both recipes, as nanochat HEAD's compute
+    dtype; torch.cuda.is_bf16_supported() would say True on a T4 (emulation included)."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    for recipe in RECIPES:
+        dtype, reason = resolve_polar_dtype("auto", torch.device("cuda", 0), recipe)
+        assert dtype == expected and f"SM {capability[0]}{capability[1]}" in reason

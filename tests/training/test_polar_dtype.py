@@ -52,8 +52,17 @@ def test_the_first_lines_say_auto_picks_float32_where_bfloat16_is_emulated(emula
 
 
 def test_the_first_lines_say_a_pinned_dtype(capsys, tmp_path):
+    out, _ = _stops(["--model_source", str(tmp_path / "nowhere"), "--polar_dtype", "float32"], capsys, tmp_path)
+    assert "mid_train: Muon orthogonalises in float32 (polar_dtype float32: pinned)" in out[0], out
+
+
+def test_a_pinned_bfloat16_says_it_is_slow_where_emulated(emulated_bfloat16, capsys, tmp_path):
     out, _ = _stops(["--model_source", str(tmp_path / "nowhere"), "--polar_dtype", "bfloat16"], capsys, tmp_path)
-    assert "mid_train: Muon orthogonalises in bfloat16 (polar_dtype bfloat16: pinned)" in out
+    line = out[0]
+    assert line.startswith("mid_train: Muon orthogonalises in bfloat16 (polar_dtype bfloat16: pinned); slow here: "), (
+        line
+    )
+    assert line.endswith(" (emulated), --polar_dtype auto runs float32"), line
 
 
 def test_pinned_bfloat16_the_device_cannot_multiply_is_one_line(capsys, tmp_path, tiny_args):

@@ -28,7 +28,7 @@ from ..errors import UserError, error_line, first_rank, one_line
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
 from ..jsonfile import read_json
-from ..optim.precision import polar_dtype_name, resolve_polar_dtype
+from ..optim.precision import cpu_has_native_bfloat16, polar_dtype_name, resolve_polar_dtype
 from ..tasks.spelling import simple_spelling
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
@@ -192,6 +192,8 @@ def polar_dtype_line(args: MidTrainingArguments) -> str:
     line = f"Muon orthogonalises in {name} (polar_dtype {args.polar_dtype}: {reason})"
     if args.optimizer_recipe == "2025-12" and name != "bfloat16":
         line += "; --polar_dtype bfloat16 gives nanochat's December numbers exactly"
+    if name == "bfloat16" and args.device.type == "cpu" and not cpu_has_native_bfloat16()[0]:
+        line += f"; slow here: {cpu_has_native_bfloat16()[1]} (emulated), --polar_dtype auto runs float32"
     return line
 
 
