@@ -15,7 +15,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader ||
 python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
 date -u
 echo "== optimizer step, d20 matrices"
-python benchmarks/optim_step.py --depth 20 --repeats 5
+python benchmarks/optim_step.py --depth 20 --repeats 5 --details
 echo "== training, d20 (width 1280, vocab 65536, ${BATCH:-32} x 2048 tokens per step), eager and compiled"
 # --run_steps: the compile verdict for a run of that many of these steps (an epoch of nanochat's mid-training mixture
 # on one GPU is thousands of them)

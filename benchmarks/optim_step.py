@@ -1,32 +1,39 @@
-"""Median time of one Muon step over the block matrices of a nanochat model: ours vs torch.optim.Muon, and the
-step of optimizer recipe 2026-07 (nanochat HEAD's MuonAdamW) vs nanochat's own formula run eagerly.
+"""Median time of one Muon step over the block matrices of a nanochat model, both optimizer recipes and both
+orthogonalisation dtypes (``polar_dtype``), against torch.optim.Muon, in one interleaved run.
 
-    python benchmarks/optim_step.py            # d12 on CPU, d20 (and d12) when CUDA is available
-    python benchmarks/optim_step.py --quick    # small smoke run
-    python benchmarks/optim_step.py --only_head  # just recipe 2026-07's step and the state per rank
+    python benchmarks/optim_step.py                      # the table: d4, d8, d12 on CPU (d12, d20 on CUDA)
+    python benchmarks/optim_step.py --emulate_no_bf16    # the same as on a CPU without native bfloat16 (oneDNN off)
+    python benchmarks/optim_step.py --quick              # d2, 2 repeats: a smoke run
+    python benchmarks/optim_step.py --details            # also the batching paths, the Gram iteration, nanochat's
+                                                         # formula (bfloat16: slow where bfloat16 is emulated)
 
-Every optimizer gets the same float32 parameters and gradients and the same math (Nesterov momentum 0.95,
-5 bf16 Newton-Schulz steps, lr * max(1, rows/cols)^0.5, no weight decay). torch's loops over the matrices one
-at a time; ours runs Newton-Schulz batched over each shape or one matrix at a time (the default picks by device
-and shape, marked "*"), and optionally with the Gram iteration for rectangular matrices. The bf16 matmul rate of
-the machine is measured in the same run with plain batched matmuls of exactly the shapes Newton-Schulz
-multiplies, and the table reports which fraction of it each step reaches (standard Newton-Schulz FLOPs / step
-time / matmul rate). Then: the Gram iteration's speed and deviation on the rectangular shapes, and the optimizer
-state per rank for 1 and 2 processes of the sharded step.
+The table (default): for each depth, the step of recipe 2025-12 (`MuonAdamW`: Nesterov momentum, 5 Newton-Schulz
+steps), of recipe 2026-07 (`NorMuonAdamW`: Polar Express, NorMuon, one stack per shape) and of torch.optim.Muon
+(same math as 2025-12, a matrix at a time), each with the orthogonalisation in bfloat16 and in float32 (torch's
+bfloat16 is hard-coded: its float32 row runs torch's own Newton-Schulz function with the bfloat16 cast replaced by a
+float32 copy). Same float32 parameters and gradients for all, no weight decay; medians of rounds in which every
+step runs once in turn, so that a change of load on shared cores hits all alike. Where bfloat16 is emulated
+(40-70x slower than float32) a step can take minutes: a cell whose first call (the warm-up) takes longer than
+--budget / --repeats seconds is reported from that one call ("1 call"), and one predicted (from the previous depth's
+time x the FLOP ratio) to take longer than --max_call seconds is not run ("est."). So the default run finishes in a
+few minutes on a 2-core CPU either way.
 
-Recipe 2026-07: `NorMuonAdamW`'s step over the same matrices (one stack per shape) against a transcription of
-nanochat's `muon_step_fused` (92d63d4, nanochat/optim.py) run eagerly, op by op, on the same stacks, the way its
-MuonAdamW calls it with one process (stack the parameters, step, copy back); orthogonalisation in bfloat16 on CUDA
-and float32 on CPU, as nanochat's compute dtype. Also the largest difference of the two updates, and the state per
-rank of both recipes at 1 and 2 processes.
+--details adds the sections of earlier releases: ours batched / per matrix / Gram vs torch.optim.Muon in bfloat16
+with the machine's bf16 matmul rate, the Gram iteration's speed and deviation, and recipe 2026-07's step vs a
+transcription of nanochat's `muon_step_fused` (92d63d4, nanochat/optim.py) run eagerly on the same stacks
+(orthogonalisation in bfloat16 on CUDA and float32 on CPU, as nanochat's compute dtype). The optimizer state per
+rank of both recipes at 1 and 2 processes ends every run.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import platform
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
@@ -34,6 +41,7 @@ from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.optim import MuonAdamW, NorMuonAdamW, newton_schulz, ns_batch_size
 from nanochat_hf.optim.head import SMALL_NUMEL
 from nanochat_hf.optim.kernels import POLAR_EXPRESS_COEFFS
+from nanochat_hf.optim.precision import cpu_has_native_bfloat16
 
 
 # ---- optimizer state per rank: the sharding rules of the two recipes (tests/optim checks them against 2-process runs)
@@ -358,6 +366,127 @@ def bench_head_step(depth: int, repeats: int, device: torch.device) -> None:
         print(f"{name:<32} {sec:>9.4f} {sec / base:>10.2f}")
 
 
+# ---- the table: both recipes x both dtypes vs torch.optim.Muon
+def torch_ns_float32(grad, ns_coefficients, ns_steps, eps):
+    """torch.optim.Muon's `_zeropower_via_newtonschulz` (torch 2.13, torch/optim/_muon.py) with its bfloat16 cast
+    replaced by a float32 copy: torch's step with the orthogonalisation in float32."""
+    a, b, c = ns_coefficients
+    ortho_grad = grad.to(torch.float32, copy=True)
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    ortho_grad.div_(ortho_grad.norm().clamp(min=eps))
+    for _ in range(ns_steps):
+        gram_matrix = ortho_grad @ ortho_grad.T
+        gram_update = torch.addmm(gram_matrix, gram_matrix, gram_matrix, beta=b, alpha=c)
+        ortho_grad = torch.addmm(ortho_grad, gram_update, ortho_grad, beta=a)
+    if grad.size(0) > grad.size(1):
+        ortho_grad = ortho_grad.T
+    return ortho_grad
+
+
+@contextlib.contextmanager
+def torch_muon_in(dtype: torch.dtype):
+    """torch.optim.Muon orthogonalising in ``dtype`` (bfloat16: as shipped)."""
+    import torch.optim._muon as muon
+
+    shipped = muon._zeropower_via_newtonschulz
+    if dtype == torch.float32:
+        muon._zeropower_via_newtonschulz = torch_ns_float32
+    try:
+        yield
+    finally:
+        muon._zeropower_via_newtonschulz = shipped
+
+
+def table_steps(shapes: list[tuple[int, int]], device: torch.device, dtype: torch.dtype) -> dict:
+    """The three steps, orthogonalising in ``dtype``, over shared parameters (set up here, gradients reset per call)."""
+    name = str(dtype).removeprefix("torch.")
+    params = [torch.nn.Parameter(torch.randn(s, device=device) * 0.02) for s in shapes]
+    grads = [torch.randn(s, device=device) for s in shapes]
+    muon = {"kind": "muon", "lr": 0.02, "initial_lr": 0.02, "momentum": 0.95, "nesterov": True, "ns_steps": 5}
+    december = MuonAdamW([{"params": params, "name": "muon/matrix", "polar_dtype": name, **muon}], sharded=False)
+    stacks = {s: [p for p, t in zip(params, shapes) if t == s] for s in sorted(set(shapes))}
+    head = NorMuonAdamW(
+        [
+            {
+                "params": ps,
+                "name": f"muon/{s[0]}x{s[1]}",
+                "beta2": 0.9,
+                "weight_decay": 0.0,
+                "polar_dtype": name,
+                **muon,
+            }
+            for s, ps in stacks.items()
+        ],
+        sharded=False,
+    )
+    reference = torch.optim.Muon(
+        params, lr=0.02, weight_decay=0.0, momentum=0.95, nesterov=True, ns_steps=5, adjust_lr_fn="original"
+    )
+
+    def with_grads(step):
+        def run():
+            for p, g in zip(params, grads):
+                p.grad = g.clone()
+            step()
+
+        return run
+
+    def torch_step():
+        with torch_muon_in(dtype):
+            reference.step()
+
+    return {
+        ("2025-12 (MuonAdamW)", name): with_grads(december.step),
+        ("2026-07 (NorMuonAdamW)", name): with_grads(head.step),
+        ("torch.optim.Muon", name): with_grads(torch_step),
+    }
+
+
+def timed(fn, device: torch.device) -> float:
+    sync(device)
+    t0 = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - t0
+
+
+def bench_table(depths, dtypes, repeats: int, budget: float, max_call: float, device: torch.device) -> None:
+    print(
+        f"\noptimizer step over the block matrices, median of {repeats} interleaved rounds after a warm-up call; "
+        f"'1 call': the warm-up alone (over {budget:.0f} s for {repeats} rounds); 'est.': not run, predicted over "
+        f"{max_call:.0f} s from the previous depth x the FLOP ratio"
+    )
+    previous: dict = {}  # (row, dtype) -> (seconds, FLOPs) at the previous depth
+    for depth in depths:
+        shapes = model_shapes(depth)[0]
+        flops = ns_flops(shapes)
+        torch.manual_seed(0)
+        fns = {k: v for dtype in dtypes for k, v in table_steps(shapes, device, dtype).items()}
+        how, result = {}, {}
+        for key, fn in fns.items():
+            if key in previous and previous[key][0] * flops / previous[key][1] > max_call:
+                result[key], how[key] = previous[key][0] * flops / previous[key][1], "est."
+                continue
+            result[key], how[key] = timed(fn, device), "1 call"  # the warm-up, timed
+        rounds = {k: fns[k] for k in fns if how[k] == "1 call" and result[k] * repeats <= budget}
+        times: dict = {k: [] for k in rounds}
+        for _ in range(repeats):
+            for k, fn in rounds.items():
+                times[k].append(timed(fn, device))
+        for k, v in times.items():
+            result[k], how[k] = statistics.median(v), f"median {repeats}"
+        previous = {k: (result[k], flops) for k in result}
+        print(f"\nd{depth}: {len(shapes)} matrices, {flops / 1e9:.1f} GFLOP of Newton-Schulz per step")
+        header = f"{'step':<24} {'dtype':<9} {'s':>10} {'measured':>9} {'/ torch same dtype':>19} {'f32 / bf16':>11}"
+        print(header + "\n" + "-" * len(header))
+        for (row, dtype), sec in result.items():
+            ref = result[("torch.optim.Muon", dtype)]
+            bf16 = result.get((row, "bfloat16"))
+            own = f"{sec / bf16:>11.3f}" if bf16 and dtype != "bfloat16" else f"{'':>11}"
+            print(f"{row:<24} {dtype:<9} {sec:>10.4f} {how[(row, dtype)]:>9} {sec / ref:>19.2f} {own}")
+
+
 def print_state_bytes(depth: int, vocab: int) -> None:
     block, adamw = model_shapes(depth, vocab)
     print(
@@ -373,26 +502,56 @@ def print_state_bytes(depth: int, vocab: int) -> None:
             )
 
 
+def cpu_name() -> str:
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
+    except (OSError, StopIteration):
+        return platform.processor() or platform.machine()
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="d2 and 2 repeats: a smoke run")
-    parser.add_argument("--depth", type=int, nargs="*", help="model depths (default: 12, plus 20 on CUDA)")
+    parser.add_argument("--depth", type=int, nargs="*", help="model depths (default: 4 8 12 on CPU, 12 20 on CUDA)")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtypes", nargs="*", default=["bfloat16", "float32"], choices=["bfloat16", "float32"])
+    parser.add_argument("--budget", type=float, default=30.0, help="seconds of timed rounds per cell at most")
+    parser.add_argument("--max_call", type=float, default=60.0, help="a cell predicted slower than this is not run")
+    parser.add_argument(
+        "--emulate_no_bf16",
+        action="store_true",
+        help="oneDNN off: bfloat16 products emulated, as on a CPU without native bfloat16 (AVX2 only)",
+    )
+    parser.add_argument("--details", action="store_true", help="also the batching paths, Gram, nanochat's formula")
     parser.add_argument("--vocab", type=int, default=65536, help="vocabulary for the state sizes (nanochat's)")
-    parser.add_argument("--only_head", action="store_true", help="skip the December recipe's step measurements")
+    parser.add_argument("--only_head", action="store_true", help="--details: only recipe 2026-07 vs nanochat's")
     args = parser.parse_args()
+    if args.emulate_no_bf16:
+        torch.backends.mkldnn.enabled = False
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    depths = args.depth or ([2] if args.quick else [12, 20] if device.type == "cuda" else [12])
+    depths = args.depth or ([2] if args.quick else [12, 20] if device.type == "cuda" else [4, 8, 12])
     repeats = 2 if args.quick else args.repeats
-    name = torch.cuda.get_device_name() if device.type == "cuda" else f"CPU, {torch.get_num_threads()} threads"
-    print(f"device: {name}; torch {torch.__version__}; median of {repeats} interleaved runs after one warm-up")
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name()
+    else:
+        native, measured = cpu_has_native_bfloat16()
+        name = (
+            f"CPU {cpu_name()}, {torch.get_num_threads()} threads; oneDNN "
+            f"{'on' if torch.backends.mkldnn.enabled else 'off (--emulate_no_bf16)'}: {measured} "
+            f"({'native' if native else 'emulated'})"
+        )
+    print(f"device: {name}; torch {torch.__version__}")
     if hasattr(os, "getloadavg"):
         print(f"load average before: {os.getloadavg()[0]:.2f} (other processes share these cores if > ~0)")
+    dtypes = [getattr(torch, d) for d in args.dtypes]
+    bench_table(depths, dtypes, repeats, args.budget, args.max_call, device)
     for depth in depths:
-        if not args.only_head:
-            bench_step(depth, repeats, device)
-            bench_gram(depth, repeats, device)
-        bench_head_step(depth, repeats, device)
+        if args.details:
+            if not args.only_head:
+                bench_step(depth, repeats, device)
+                bench_gram(depth, repeats, device)
+            bench_head_step(depth, repeats, device)
         print_state_bytes(depth, args.vocab)
     if hasattr(os, "getloadavg"):
         print(f"\nload average after: {os.getloadavg()[0]:.2f}")

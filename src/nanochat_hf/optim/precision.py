@@ -1,9 +1,9 @@
 """The dtype Muon orthogonalises in (``polar_dtype``): bfloat16 where the hardware multiplies it natively, else float32.
 
 nanochat's December code runs Newton-Schulz in bfloat16 on every device; HEAD runs Polar Express in its compute
-dtype (bfloat16 on CUDA, float32 elsewhere). On a CPU without native bfloat16 arithmetic (AVX2 only, or oneDNN off)
-torch emulates bfloat16 matrix products, measured 40-70x slower than float32, so "auto" keeps nanochat's choice
-only where it costs nothing: the one owner of that decision is :func:`resolve_polar_dtype`.
+dtype (bfloat16 on CUDA from SM 8.0, float32 elsewhere). On a CPU without native bfloat16 arithmetic (AVX2 only, or
+oneDNN off) torch emulates bfloat16 matrix products, measured 40-70x slower than float32, so "auto" keeps nanochat's
+choice only where it costs nothing: the one owner of that decision is :func:`resolve_polar_dtype`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from ..errors import UserError
 
 POLAR_DTYPES = ("auto", "bfloat16", "float32")
 # bfloat16 counts as native on a CPU when a bfloat16 matrix product takes at most this many times the float32 one
-# (native: 0.2-1x; emulated: 40-70x measured on 2-core x86-64 machines)
+# (one thread: native 0.1-0.3x on avx512_bf16; emulated 40-70x on 2-core x86-64 machines)
 NATIVE_BF16_MAX_RATIO = 4.0
 
 
@@ -35,8 +35,18 @@ def _product_seconds(dtype: torch.dtype, n: int = 256, repeats: int = 3) -> floa
 
 @functools.cache
 def _cpu_bf16_ratio(mkldnn_enabled: bool) -> float:
-    """bfloat16 / float32 time of a 256 x 256 product on this CPU (cached per oneDNN setting; about 10 ms)."""
-    return _product_seconds(torch.bfloat16) / _product_seconds(torch.float32)
+    """bfloat16 / float32 time of a 256 x 256 product on one thread of this CPU (cached per oneDNN setting; about
+    50 ms where bfloat16 is emulated, 2 ms where native).
+
+    One thread: torch emulates bfloat16 products on one thread whatever the thread count, and a float32 product on
+    several threads of busy cores can wait ~50x its time for a descheduled thread, which made emulation look
+    native."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return _product_seconds(torch.bfloat16) / _product_seconds(torch.float32)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def cpu_has_native_bfloat16() -> tuple[bool, str]:
@@ -59,14 +69,15 @@ def _check_runs_bfloat16(device: torch.device) -> None:
 
 def resolve_polar_dtype(setting: str | torch.dtype, device: torch.device, recipe: str) -> tuple[torch.dtype, str]:
     """The orthogonalisation dtype for ``setting`` ("auto", "bfloat16", "float32" or a torch dtype) on ``device``
-    in optimizer ``recipe`` ("2025-12" or "2026-07"), and why, in words for the run's first lines.
+    in optimizer ``recipe`` ("2025-12" or "2026-07"), and why in a few words ("pinned" when not auto), for the run's
+    first lines.
 
-    auto: bfloat16 on CUDA (when it supports bfloat16) and, for the December recipe, on MPS and on CPUs that
-    multiply bfloat16 natively; float32 elsewhere, and for recipe 2026-07 on every non-CUDA device (nanochat HEAD's
-    compute dtype there). A pinned bfloat16 is checked to run on the device at all.
+    auto: bfloat16 on CUDA devices of SM 8.0 or newer (nanochat HEAD's test) and, for the December recipe, on CPUs
+    that multiply bfloat16 natively and on other devices that run it (MPS); float32 elsewhere, and for recipe 2026-07
+    on every non-CUDA device (nanochat HEAD's compute dtype there). A pinned bfloat16 is checked to run at all.
     """
     if isinstance(setting, torch.dtype):
-        setting = str(setting).removeprefix("torch.")
+        setting = polar_dtype_name(setting)
     if setting not in POLAR_DTYPES:
         raise UserError(f"polar_dtype={setting!r}: expected one of {', '.join(POLAR_DTYPES)}")
     device = torch.device(device)
@@ -75,17 +86,22 @@ def resolve_polar_dtype(setting: str | torch.dtype, device: torch.device, recipe
             _check_runs_bfloat16(device)
         return getattr(torch, setting), "pinned"
     if device.type == "cuda":
-        if torch.cuda.is_bf16_supported():
-            return torch.bfloat16, "auto: CUDA multiplies bfloat16 natively"
-        return torch.float32, "auto: this CUDA device has no native bfloat16"
+        major, minor = torch.cuda.get_device_capability(device)
+        if (major, minor) >= (8, 0):
+            return torch.bfloat16, f"CUDA SM {major}{minor} multiplies bfloat16 natively"
+        return torch.float32, f"CUDA SM {major}{minor} (before Ampere) has no native bfloat16"
     if recipe != "2025-12":
-        return torch.float32, f"auto: nanochat HEAD orthogonalises in its compute dtype, float32 on {device.type}"
+        return torch.float32, f"nanochat HEAD orthogonalises in its compute dtype, float32 on {device.type}"
     if device.type == "cpu":
         native, measured = cpu_has_native_bfloat16()
         if native:
-            return torch.bfloat16, f"auto: {measured}, nanochat's December dtype costs nothing"
-        return torch.float32, f"auto: {measured} (emulated bfloat16), so float32"
-    return torch.bfloat16, f"auto: nanochat's December dtype on {device.type}"
+            return torch.bfloat16, f"{measured}: native, so nanochat's December dtype"
+        return torch.float32, f"{measured}: emulated, so float32"
+    try:
+        _check_runs_bfloat16(device)
+    except UserError:
+        return torch.float32, f"{device.type} cannot multiply bfloat16 matrices"
+    return torch.bfloat16, f"nanochat's December dtype, which {device.type} runs"
 
 
 def polar_dtype_name(dtype: torch.dtype) -> str:

@@ -24,7 +24,7 @@ import torch
 from transformers import HfArgumentParser, TrainingArguments
 from transformers.hf_argparser import string_to_bool
 
-from nanochat_hf.optim import RECIPES
+from nanochat_hf.optim import POLAR_DTYPES, RECIPES
 from nanochat_hf.tasks import EVAL_TASKS, task_by_name
 
 from ..atomic import write_text
@@ -171,6 +171,15 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         metadata={
             "help": "2025-12: nanochat's December Muon + AdamW; 2026-07: nanochat HEAD's MuonAdamW (Polar Express, "
             "NorMuon, cautious weight decay, per-group betas and weight decay)"
+        },
+    )
+    polar_dtype: str = field(
+        default="auto",
+        metadata={
+            "help": "dtype of Muon's orthogonalisation, both recipes: auto (bfloat16 on CUDA from SM 8.0 and, for "
+            "recipe 2025-12, on CPUs that multiply bfloat16 natively, measured at the start; float32 where bfloat16 "
+            "is emulated, 40-70x slower, and for 2026-07 off CUDA, as nanochat HEAD); bfloat16 (nanochat's December "
+            "numbers on every device); float32"
         },
     )
     nanochat_optimizer: str | None = field(
@@ -322,6 +331,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         for name in ("device_batch_size", "max_seq_len", "total_batch_size", "eval_tokens", "demo_depth"):
             if getattr(self, name) <= 0:
                 raise UserError(f"{name}={getattr(self, name)} must be a positive integer")
+        if self.polar_dtype not in POLAR_DTYPES:
+            raise UserError(f"polar_dtype={self.polar_dtype!r}: expected one of {', '.join(POLAR_DTYPES)}")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise UserError(f"dtype={self.dtype!r}: expected one of auto, bfloat16, float32")
         if self.embedding_dtype not in ("auto", "bfloat16", "float32"):

@@ -28,6 +28,7 @@ from ..errors import UserError, error_line, first_rank, one_line
 from ..evaluation import results_table, run_chat_eval
 from ..inference import format_parts, generate_reply
 from ..jsonfile import read_json
+from ..optim.precision import cpu_has_native_bfloat16, polar_dtype_name, resolve_polar_dtype
 from ..tasks.spelling import simple_spelling
 from ..tokenizer.chat_format import EOS_TOKEN
 from .arguments import MidTrainingArguments, parse_args
@@ -140,6 +141,7 @@ def setup(argv: list[str] | None = None):
             "has a `val:` split)"
         )
     check_compiler(args)
+    _say([polar_dtype_line(args)])  # before any file is touched: a pinned bfloat16 the device cannot run stops here
     read_mixture(args.train_mixture, "train")  # validates the files without reading data: fail before the model
     read_mixture(args.val_mixture, "val")
     prepare_output(args)
@@ -181,6 +183,19 @@ def check_compiler(args: MidTrainingArguments) -> None:
             "torch_compile=true on CPU needs a C++ compiler and none was found (set $CXX or install "
             "g++ / clang++), or pass --torch_compile false to train eager"
         ) from None
+
+
+def polar_dtype_line(args: MidTrainingArguments) -> str:
+    """The run's line saying which dtype Muon orthogonalises in and why (`optim.precision`, which `build_optimizer`
+    asks again with the same answer); UserError for a pinned bfloat16 the device cannot run."""
+    dtype, reason = resolve_polar_dtype(args.polar_dtype, args.device, args.optimizer_recipe)
+    name = polar_dtype_name(dtype)
+    line = f"Muon orthogonalises in {name} (polar_dtype {args.polar_dtype}: {reason})"
+    if args.optimizer_recipe == "2025-12" and name != "bfloat16":
+        line += "; --polar_dtype bfloat16 gives nanochat's December numbers exactly"
+    if name == "bfloat16" and args.device.type == "cpu" and not cpu_has_native_bfloat16()[0]:
+        line += f"; slow here: {cpu_has_native_bfloat16()[1]} (emulated), --polar_dtype auto runs float32"
+    return line
 
 
 def build_trainer(

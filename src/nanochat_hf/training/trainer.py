@@ -186,6 +186,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             "weight_decay": a.weight_decay,
             "init_lr_frac": a.init_lr_frac,
             "recipe": a.optimizer_recipe,
+            "polar_dtype": a.polar_dtype,
         }
 
     def create_optimizer(self, model=None) -> torch.optim.Optimizer:

@@ -1,0 +1,88 @@
+"""--polar_dtype: the run's first lines say which dtype Muon orthogonalises in and why, the trainer's optimizer uses
+it, and a pinned bfloat16 the device cannot multiply stops the run in one line before anything is written."""
+
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+from nanochat_hf.training.run import build_trainer, main, setup
+
+
+class NoBfloat16Products(TorchFunctionMode):
+    """A device that cannot multiply bfloat16 matrices at all (e.g. MPS before macOS 14)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("matmul", "__matmul__", "mm", "bmm") and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
+        ):
+            raise RuntimeError("bfloat16 matmul is not supported on this device")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def emulated_bfloat16():
+    """This process multiplies bfloat16 as a CPU without native bfloat16 does (oneDNN off)."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    yield
+    torch.backends.mkldnn.enabled = before
+
+
+def _stops(argv, capsys, tmp_path):
+    """Run main until it stops on bad input (a model source that does not exist, or the given error)."""
+    out = tmp_path / "out"
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, "--output_dir", str(out), "--report_to", "none"])
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    errors = [line for line in captured.err.splitlines() if line.startswith("mid_train: error:")]
+    assert len(errors) == 1 and "Traceback" not in captured.err, captured.err
+    assert not out.exists()
+    return captured.out.splitlines(), errors[0]
+
+
+def test_the_first_lines_say_auto_picks_float32_where_bfloat16_is_emulated(emulated_bfloat16, capsys, tmp_path):
+    out, error = _stops(["--model_source", str(tmp_path / "nowhere")], capsys, tmp_path)
+    line = next(line for line in out if "orthogonalises" in line)
+    assert line.startswith("mid_train: Muon orthogonalises in float32 (polar_dtype auto: a bfloat16 matrix product "), (
+        line
+    )
+    assert "emulated" in line and "--polar_dtype bfloat16 gives nanochat's December numbers exactly" in line, line
+    assert "nowhere" in error
+
+
+def test_the_first_lines_say_a_pinned_dtype(capsys, tmp_path):
+    out, _ = _stops(["--model_source", str(tmp_path / "nowhere"), "--polar_dtype", "float32"], capsys, tmp_path)
+    assert "mid_train: Muon orthogonalises in float32 (polar_dtype float32: pinned)" in out[0], out
+
+
+def test_a_pinned_bfloat16_says_it_is_slow_where_emulated(emulated_bfloat16, capsys, tmp_path):
+    out, _ = _stops(["--model_source", str(tmp_path / "nowhere"), "--polar_dtype", "bfloat16"], capsys, tmp_path)
+    line = out[0]
+    assert line.startswith("mid_train: Muon orthogonalises in bfloat16 (polar_dtype bfloat16: pinned); slow here: "), (
+        line
+    )
+    assert line.endswith(" (emulated), --polar_dtype auto runs float32"), line
+
+
+def test_pinned_bfloat16_the_device_cannot_multiply_is_one_line(capsys, tmp_path, tiny_args):
+    with NoBfloat16Products():
+        out, error = _stops([*tiny_args, "--polar_dtype", "bfloat16"], capsys, tmp_path)
+    assert error == (
+        "mid_train: error: polar_dtype=bfloat16: cpu cannot multiply bfloat16 matrices (bfloat16 matmul is not "
+        "supported on this device); use auto or float32"
+    )
+    assert not any("orthogonalises" in line for line in out)
+
+
+def test_bad_value_is_one_line(capsys, tmp_path):
+    _, error = _stops(["--polar_dtype", "float16"], capsys, tmp_path)
+    assert error == "mid_train: error: polar_dtype='float16': expected one of auto, bfloat16, float32"
+
+
+def test_the_trainer_optimizer_orthogonalises_in_the_pinned_dtype(tmp_path, tiny_args):
+    """Recipe 2026-07 pinned to bfloat16 (its auto is float32 on every CPU): the flag reaches the optimizer."""
+    argv = [*tiny_args, "--optimizer_recipe", "2026-07", "--polar_dtype", "bfloat16", "--dry_run", "true"]
+    trainer = build_trainer(*setup([*argv, "--output_dir", str(tmp_path / "out")]))
+    groups = trainer.create_optimizer().param_groups
+    assert {g["polar_dtype"] for g in groups if g["kind"] == "muon"} == {"bfloat16"}
