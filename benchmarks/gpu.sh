@@ -1,23 +1,45 @@
 #!/usr/bin/env bash
-# One GPU, one command: the d20 optimizer step against torch.optim.Muon, then d20 training throughput, MFU, compile
-# time and peak memory of MidTrainer against nanochat's loop, eager and compiled, 1 process, bf16 autocast.
+# One GPU, one command, bounded in time: the optimizer step of both recipes and both orthogonalisation dtypes against
+# torch.optim.Muon (d12, d20), the optimizer's memory (W = 1), then d20 training throughput, MFU, compile time and
+# peak memory of MidTrainer against nanochat's loop, 1 process, bf16 autocast.
 #     bash benchmarks/gpu.sh              # BATCH=16 bash benchmarks/gpu.sh if 32 x 2048 does not fit
 #                                         # PEAK_TFLOPS=... for a GPU the MFU table does not know (H100/H200/A100 do)
-set -euo pipefail
+#                                         # COMPILE=both adds the compiled arms (a minute or more of compilation each)
+# Every step has its own time limit (STEP_S seconds, default 150; the throughput step twice that) and a step that
+# runs over is stopped with everything it started, so the whole script ends within about 10 minutes and each table
+# is printed as soon as its step ends (a lent GPU's lease is short: tee the output to a file as you run it).
+set -uo pipefail
 cd "$(dirname "$0")/.."
-export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
-if ! python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+PY=${PYTHON:-python3}
+if ! "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
     echo "benchmarks/gpu.sh: no CUDA device visible to torch; run benchmarks/optim_step.py and" \
          "benchmarks/throughput.py directly for the CPU figures" >&2
     exit 1
 fi
+STEP_S=${STEP_S:-150}
+failed=0
+step() {  # step SECONDS TITLE COMMAND...: run one benchmark under its own limit, say how long it took
+    local limit=$1 title=$2 start=$SECONDS rc
+    shift 2
+    echo "== $title (limit ${limit} s)"
+    timeout -k 10 "$limit" "$@"
+    rc=$?
+    [ $rc -eq 124 ] && echo "== $title: stopped at its ${limit} s limit"
+    [ $rc -ne 0 ] && failed=1
+    echo "== $title: exit $rc after $((SECONDS - start)) s"
+}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader || true
-python -c "import torch; print('torch', torch.__version__, 'CUDA', torch.version.cuda)"
+"$PY" -c "import torch, transformers; print('torch', torch.__version__, 'CUDA', torch.version.cuda, 'transformers', transformers.__version__)"
 date -u
-echo "== optimizer step, d20 matrices"
-python benchmarks/optim_step.py --depth 20 --repeats 5 --details
-echo "== training, d20 (width 1280, vocab 65536, ${BATCH:-32} x 2048 tokens per step), eager and compiled"
+step "$STEP_S" "optimizer step, both recipes x both dtypes vs torch.optim.Muon" \
+    "$PY" benchmarks/optim_step.py --depth 12 20 --repeats 5
+step "$STEP_S" "optimizer memory per rank (W = 1), d12 and d20" "$PY" benchmarks/optim_memory.py --cuda
 # --run_steps: the compile verdict for a run of that many of these steps (an epoch of nanochat's mid-training mixture
 # on one GPU is thousands of them)
-python benchmarks/throughput.py --depth 20 --vocab 65536 --seq 2048 --batch "${BATCH:-32}" --grad_accum 1 \
-    --steps 30 --warmup 10 --processes 1 --compile both --run_steps 2000 ${PEAK_TFLOPS:+--peak_tflops "$PEAK_TFLOPS"}
+step $((2 * STEP_S)) "training, d20 (width 1280, vocab 65536, ${BATCH:-32} x 2048 tokens per step)" \
+    "$PY" benchmarks/throughput.py --depth 20 --vocab 65536 --seq 2048 --batch "${BATCH:-32}" --grad_accum 1 \
+    --steps 20 --warmup 5 --processes 1 --compile "${COMPILE:-eager}" --run_steps 2000 \
+    ${PEAK_TFLOPS:+--peak_tflops "$PEAK_TFLOPS"}
+date -u
+exit $failed
