@@ -78,34 +78,51 @@ def test_gpt2_conv1d_orientation_and_tied_head(helpers):
     assert lrs["muon/128x32/conv1d"] == pytest.approx(0.02 / 2)
 
 
-def test_conv1d_steps_as_the_equivalent_linear():
-    """Recipe 2025-12: a Conv1D weight (in, out) moves exactly as the transposed nn.Linear weight (out, in) it
-    computes the same as. (Recipe 2026-07 equilibrates the stored rows before orthogonalising, MuonEq: for a Conv1D
-    those are its input features, see docs/optimizer.md.)"""
+@pytest.mark.parametrize("recipe", ["2025-12", "2026-07"])
+def test_conv1d_steps_as_the_equivalent_linear(recipe):
+    """A Conv1D weight (in, out) moves as the transposed nn.Linear weight (out, in) it computes the same as, square
+    or not, in both recipes: 2025-12 through the rate factor, 2026-07 (whose MuonEq, NorMuon and rate scale read the
+    rows) by stepping the transposed views; also across a state_dict round trip into a fresh optimizer (resume)."""
     from transformers.pytorch_utils import Conv1D
 
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
             self.embed = nn.Embedding(10, 32)
-            self.layers = nn.ModuleList([Conv1D(128, 32), nn.Linear(32, 128, bias=False)])
+            self.layers = nn.ModuleList(
+                [Conv1D(128, 32), nn.Linear(32, 128, bias=False), Conv1D(32, 32), nn.Linear(32, 32, bias=False)]
+            )
             self.layers[0].bias.requires_grad_(False)
+            self.layers[2].bias.requires_grad_(False)
             self.config = type("Cfg", (), {"hidden_size": 32})()
 
         def get_input_embeddings(self):
             return self.embed
 
     net = Net()
-    conv, linear = net.layers
+    pairs = [(net.layers[0], net.layers[1]), (net.layers[2], net.layers[3])]
     with torch.no_grad():
-        linear.weight.copy_(conv.weight.T)
-    opt = build_optimizer(net, polar_dtype="float32")
+        for conv, linear in pairs:
+            linear.weight.copy_(conv.weight.T)
+    before = [linear.weight.detach().clone() for _, linear in pairs]
+    opt = build_optimizer(net, recipe=recipe, polar_dtype="float32")
+    transposed = {g["name"] for g in opt.param_groups if g.get("transposed")}
+    assert transposed == ({"muon/32x128/conv1d", "muon/32x32/conv1d"} if recipe == "2026-07" else set())
     torch.manual_seed(0)
-    for _ in range(3):
-        g = torch.randn(32, 128)
-        conv.weight.grad, linear.weight.grad, net.embed.weight.grad = g.clone(), g.T.clone(), torch.zeros(10, 32)
+    for step in range(6):
+        if step == 3:  # resume: a fresh optimizer loading the saved state continues the same run
+            saved = opt.state_dict()
+            opt = build_optimizer(net, recipe=recipe, polar_dtype="float32")
+            opt.load_state_dict(saved)
+        net.embed.weight.grad = torch.zeros(10, 32)
+        for conv, linear in pairs:
+            g = torch.randn(conv.weight.shape)
+            conv.weight.grad, linear.weight.grad = g.clone(), g.T.clone()
         opt.step()
-    assert torch.allclose(conv.weight.T, linear.weight, rtol=0, atol=1e-6)
+    for (conv, linear), w0 in zip(pairs, before):
+        assert (linear.weight - w0).norm() > 0.01 * w0.norm()  # it did move
+        rel = ((conv.weight.T - linear.weight).norm() / linear.weight.norm()).item()
+        assert rel < 1e-6, rel
 
 
 def test_moe_experts_refused_unless_routed(helpers):

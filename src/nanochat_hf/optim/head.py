@@ -39,7 +39,9 @@ class NorMuonAdamW(MuonAdamW):
     """`MuonAdamW` with nanochat HEAD's groups and step (module docstring); build it with `routing.build_optimizer`.
 
     Muon groups must hold same-shaped matrices and also set ``beta2``, ``weight_decay`` and ``polar_dtype`` (a
-    torch dtype's name).
+    torch dtype's name). A Muon group with ``"transposed": True`` (Conv1D weights, stored (in, out)) is stepped
+    on the transposed views of its matrices, with its state shaped for them: exactly the step of the equivalent
+    nn.Linear (out, in) weights.
     """
 
     def __init__(
@@ -71,7 +73,7 @@ class NorMuonAdamW(MuonAdamW):
         st = self.state[p]
         if not st:
             k, _, _ = self._muon_chunk(group)
-            rows, cols = p.shape
+            rows, cols = p.mT.shape if group.get("transposed") else p.shape
             st["momentum_buffer"] = torch.zeros((k, rows, cols), dtype=torch.float32, device=p.device)
             st["second_momentum_buffer"] = torch.zeros(
                 (k, rows, 1) if rows >= cols else (k, 1, cols), dtype=torch.float32, device=p.device
@@ -114,6 +116,8 @@ class NorMuonAdamW(MuonAdamW):
         """nanochat HEAD's Muon step on this rank's matrices ``owned`` of the group (``grads``: their stack)."""
         st = self._muon_state(group)
         n = len(owned)
+        if group.get("transposed"):  # step the (out, in) views; normuon_update writes its result through them
+            owned, grads = [p.mT for p in owned], grads.mT
         normuon_update(
             owned,
             grads[:n],

@@ -17,9 +17,12 @@ Two layouts, decided once per model (`layout_of`):
                AdamW rate nanochat tunes for ordinary weights);
   where s = (hidden_size/768)^-0.5. ``roles={glob: role}`` routes parameters by name where the rule above does
   not fit (a classifier head, stacked MoE experts). Decisions, with reasons, in docs/optimizer.md:
-    - GPT-2's Conv1D stores (in, out): Newton-Schulz does not care (orthogonalising a matrix or its transpose gives
-      the transposed result), but the aspect-ratio factor max(1, rows/cols)^0.5 would read the shape backwards, so
-      a non-square Conv1D weight gets its own Muon group whose rate carries the correction factor;
+    - GPT-2's Conv1D stores (in, out), and a Conv1D weight moves exactly as the equivalent nn.Linear (out, in)
+      weight in both recipes. Recipe 2025-12: Newton-Schulz does not care (orthogonalising a matrix or its
+      transpose gives the transposed result), but the aspect-ratio factor max(1, rows/cols)^0.5 would read the
+      shape backwards, so a non-square Conv1D weight gets its own Muon group whose rate carries the correction
+      factor. Recipe 2026-07 reads the rows (MuonEq, NorMuon's second moment, the shape's rate scale), so every
+      Conv1D weight gets its own group with ``"transposed": True``, which NorMuonAdamW steps as the (out, in) view;
     - fused projections (GPT-2's c_attn, Phi's qkv) are orthogonalised whole, as nanochat does with its matrices;
     - stacked 3-D expert weights (Mixtral, Qwen-MoE, OLMoE) are refused unless routed (e.g. to "scalar": AdamW):
       the Muon step takes 2-D matrices only;
@@ -431,9 +434,10 @@ def role_param_groups(
 ) -> list[dict[str, Any]]:
     """The groups of a model in the "roles" layout (module docstring): adamw/lm_head, adamw/embedding, adamw/adapter,
     adamw/scalar,
-    then the matrices: recipe 2025-12 one "muon/matrix" group, 2026-07 one group per shape ("muon/RxC"); a
-    non-square Conv1D weight in a group of its own shape ("muon/RxC/conv1d") whose rate carries the orientation
-    factor. Each role's settings: the December betas/eps/weight decay, or HEAD's per group (`ROLE_ADAMW_2026`)."""
+    then the matrices: recipe 2025-12 one "muon/matrix" group, 2026-07 one group per shape ("muon/RxC"); Conv1D
+    weights (stored (in, out)) in groups of their own ("muon/RxC/conv1d"): in recipe 2025-12 the non-square ones,
+    whose rate carries the orientation factor, in 2026-07 all of them, flagged ``transposed``. Each role's
+    settings: the December betas/eps/weight decay, or HEAD's per group (`ROLE_ADAMW_2026`)."""
     routed = role_of(model, roles)
     if not routed:
         raise UserError("every parameter of the model is frozen (requires_grad=False): nothing to optimise")
@@ -469,13 +473,18 @@ def role_param_groups(
             groups.append(
                 {"kind": "adamw", "name": group, "params": by_role[role], "lr": lrs[role] * init_lr_frac, **settings}
             )
-    matrices = [(p, t and p.shape[0] != p.shape[1]) for role, p, t in routed.values() if role == "matrix"]
+    # recipe 2025-12: a square Conv1D weight steps as any matrix (nothing in that step reads the orientation);
+    # recipe 2026-07: every Conv1D weight is stepped transposed (MuonEq and NorMuon read the rows)
+    december = recipe == "2025-12"
+    matrices = [
+        (p, t and (p.shape[0] != p.shape[1] or not december)) for role, p, t in routed.values() if role == "matrix"
+    ]
     lr = matrix_lr * init_lr_frac
     if matrix_optimizer == "adamw":
         adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
         return groups + [{**adamw, "name": "adamw/matrix", "params": [p for p, _ in matrices], "lr": lr}]
     shapes = sorted({(tuple(p.shape), t) for p, t in matrices})
-    if recipe == "2025-12":
+    if december:
         plain = [p for p, t in matrices if not t]
         if plain:
             groups.append(
@@ -494,14 +503,13 @@ def role_param_groups(
     for shape, t in shapes:
         members = [p for p, pt in matrices if tuple(p.shape) == shape and pt == t]
         name = f"muon/{shape[0]}x{shape[1]}" + ("/conv1d" if t else "")
-        group_lr = lr * (_conv1d_factor(shape) if t else 1.0)
-        if recipe == "2025-12":
+        if december:
             groups.append(
                 {
                     "kind": "muon",
                     "name": name,
                     "params": members,
-                    "lr": group_lr,
+                    "lr": lr * (_conv1d_factor(shape) if t else 1.0),
                     "momentum": muon_momentum,
                     "nesterov": True,
                     "ns_steps": ns_steps,
@@ -509,7 +517,10 @@ def role_param_groups(
                 }
             )
         else:
-            groups.append(_head_muon_group(name, members, group_lr, weight_decay, polar_dtype))
+            group = _head_muon_group(name, members, lr, weight_decay, polar_dtype)
+            if t:  # NorMuonAdamW steps the (out, in) views: exactly the equivalent nn.Linear weight's step
+                group["transposed"] = True
+            groups.append(group)
     return groups
 
 
