@@ -1,8 +1,11 @@
 """The official openai client against the real server: the same greedy text as our generate() with the chat
 template on the same messages, plain and streaming, multi-turn; no special token in the text; max_tokens,
-temperature and stop honoured. For a G0 and a G5 model (demo tokenizer, random weights)."""
+temperature and stop honoured. For a G0 and a G5 model (demo tokenizer, random weights), and a G5 model that
+nanochat HEAD trained, converted from its files."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -65,3 +68,24 @@ def test_stop_strings_end_the_text_before_them(server, stream):
     text, finish, n = ask(server, CHAT, stream=stream, max_tokens=40, stop=[stop, "never written"])
     assert (text, finish) == (full[: full.index(stop)], "stop")
     assert n < 40  # generation stopped there
+
+
+CHAIN = Path(__file__).resolve().parents[1] / "training" / "data" / "chain" / "nanochat"
+
+
+def test_a_g5_model_converted_from_nanochat_files(serve, tmp_path):
+    """A G5 base model that nanochat HEAD's base_train wrote (tests/training/data/chain, see the README there),
+    converted with from-nanochat and served: the client gets generate()'s greedy text, plain and streamed."""
+    from nanochat_hf.conversion import from_nanochat
+
+    folder = from_nanochat(
+        CHAIN / "base_checkpoints" / "d4", tmp_path / "nanochat-g5", CHAIN / "tokenizer", trust_pickle=True
+    )
+    server = serve(folder)
+    assert server.model.config.smear and server.model.config.backout  # G5
+    for turns in (2, 4):
+        expected = server.reference(CHAT[:turns], max_tokens=24)
+        for stream in (False, True):
+            text, _, n = ask(server, CHAT[:turns], stream=stream, max_tokens=24)
+            assert text and text == expected and n <= 24, (text, expected)
+            assert "<|" not in text and "|>" not in text
