@@ -27,7 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .kernels import adamw_update, normuon_update
+from .kernels import normuon_update
 from .optimizer import MuonAdamW
 from .reduction import checked_grad
 
@@ -95,22 +95,6 @@ class NorMuonAdamW(MuonAdamW):
         if p in self._owners:
             return ("owner", self._owners[p])
         return ("whole",) if self._replicated(p) else ("rows",)
-
-    def _adamw(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> None:
-        """AdamW on the whole parameter (one process, or a replicated one)."""
-        st = self._adamw_state(p, p.shape[0])
-        st["step"] += 1
-        adamw_update(
-            p,
-            grad,
-            st["exp_avg"],
-            st["exp_avg_sq"],
-            step=st["step"],
-            lr=group["lr"],
-            betas=group["betas"],
-            eps=group["eps"],
-            weight_decay=group["weight_decay"],
-        )
 
     def _normuon(self, group: dict[str, Any], owned: list[Tensor], grads: Tensor) -> None:
         """nanochat HEAD's Muon step on this rank's matrices ``owned`` of the group (``grads``: their stack)."""

@@ -53,6 +53,21 @@ def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _adamw_update(group: dict[str, Any], st: dict[str, Any], p: Tensor, grad: Tensor) -> None:
+    """`adamw_update` of ``p`` (a parameter or this rank's rows of it) with its group's settings and state ``st``."""
+    adamw_update(
+        p,
+        grad,
+        st["exp_avg"],
+        st["exp_avg_sq"],
+        step=st["step"],
+        lr=group["lr"],
+        betas=group["betas"],
+        eps=group["eps"],
+        weight_decay=group["weight_decay"],
+    )
+
+
 class MuonAdamW(torch.optim.Optimizer):
     """Muon for hidden matrices plus AdamW for embedding/unembedding, in one optimizer (see module docstring).
 
@@ -250,6 +265,12 @@ class MuonAdamW(torch.optim.Optimizer):
         except (RuntimeError, NotImplementedError, ValueError):
             return False
 
+    def _adamw(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> None:
+        """AdamW on the whole parameter (one process, or one every rank keeps whole)."""
+        st = self._adamw_state(p, p.shape[0])
+        st["step"] += 1
+        _adamw_update(group, st, p, grad)
+
     def _adamw_rows_step(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> tuple[Any, Callable[[], Any] | None]:
         """AdamW on this rank's rows of p (``grad``: their averaged gradient), then launch the all-gather of p:
         returns (work, what to run once it is done)."""
@@ -258,17 +279,7 @@ class MuonAdamW(torch.optim.Optimizer):
         st = self._adamw_state(p, end - start)
         st["step"] += 1
         if end > start:
-            adamw_update(
-                p[start:end],
-                grad[: end - start],
-                st["exp_avg"],
-                st["exp_avg_sq"],
-                step=st["step"],
-                lr=group["lr"],
-                betas=group["betas"],
-                eps=group["eps"],
-                weight_decay=group["weight_decay"],
-            )
+            _adamw_update(group, st, p[start:end], grad[: end - start])
         if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
             return dist.all_gather_single(p, p[start:end], group=pg, async_op=True), None
         full = p.new_empty((k * world, *p.shape[1:]))
@@ -323,19 +334,7 @@ class MuonAdamW(torch.optim.Optimizer):
             params = [p for p in group["params"] if p.grad is not None]
             if group["kind"] == "adamw":
                 for p in params:
-                    st = self._adamw_state(p, p.shape[0])
-                    st["step"] += 1
-                    adamw_update(
-                        p,
-                        p.grad,
-                        st["exp_avg"],
-                        st["exp_avg_sq"],
-                        step=st["step"],
-                        lr=group["lr"],
-                        betas=group["betas"],
-                        eps=group["eps"],
-                        weight_decay=group["weight_decay"],
-                    )
+                    self._adamw(group, p, p.grad)
                 continue
             for bucket in _shape_buckets(params):
                 muon_update(
