@@ -10,6 +10,8 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
+from torch.overrides import TorchFunctionMode
 
 SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
@@ -87,3 +89,31 @@ def load_script():
         return modules[name]
 
     return load
+
+
+@pytest.fixture
+def emulated_bfloat16():
+    """This process multiplies bfloat16 as a CPU without native bfloat16 (AVX2 only) does: oneDNN off, so torch
+    emulates bfloat16 matrix products, 40-70x slower than float32."""
+    before = torch.backends.mkldnn.enabled
+    torch.backends.mkldnn.enabled = False
+    yield
+    torch.backends.mkldnn.enabled = before
+
+
+class _NoBfloat16Products(TorchFunctionMode):
+    """A device that cannot multiply bfloat16 matrices at all (e.g. MPS before macOS 14): every bf16 product fails,
+    with a two-line message (the refusal must still be one line)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") in ("matmul", "__matmul__", "mm", "bmm") and any(
+            isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
+        ):
+            raise RuntimeError("bfloat16 matmul is not supported on this device\nsecond line")
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.fixture
+def no_bfloat16_products():
+    """``with no_bfloat16_products:`` runs the block as on a device that cannot multiply bfloat16 matrices."""
+    return _NoBfloat16Products()

@@ -8,29 +8,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from torch.overrides import TorchFunctionMode
 
 from nanochat_hf.errors import UserError
 from nanochat_hf.optim import RECIPES, MuonAdamW, build_optimizer, resolve_polar_dtype
-
-
-@pytest.fixture
-def emulated_bfloat16():
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    yield
-    torch.backends.mkldnn.enabled = before
-
-
-class NoBfloat16Products(TorchFunctionMode):
-    """A device that cannot multiply bfloat16 matrices at all (e.g. MPS before macOS 14): every bf16 product fails."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("matmul", "__matmul__", "mm", "bmm") and any(
-            isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
-        ):
-            raise RuntimeError("bfloat16 matmul is not supported on this device\nsecond line")
-        return func(*args, **(kwargs or {}))
 
 
 def _muon_dtypes(opt):
@@ -92,9 +72,9 @@ def test_pinned_bfloat16_is_the_december_step_where_auto_is_not(emulated_bfloat1
         assert (auto[n] - december[n]).abs().max() <= 0.15 * step, n
 
 
-def test_a_pinned_bfloat16_the_device_cannot_run_is_one_line(helpers):
+def test_a_pinned_bfloat16_the_device_cannot_run_is_one_line(helpers, no_bfloat16_products):
     model = helpers.tiny_model(n_layer=1)
-    with NoBfloat16Products(), pytest.raises(UserError) as e:
+    with no_bfloat16_products, pytest.raises(UserError) as e:
         build_optimizer(model, polar_dtype="bfloat16")
     assert str(e.value) == (
         "polar_dtype=bfloat16: cpu cannot multiply bfloat16 matrices (bfloat16 matmul is not supported on this "

@@ -2,30 +2,8 @@
 it, and a pinned bfloat16 the device cannot multiply stops the run in one line before anything is written."""
 
 import pytest
-import torch
-from torch.overrides import TorchFunctionMode
 
 from nanochat_hf.training.run import build_trainer, main, setup
-
-
-class NoBfloat16Products(TorchFunctionMode):
-    """A device that cannot multiply bfloat16 matrices at all (e.g. MPS before macOS 14)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):
-        if getattr(func, "__name__", "") in ("matmul", "__matmul__", "mm", "bmm") and any(
-            isinstance(a, torch.Tensor) and a.dtype == torch.bfloat16 for a in args
-        ):
-            raise RuntimeError("bfloat16 matmul is not supported on this device")
-        return func(*args, **(kwargs or {}))
-
-
-@pytest.fixture
-def emulated_bfloat16():
-    """This process multiplies bfloat16 as a CPU without native bfloat16 does (oneDNN off)."""
-    before = torch.backends.mkldnn.enabled
-    torch.backends.mkldnn.enabled = False
-    yield
-    torch.backends.mkldnn.enabled = before
 
 
 def _stops(argv, capsys, tmp_path):
@@ -65,8 +43,8 @@ def test_a_pinned_bfloat16_says_it_is_slow_where_emulated(emulated_bfloat16, cap
     assert line.endswith(" (emulated), --polar_dtype auto runs float32"), line
 
 
-def test_pinned_bfloat16_the_device_cannot_multiply_is_one_line(capsys, tmp_path, tiny_args):
-    with NoBfloat16Products():
+def test_pinned_bfloat16_the_device_cannot_multiply_is_one_line(capsys, tmp_path, tiny_args, no_bfloat16_products):
+    with no_bfloat16_products:
         out, error = _stops([*tiny_args, "--polar_dtype", "bfloat16"], capsys, tmp_path)
     assert error == (
         "mid_train: error: polar_dtype=bfloat16: cpu cannot multiply bfloat16 matrices (bfloat16 matmul is not "
