@@ -1,7 +1,7 @@
 """The demo's step time and greedy generation with the default CPU thread count, 1 thread and all cores forced, while
 other jobs run or have just stopped (issue 40).
 
-    python benchmarks/threads.py                   # cases a, b, c; about 4 minutes on 2 cores
+    python benchmarks/threads.py                   # cases a, b, c: 3 to 6 minutes on 2 cores
     python benchmarks/threads.py --cases now       # the machine as it is, nothing started or stopped
 
 Cases (one-core job: a Python busy loop in another process, started here):
@@ -15,8 +15,10 @@ the case's start, as a run measures once when it starts); the count the old rule
 average) would pick is shown beside it. Work: one demo optimizer step, eager (the demo model: depth 4, vocab 4096,
 fp32; 2 micro-batches of 8 x 256 tokens, forward, backward, Muon/AdamW), and greedy generation of --new_tokens at
 batch 1 with the KV cache. The arms alternate within each repeat (a change in load hits all alike), after one
-untimed warm-up of each before any case; the table shows the median repeat. "others" is the CPU that processes
-other than this one and its jobs used during the case, in cores (/proc/stat): on a shared machine it is not 0.
+untimed warm-up of each before any case; the table shows the median repeat. A case stops after --repeats, or after
+the repeat that passes --budget_s (on busy cores 2 threads can take a minute a step). "others" is the CPU that
+processes other than this one and its jobs used during the case, in cores (/proc/stat): on a shared machine it is
+not 0.
 """
 
 from __future__ import annotations
@@ -96,9 +98,9 @@ def stop_jobs(jobs: list[subprocess.Popen]) -> float:
     return used
 
 
-def run_case(name: str, works: dict, forced: dict, repeats: int, cpus: set[int]) -> dict:
-    """Time every work at every arm's thread count while the case's jobs run; the case's default, the old rule's
-    pick, and the CPU others used (in cores)."""
+def run_case(name: str, works: dict, forced: dict, repeats: int, budget_s: float, cpus: set[int]) -> dict:
+    """Time every work at every arm's thread count while the case's jobs run, `repeats` times or until a repeat ends
+    past `budget_s`; the case's default, the old rule's pick, and the CPU others used (in cores)."""
     jobs = start_jobs(JOBS[name])
     load = os.getloadavg()[0]
     default, _ = cpu_threads()
@@ -107,13 +109,15 @@ def run_case(name: str, works: dict, forced: dict, repeats: int, cpus: set[int])
     before, own, t0 = proc_stat(), time.process_time(), time.perf_counter()
     times = {(work, arm): [] for work in works for arm in arms}
     try:
-        for _ in range(repeats):
+        for repeat in range(1, repeats + 1):
             for work, run in works.items():
                 for arm, threads in arms.items():
                     torch.set_num_threads(threads)
                     start = time.perf_counter()
                     run()
                     times[work, arm].append(time.perf_counter() - start)
+            if time.perf_counter() - t0 > budget_s:
+                break
         ours = time.process_time() - own + sum(job_seconds(job) for job in jobs)
         elapsed = time.perf_counter() - t0
         others = len(cpus) - idle_cores(before, proc_stat(), cpus, ours, TICKS)
@@ -126,6 +130,7 @@ def run_case(name: str, works: dict, forced: dict, repeats: int, cpus: set[int])
         "old_rule": old_rule,
         "others": others,
         "seconds": elapsed,
+        "repeats": repeat,
         "times": {key: statistics.median(values) for key, values in times.items()},
     }
 
@@ -134,6 +139,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--cases", default="a,b,c", help="comma list of a, b, c, now (run in the order b, a, c, now)")
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget_s", type=float, default=60.0, help="a case stops after the repeat that passes this")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--vocab", type=int, default=DEMO_VOCAB_SIZE)
     p.add_argument("--rows", type=int, default=8, help="rows of --seq tokens per micro-batch")
@@ -172,16 +178,18 @@ def main(argv: list[str] | None = None) -> list[dict]:
             jobs = start_jobs(1)
             time.sleep(args.prior_s)
             stop_jobs(jobs)
-        results.append(run_case(name, works, forced, args.repeats, cpus))
+        results.append(run_case(name, works, forced, args.repeats, args.budget_s, cpus))
+        print(f"case {name}: {results[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)  # progress
 
     print(
-        f"{cores} cores ({os.uname().machine}), torch {torch.__version__}; median of {args.repeats} repeats, seconds "
-        "per call; others: CPU used by other processes during the case, in cores; load: 1-minute load average at "
+        f"{cores} cores ({os.uname().machine}), torch {torch.__version__}; seconds per call, median of the case's "
+        "repeats; others: CPU used by other processes during the case, in cores; load: 1-minute load average at "
         "the case's start\n"
     )
     arms = ["default", *forced]
-    print(f"| case | others | load | default (old rule) | work | {' | '.join(arms)} | default / best forced |")
-    print(f"|---|---|---|---|---|{'---|' * len(arms)}---|")
+    head = ["case", "repeats", "others", "load", "default (old rule)", "work", *arms, "default / best forced"]
+    print(f"| {' | '.join(head)} |")
+    print(f"|{'---|' * len(head)}")
     rows = []
     for r in sorted(results, key=lambda r: cases.index(r["case"])):
         for work in works:
@@ -189,11 +197,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
             ratio = seconds["default"] / min(seconds[arm] for arm in forced)
             cells = " | ".join(f"{seconds[arm]:.2f}" for arm in arms)
             print(
-                f"| {r['case']} | {r['others']:.1f} | {r['load']:.1f} | {r['default']} ({r['old_rule']}) | {work} | "
-                f"{cells} | {ratio:.2f}{'' if ratio <= 1.1 else ' (over 1.10)'} |"
+                f"| {r['case']} | {r['repeats']} | {r['others']:.1f} | {r['load']:.1f} | {r['default']} "
+                f"({r['old_rule']}) | {work} | {cells} | {ratio:.2f}{'' if ratio <= 1.1 else ' (over 1.10)'} |"
             )
-            rows.append({**{k: r[k] for k in ("case", "others", "load", "default", "old_rule")}, "work": work})
-            rows[-1].update(seconds=seconds, ratio=ratio)
+            fields = ("case", "repeats", "others", "load", "default", "old_rule")
+            rows.append({**{k: r[k] for k in fields}, "work": work, "seconds": seconds, "ratio": ratio})
     print(f"\n{sum(r['seconds'] for r in results):.0f} s of cases")
     return rows
 

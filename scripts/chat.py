@@ -140,7 +140,7 @@ def chat(args: argparse.Namespace) -> int:
             f"sequence_len {sequence_len}"
         )
     if device.startswith("cpu"):  # measured as the work starts, after any bad input
-        print(f"{PROG}: {use_cpu_threads(args.num_threads)}", file=sys.stderr, flush=True)
+        print(f"{PROG}: {use_cpu_threads(args.num_threads, flag='--num-threads')}", file=sys.stderr, flush=True)
 
     def reply(messages: list[dict], at_line_start: bool) -> dict:
         prompt = render_for_completion(tokenizer, {"messages": messages}, max_tokens=None)  # fit_prompt keeps the end

@@ -22,7 +22,7 @@ def test_prints_each_case_with_the_background_load_and_the_ratio(threads, capsys
     out = capsys.readouterr().out
     cores = len(usable_cores())
     forced = ["1 thread", f"{cores} threads"] if cores > 1 else ["1 thread"]
-    header = f"| case | others | load | default (old rule) | work | {' | '.join(['default', *forced])} |"
+    header = f"| case | repeats | others | load | default (old rule) | work | {' | '.join(['default', *forced])} |"
     assert header + " default / best forced |" in out, out
     assert [(r["case"], r["work"]) for r in rows] == [
         ("a", "demo step (2 x 2 x 16 tokens)"),
@@ -31,7 +31,8 @@ def test_prints_each_case_with_the_background_load_and_the_ratio(threads, capsys
         ("b", "generate 3 tokens"),
     ]
     for r in rows:
-        assert 1 <= r["default"] <= cores and 1 <= r["old_rule"] <= cores and 0 <= r["others"] <= cores
+        assert r["repeats"] == 1 and 0 <= r["others"] <= cores
+        assert 1 <= r["default"] <= cores and 1 <= r["old_rule"] <= cores
         assert r["ratio"] == pytest.approx(r["seconds"]["default"] / min(r["seconds"][arm] for arm in forced))
     assert out.count("(over 1.10)") == sum(r["ratio"] > 1.1 for r in rows)
 

@@ -67,6 +67,7 @@ def test_idle_cores_are_shared_among_the_processes(cores, idle, processes, threa
 
 def test_a_requested_count_is_used_as_is_and_says_so():
     assert device.cpu_threads(3) == (3, "3 CPU thread(s) (--num_threads 3)")
+    assert device.cpu_threads(2, flag="--num-threads") == (2, "2 CPU thread(s) (--num-threads 2)")  # chat, serve
 
 
 def test_the_measured_line_says_how_many_and_why(monkeypatch):

@@ -459,7 +459,7 @@ def start(options: ServeOptions) -> Server:
     check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
-        say(use_cpu_threads(options.num_threads))
+        say(use_cpu_threads(options.num_threads, flag="--num-threads"))
     batching = options.continuous_batching
     if batching and config.smear:
         say(

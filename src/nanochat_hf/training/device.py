@@ -74,13 +74,16 @@ def pick_threads(cores: int, idle: float, processes: int = 1) -> int:
     return max(1, min(cores, int(idle + 0.5)) // processes)
 
 
-def cpu_threads(requested: int | None = None, processes: int = 1) -> tuple[int, str]:
-    """torch's CPU thread count for one of `processes` processes, and why: `requested`, else the cores that are
-    idle now (/proc/stat over CPU_SAMPLE_S while this process sleeps), divided among the processes. Now, not the
-    load average: that is a damped mean of the last minutes, about 1 for a minute after any one-core command, and
-    it made the demo run on 1 of 2 idle cores 1.6x slower (issue 40). Without /proc/stat: the 1-minute load average."""
+def cpu_threads(requested: int | None = None, processes: int = 1, flag: str = "--num_threads") -> tuple[int, str]:
+    """torch's CPU thread count for one of `processes` processes, and why (naming the command's `flag`): `requested`,
+    else the cores that are idle now (/proc/stat over CPU_SAMPLE_S while this process sleeps), divided among the
+    processes. Now, not the load average: that is a damped mean of the last minutes, about 1 for a minute after any
+    one-core command, and it made the demo run on 1 of 2 idle cores 1.6x slower (issue 40). Idle time over a
+    sample, not the runnable count of /proc/loadavg: that is one instant, which a job's short pause or burst
+    decides. Processes of the same launch that are busy during the sample count as other jobs. Without /proc/stat:
+    the 1-minute load average."""
     if requested:
-        return requested, f"{requested} CPU thread(s) (--num_threads {requested})"
+        return requested, f"{requested} CPU thread(s) ({flag} {requested})"
     cpus = usable_cores()
     try:
         before, own = proc_stat(), time.process_time()
@@ -94,12 +97,12 @@ def cpu_threads(requested: int | None = None, processes: int = 1) -> tuple[int, 
     threads = pick_threads(len(cpus), idle, processes)
     shared = f", divided among {processes} processes" if processes > 1 else ""
     return threads, (
-        f"{threads} CPU thread(s) ({len(cpus)} cores, {max(idle, 0):.1f} of them {how}{shared}; --num_threads sets it)"
+        f"{threads} CPU thread(s) ({len(cpus)} cores, {max(idle, 0):.1f} of them {how}{shared}; {flag} sets it)"
     )
 
 
-def use_cpu_threads(requested: int | None, processes: int = 1) -> str:
+def use_cpu_threads(requested: int | None, processes: int = 1, flag: str = "--num_threads") -> str:
     """Set torch's CPU threads (`cpu_threads`); the line saying how many and why."""
-    threads, line = cpu_threads(requested, processes)
+    threads, line = cpu_threads(requested, processes, flag)
     torch.set_num_threads(threads)
     return line
