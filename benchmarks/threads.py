@@ -40,7 +40,8 @@ from nanochat_hf.training.device import cpu_threads, idle_cores, pick_threads, p
 
 JOBS = {"a": 0, "b": 1, "c": 2, "now": 0}  # one-core jobs running during each case
 RUN_ORDER = ("b", "a", "c", "now")  # a straight after b: b's job has just ended
-SPIN = "print('spinning', flush=True)\nwhile True: pass"
+# a one-core job that ends with the benchmark, however that ends (its parent gone, it is re-parented)
+SPIN = "import os\nparent = os.getppid()\nprint('spinning', flush=True)\nwhile os.getppid() == parent: pass"
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -102,13 +103,13 @@ def run_case(name: str, works: dict, forced: dict, repeats: int, budget_s: float
     """Time every work at every arm's thread count while the case's jobs run, `repeats` times or until a repeat ends
     past `budget_s`; the case's default, the old rule's pick, and the CPU others used (in cores)."""
     jobs = start_jobs(JOBS[name])
-    load = os.getloadavg()[0]
-    default, _ = cpu_threads()
-    old_rule = pick_threads(len(cpus), len(cpus) - load)
-    arms = {"default": default, **forced}
-    before, own, t0 = proc_stat(), time.process_time(), time.perf_counter()
-    times = {(work, arm): [] for work in works for arm in arms}
     try:
+        load = os.getloadavg()[0]
+        default, _ = cpu_threads()
+        old_rule = pick_threads(len(cpus), len(cpus) - load)
+        arms = {"default": default, **forced}
+        before, own, t0 = proc_stat(), time.process_time(), time.perf_counter()
+        times = {(work, arm): [] for work in works for arm in arms}
         for repeat in range(1, repeats + 1):
             for work, run in works.items():
                 for arm, threads in arms.items():

@@ -5,6 +5,7 @@ count."""
 from __future__ import annotations
 
 import pytest
+import torch
 
 from nanochat_hf.training.device import usable_cores
 
@@ -18,7 +19,11 @@ def threads():
 
 def test_prints_each_case_with_the_background_load_and_the_ratio(threads, capsys):
     tiny = ["--depth", "1", "--vocab", "256", "--rows", "2", "--seq", "16", "--new_tokens", "3", "--repeats", "1"]
-    rows = threads.main([*tiny, "--cases", "a,b"])
+    before = torch.get_num_threads()
+    try:
+        rows = threads.main([*tiny, "--cases", "a,b"])
+    finally:
+        torch.set_num_threads(before)  # the benchmark leaves its last arm's count
     out = capsys.readouterr().out
     cores = len(usable_cores())
     forced = ["1 thread", f"{cores} threads"] if cores > 1 else ["1 thread"]
