@@ -458,8 +458,6 @@ def start(options: ServeOptions) -> Server:
     name = options.name or path.resolve().name
     check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
-        say(use_cpu_threads(options.num_threads, flag="--num-threads"))
     batching = options.continuous_batching
     if batching and config.smear:
         say(
@@ -494,6 +492,8 @@ def start(options: ServeOptions) -> Server:
     )
     app.add_exception_handler(HTTPException, lambda _request, e: _error(e.status_code, str(e.detail)))
     app.add_exception_handler(RequestValidationError, lambda _request, e: _error(400, _one_line(e)))
+    if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
+        say(use_cpu_threads(options.num_threads, flag="--num-threads"))
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level)
     return Server(config, manager, state)
