@@ -12,7 +12,7 @@ import pytest
 from nanochat_hf.errors import UserError
 from nanochat_hf.training import device
 
-# 0.2 s on 2 cores = 20 ticks each; cpu0 was 12 ticks busy and 8 idle, cpu1 all idle
+# the first reading: ticks since boot on 2 cores; `after` adds 0.2 s of them (20 ticks a core)
 BEFORE = (
     "cpu  3000 0 1000 9000 100 0 10 0 0 0\n"
     "cpu0 1500 0 500 4500 50 0 5 0 0 0\n"
