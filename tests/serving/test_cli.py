@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from nanochat_hf.serving.cli import main
+from nanochat_hf.training.device import usable_cores
 
 from .conftest import free_port, openai
 
@@ -48,6 +49,16 @@ def test_help_and_bad_arguments(tmp_path, capsys):
     ]
 
 
+@pytest.mark.parametrize("requested", ["0", "10000"])
+def test_a_thread_count_outside_one_to_the_cores_is_one_line(model_dir, capsys, requested):
+    cores, model = len(usable_cores()), model_dir("g0")
+    capsys.readouterr()  # the fixture's saving bar
+    assert main([str(model), "--num-threads", requested]) == 2
+    assert capsys.readouterr().err == (
+        f"serve: error: --num-threads {requested}: expected 1 to {cores} (the CPU cores this process may use)\n"
+    )
+
+
 @pytest.mark.slow
 def test_the_command_serves_until_interrupted(model_dir):
     port = free_port()
@@ -76,4 +87,5 @@ def test_the_command_serves_until_interrupted(model_dir):
     finally:
         server.send_signal(signal.SIGINT)
         assert server.wait(timeout=60) == 0
-    assert "serve: http://127.0.0.1" in server.stderr.read()
+    said = server.stderr.read()
+    assert "serve: http://127.0.0.1" in said and " of them idle now (/proc/stat over " in said, said

@@ -28,6 +28,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="default: as saved")
     parser.add_argument(
+        "--num-threads",
+        "--num_threads",
+        type=int,
+        default=None,
+        help="CPU threads, 1 to the cores (default: the cores idle when it starts, as mid_train)",
+    )
+    parser.add_argument(
         "--continuous-batching",
         action="store_true",
         help="serve concurrent requests together with transformers' paged attention (greedy, no calculator)",

@@ -53,6 +53,7 @@ from ..tokenizer.chat_format import (
     STOP_TOKENS,
     special_token_ids,
 )
+from ..training.device import check_num_threads, use_cpu_threads
 
 # a calculator call as the client reads it, GSM8K style (as inference.format_parts): <<expression=result>>
 TOOL_MARKS = {PYTHON_START: "<<", PYTHON_END: "=", OUTPUT_START: "", OUTPUT_END: ">>"}
@@ -77,6 +78,7 @@ class ServeOptions:
     port: int = 8000
     device: str | None = None
     dtype: str = "auto"
+    num_threads: int | None = None
     continuous_batching: bool = False
     cb_num_blocks: int | None = None
     cb_max_batch_tokens: int | None = None
@@ -454,6 +456,7 @@ def start(options: ServeOptions) -> Server:
     path = Path(options.model)
     config = _check_model_dir(path)
     name = options.name or path.resolve().name
+    check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     batching = options.continuous_batching
     if batching and config.smear:
@@ -489,6 +492,8 @@ def start(options: ServeOptions) -> Server:
     )
     app.add_exception_handler(HTTPException, lambda _request, e: _error(e.status_code, str(e.detail)))
     app.add_exception_handler(RequestValidationError, lambda _request, e: _error(400, _one_line(e)))
+    if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
+        say(use_cpu_threads(options.num_threads, flag="--num-threads"))
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
     config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level)
     return Server(config, manager, state)
