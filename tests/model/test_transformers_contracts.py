@@ -281,9 +281,9 @@ def overfit(model: NanoChatGPTForCausalLM, steps: int = 300) -> tuple[list[float
 @pytest.mark.slow
 def test_overfit_gradient_norm_falls_less_only_because_the_head_starts_at_zero():
     """transformers' test_training_overfit wants the loss and the gradient norm 90% below their first step's. With
-    nanochat's init the LM head and every output projection start at zero, so no gradient reaches the body on the
-    first step: that step's norm, the test's reference, is the head's alone, and the norm falls 89.6% where the loss
-    falls 97%. The same model with a small random head (Llama's N(0, 0.02)) clears both (numbers: docs/hub.md)."""
+    nanochat's init the LM head starts at zero, so no gradient reaches the body on the first step: that step's norm,
+    the test's reference, is the head's alone, and the norm falls 89.6% where the loss falls 97%. The same model
+    with a small random head (Llama's N(0, 0.02)) clears both (numbers: docs/hub.md)."""
     config = NanoChatGPTConfig(vocab_size=99, n_embd=32, n_layer=2, n_head=2, sequence_len=512)  # transformers' tester
     torch.manual_seed(42)
     fresh = NanoChatGPTForCausalLM(config)
