@@ -6,7 +6,6 @@ before each update whose advantages are not all 0, the weights after the 5 updat
 evaluation samples."""
 
 import json
-from pathlib import Path
 
 import pyarrow.parquet as pq
 import pytest
@@ -20,22 +19,11 @@ from nanochat_hf.rl.rewards import gsm8k_reward, pass_at_k
 from nanochat_hf.rl.rollout import NanoChatRollout, sampled_mask
 from nanochat_hf.rl.run import build_trainer, load_model
 
-DATA = Path(__file__).parent / "data"
+from .conftest import DATA, tiny_args
+
 REF = json.loads((DATA / "rl_reference.json").read_text())
 FLAGS = dict(zip(REF["chat_rl_flags"][::2], REF["chat_rl_flags"][1::2]))
 B, N, MAX_NEW = int(FLAGS["--device-batch-size"]), int(FLAGS["--num-samples"]), int(FLAGS["--max-new-tokens"])
-
-
-def args_list(tmp_path: Path) -> list[str]:
-    return [
-        *("--model_source", str(DATA / "nanochat"), "--trust_pickle", "true"),
-        *("--gsm8k_source", "files", "--train_data_files", str(DATA / "gsm8k_train.parquet")),
-        *("--eval_data_files", str(DATA / "gsm8k_test.parquet")),
-        *("--examples_per_step", FLAGS["--examples-per-step"], "--num_samples", str(N)),
-        *("--device_batch_size", str(B), "--max_new_tokens", str(MAX_NEW)),
-        *("--eval_every", "-1", "--save_every", "-1", "--polar_dtype", "float32"),
-        *("--output_dir", str(tmp_path / "out")),
-    ]
 
 
 def prefix_len(example: dict) -> int:
@@ -51,7 +39,7 @@ def head_mask(example: dict, row: int) -> list[int]:
 
 @pytest.fixture(scope="module")
 def model_and_tokenizer(tmp_path_factory):
-    args = parse_args(args_list(tmp_path_factory.mktemp("rl")))
+    args = parse_args(tiny_args(tmp_path_factory.mktemp("rl")))
     return load_model(args)
 
 
@@ -111,7 +99,7 @@ def test_training_on_head_rollouts_equals_chat_rl(model_and_tokenizer, tmp_path)
             assert prompt == head_prompt  # the same GSM8K row, rendered the same
             return completions
 
-    args = parse_args(args_list(tmp_path))
+    args = parse_args(tiny_args(tmp_path / "out"))
     trainer = build_trainer(args, model, tok)
     trainer.rollout.__class__ = Replay
     names = {ours: theirs for theirs, ours in hf_names(model.config).items()}

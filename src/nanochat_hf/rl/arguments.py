@@ -47,7 +47,8 @@ class RLArguments:
     # --- ours -------------------------------------------------------------------------------------------------------
     output_dir: str = field(default="outputs/nanochat-hf-rl", metadata={"help": "checkpoints, final model, report"})
     resume_from_checkpoint: str | None = field(
-        default=None, metadata={"help": "a checkpoint-<step> folder, or 'last': the newest intact one in output_dir"}
+        default=None,
+        metadata={"help": "a checkpoint-<step> folder, or 'last' (or 'true'): the newest complete one in output_dir"},
     )
     gsm8k_source: str = field(
         default="hub",

@@ -68,7 +68,7 @@ def resolve_checkpoint(output_dir: str, value: str | None) -> str | None:
 
     if value in (None, ""):
         return None
-    if value != "last":
+    if value.lower() not in ("last", "true"):
         if not complete(Path(value)):
             raise UserError(
                 f"resume_from_checkpoint={value}: not a complete checkpoint folder (needs {', '.join(needed)})"
@@ -137,7 +137,8 @@ def train(argv: list[str] | None = None) -> int:
                 flush=True,
             )
         return 130
-    trainer.save_model(args.output_dir)
+    trainer.save_model(args.output_dir)  # the last step's model, as chat_rl.py's last save (and its tokenizer)
+    trainer.save_state()  # trainer_state.json beside it: the whole log history (rewards, pass@k)
     if trainer.is_world_process_zero():
         from .report import write_rl_report
 
