@@ -12,6 +12,7 @@ from ..errors import UserError
 from ..inference import decode_completion
 from ..tasks.common import Problem
 from ..tasks.gsm8k import TASK as GSM8K
+from .rollout import has_nanochat_format
 
 RewardFunc = Callable[..., list[float | None]]
 
@@ -19,12 +20,17 @@ RewardFunc = Callable[..., list[float | None]]
 def gsm8k_reward(tokenizer: Any) -> RewardFunc:
     """TRL reward function: 1.0 where the completion's final ``#### N`` equals the row's ``answer`` column, else
     0.0. The verdict is the GSM8K task's (`tasks.gsm8k.check_final_number`, nanochat's ``reward``), on the completion
-    decoded as nanochat decodes it (tool blocks written out, the stop token left out)."""
+    decoded as nanochat decodes it (tool blocks written out, the stop token left out; a model of another chat
+    format: its text)."""
+
+    nanochat = has_nanochat_format(tokenizer)
+
+    def decode(ids: list[int]) -> str:  # another chat format: its text (its eos token is special, so dropped)
+        return decode_completion(tokenizer, ids) if nanochat else tokenizer.decode(ids, skip_special_tokens=True)
 
     def gsm8k_correct(completion_ids: list[list[int]], answer: list[str | None], **_: Any) -> list[float]:
         return [
-            float(GSM8K.check(Problem([], ref), decode_completion(tokenizer, ids)))
-            for ids, ref in zip(completion_ids, answer, strict=True)
+            float(GSM8K.check(Problem([], ref), decode(ids))) for ids, ref in zip(completion_ids, answer, strict=True)
         ]
 
     return gsm8k_correct

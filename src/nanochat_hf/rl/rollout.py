@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from ..errors import UserError
-from ..inference import CalculatorToolProcessor, generate_tokens
+from ..inference import CalculatorToolProcessor, generate_tokens, stop_and_pad_ids
 from ..tokenizer import render_for_completion
-from ..tokenizer.chat_format import SPECIAL_TOKENS, STOP_TOKENS
+from ..tokenizer.chat_format import SPECIAL_TOKENS
 
 
 def has_nanochat_format(tokenizer: Any) -> bool:
@@ -88,8 +88,7 @@ class NanoChatRollout:
         self.temperature, self.top_k = temperature, top_k
         self.tool = CalculatorToolProcessor(tokenizer) if calculator else None
         self.max_sequence_len = max_sequence_len
-        vocab = tokenizer.get_vocab()
-        self.stops = {vocab[t] for t in STOP_TOKENS if t in vocab}
+        self.stops = set(stop_and_pad_ids(tokenizer, calculator)[0])
         self.seconds = 0.0
         self.__name__ = type(self).__name__  # TRL's profiling names a rollout_func by its __name__
 
