@@ -5,6 +5,7 @@ on them: the prompts (row order), the masks token for token, rewards, advantages
 before each update whose advantages are not all 0, the weights after the 5 updates, and pass@k on HEAD's
 evaluation samples."""
 
+import copy
 import json
 
 import pyarrow.parquet as pq
@@ -84,19 +85,15 @@ def test_prompts_masks_rewards_and_pass_at_k_equal_head(model_and_tokenizer):
 
 def test_training_on_head_rollouts_equals_chat_rl(model_and_tokenizer, tmp_path):
     model, tok = model_and_tokenizer
-    model = model.float()
+    model = copy.deepcopy(model).float()  # trained in place: the other tests keep HEAD's start weights
     stop = tok.convert_tokens_to_ids("<|assistant_end|>")
-    passes = [
-        (example["sequences"][0][: prefix_len(example)], completions[i : i + B])
-        for example in REF["examples"]
-        for completions in [head_completions(example, stop)]
-        for i in range(0, N, B)
-    ]
+    examples = [(e["sequences"][0][: prefix_len(e)], head_completions(e, stop)) for e in REF["examples"]]
 
     class Replay(NanoChatRollout):
-        def sample(self, model, prompt, seed):
-            head_prompt, completions = passes.pop(0)
+        def sample(self, model, prompt, seeds):
+            head_prompt, completions = examples.pop(0)
             assert prompt == head_prompt  # the same GSM8K row, rendered the same
+            assert len(seeds) * B == len(completions)
             return completions
 
     args = parse_args(tiny_args(tmp_path / "out"))
@@ -133,7 +130,7 @@ def test_training_on_head_rollouts_equals_chat_rl(model_and_tokenizer, tmp_path)
 
     trainer.add_callback(Grads())
     trainer.train()
-    assert not passes
+    assert not examples
     assert seen["advantages"] == pytest.approx([a for e in REF["examples"] for a in e["advantages"]], abs=1e-7)
     # Our forward and nanochat's agree per token to float32 round-off in absolute terms (token NLLs within 1e-5
     # nats, measured): a confident token's NLL is itself a difference of two logits' size (logsumexp - logit), so
@@ -155,3 +152,22 @@ def test_training_on_head_rollouts_equals_chat_rl(model_and_tokenizer, tmp_path)
     for theirs, ours in hf_names(model.config).items():
         ref = final[theirs]
         assert (state[ours].float() - ref).norm() <= 1e-5 * ref.norm(), theirs
+
+
+def test_sampling_is_seed_equal_to_head(model_and_tokenizer):
+    """On HEAD's weights (step 0) and with chat_rl.py's seeds, our sampler draws HEAD's step-0 rollouts token for
+    token (forced calculator tokens included), and with the evaluation's seed 42 its evaluation samples."""
+    model, tok = model_and_tokenizer
+    model = model.float()
+    rollout = NanoChatRollout(tok, B, MAX_NEW, 1.0, 50, calculator=True, max_sequence_len=256)
+    stop = tok.convert_tokens_to_ids("<|assistant_end|>")
+    for index, example in enumerate(e for e in REF["examples"] if e["step"] == 0):
+        prompt = example["sequences"][0][: prefix_len(example)]
+        seeds = [hash((0, index, p)) & 0x7FFFFFFF for p in range(N // B)]
+        assert rollout.sample(model, prompt, seeds) == head_completions(example, stop)
+    test = Dataset.from_list(pq.read_table(DATA / "gsm8k_test.parquet").to_pylist()).shuffle(seed=42)
+    evaluation = NanoChatRollout(tok, B, 256 - 64, 1.0, 50, calculator=True, max_sequence_len=256)
+    for record in REF["eval"][0]["records"][:2]:
+        prompt = evaluation.prompt_ids([{"role": "user", "content": test[record["idx"]]["question"]}])
+        ours = evaluation.sample(model, prompt, [42])
+        assert [c[:-1] if c[-1] == stop else c for c in ours] == record["samples"]

@@ -10,8 +10,13 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from nanochat_hf.conversion import load_from_nanochat, to_nanochat
 
 from .conftest import REPO_ROOT, tiny_args
 
@@ -45,6 +50,18 @@ def chat_rl(args: list[str], interrupt_after: str | None = None) -> subprocess.C
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + rest, err)
 
 
+def check_chatrl_export(run: Path, base: Path) -> None:
+    """to-nanochat of the final folder into chatrl_checkpoints/d4 at the run's last step; read back (nanochat's
+    files, nanochat's names) it gives the final model's logits. (HEAD's own load_model("rl") and chat_eval -i rl
+    on such an export, run by hand: docs/rl.md.)"""
+    to_nanochat(run, base / "chatrl_checkpoints" / "d4")
+    assert json.loads((base / "chatrl_checkpoints" / "d4" / "meta_000005.json").read_text())["model_config"]
+    back, _ = load_from_nanochat(base / "chatrl_checkpoints" / "d4", base / "tokenizer", trust_pickle=True)
+    final = AutoModelForCausalLM.from_pretrained(run, trust_remote_code=True)
+    ids = torch.tensor([[1, 2, 3, 4, 5]])
+    assert torch.equal(back.float()(input_ids=ids).logits, final.float()(input_ids=ids).logits)
+
+
 @pytest.mark.slow
 def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path):
     whole = chat_rl(tiny_args(tmp_path / "whole", eval_every="4", eval_examples="4"))
@@ -56,6 +73,7 @@ def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path):
     report = (tmp_path / "whole" / "report.md").read_text()
     assert "| 5 | " in report and "## pass@k" in report and (tmp_path / "whole" / "training_curves.png").is_file()
     history = json.loads((tmp_path / "whole" / "trainer_state.json").read_text())["log_history"]
+    check_chatrl_export(tmp_path / "whole", tmp_path / "nanochat")
 
     out = tmp_path / "interrupted"
     args = tiny_args(out, eval_every="4", eval_examples="4", save_every="2")

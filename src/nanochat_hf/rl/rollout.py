@@ -11,13 +11,18 @@ completions by it): here it stays, with env_mask 0.
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Mapping
 from typing import Any
 
+import torch
+import torch.nn.functional as F
+from transformers import DynamicCache
+
 from ..errors import UserError
-from ..inference import CalculatorToolProcessor, generate_tokens, stop_and_pad_ids
+from ..inference import CalculatorToolProcessor
 from ..tokenizer import render_for_completion
-from ..tokenizer.chat_format import SPECIAL_TOKENS
+from ..tokenizer.chat_format import SPECIAL_TOKENS, STOP_TOKENS
 
 
 def has_nanochat_format(tokenizer: Any) -> bool:
@@ -35,26 +40,116 @@ def render_prompt(tokenizer: Any, conversation: list[dict] | Mapping) -> list[in
     return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True, return_dict=False))
 
 
+class ToolState:
+    """One row's calculator, as nanochat's Engine runs it: after ``<|python_start|>`` expr ``<|python_end|>``, the
+    tool's reply (`CalculatorToolProcessor.forced_reply`) is forced in, one token per step. ``tool`` None: no tool."""
+
+    def __init__(self, tool: CalculatorToolProcessor | None) -> None:
+        self.tool = tool
+        self.pending: deque[int] = deque()  # forced tokens still to come
+        self.expression: list[int] | None = None  # inside a python block: its tokens so far
+
+    def forced(self) -> int | None:
+        """The token the tool forces next, or None (the model samples)."""
+        return self.pending[0] if self.pending else None
+
+    def feed(self, token: int) -> None:
+        """The row's next token (forced or sampled)."""
+        if self.pending and token == self.pending[0]:
+            self.pending.popleft()
+        else:
+            self.pending.clear()
+        if self.tool is None:
+            return
+        if token == self.tool.python_start:
+            self.expression = []
+        elif token == self.tool.python_end and self.expression is not None:
+            self.pending = deque(self.tool.forced_reply(self.expression) or [])
+            self.expression = None
+        elif self.expression is not None:
+            self.expression.append(token)
+
+
 def sampled_mask(completion: list[int], tool: CalculatorToolProcessor | None, stops: set[int]) -> list[int]:
-    """nanochat's per-token mask of one completion: 0 for what the calculator forced (replaying its state machine:
-    after ``<|python_start|>`` expr ``<|python_end|>``, the forced reply's tokens) and for a stop token, else 1."""
-    mask: list[int] = []
-    pending: list[int] = []  # forced tokens still expected
-    expression: list[int] | None = None  # inside a python block: its tokens so far
+    """nanochat's per-token mask of one completion: 0 for what the calculator forced and for a stop token, else 1."""
+    state, mask = ToolState(tool), []
     for token in completion:
-        forced = bool(pending) and token == pending[0]
-        pending = pending[1:] if forced else []
-        mask.append(0 if forced or token in stops else 1)
-        if tool is None:
-            continue
-        if token == tool.python_start:
-            expression = []
-        elif token == tool.python_end and expression is not None:
-            pending = tool.forced_reply(expression) or []
-            expression = None
-        elif expression is not None:
-            expression.append(token)
+        mask.append(0 if token == state.forced() or token in stops else 1)
+        state.feed(token)
     return mask
+
+
+def sample_next_token(
+    logits: torch.Tensor, rngs: list[torch.Generator], temperature: float, top_k: int | None
+) -> list[int]:
+    """nanochat's engine.sample_next_token, for passes stacked in one batch: argmax at temperature 0, else top-k,
+    softmax and one multinomial call per pass (its rows) from that pass's generator: the draws nanochat's
+    separate passes make from the same seeds."""
+    if temperature == 0.0:
+        return logits.argmax(dim=-1).tolist()
+    indices = None
+    if top_k:
+        logits, indices = torch.topk(logits, min(top_k, logits.size(-1)), dim=-1)
+    probs = F.softmax(logits / temperature, dim=-1)
+    choice = torch.cat([torch.multinomial(p, 1, generator=g) for p, g in zip(probs.chunk(len(rngs)), rngs)])
+    return (choice if indices is None else indices.gather(1, choice))[:, 0].tolist()
+
+
+@torch.inference_mode()
+def engine_sample(
+    model: Any,
+    prompt: list[int],
+    seeds: list[int],
+    rows_per_seed: int,
+    max_new_tokens: int,
+    temperature: float,
+    top_k: int | None,
+    tool: CalculatorToolProcessor | None,
+    stops: set[int],
+) -> list[list[int]]:
+    """nanochat's Engine.generate_batch on our model, for ``len(seeds)`` passes of `rows_per_seed` rows at once:
+    one prefill of the prompt, its KV cache repeated for every row, then one token per row per step (forced by the
+    tool where it has one, else drawn as `sample_next_token` draws, each pass from a generator seeded with its
+    seed), the rows in lockstep until all have stopped or `max_new_tokens` steps. Each completion ends at its first
+    stop token (included). One batch for all of a prompt's passes and no per-step processors or stopping criteria:
+    faster than generate() and than nanochat's passes one by one (benchmarks/rl_rollout.py)."""
+    device = next(model.parameters()).device
+    rngs = [torch.Generator(device=device) for _ in seeds]
+    for rng, seed in zip(rngs, seeds):
+        rng.manual_seed(seed)
+    n = len(seeds) * rows_per_seed
+    was_training = model.training
+    model.eval()
+    cache = DynamicCache(config=model.config)
+    ids = torch.tensor([prompt], device=device)
+    logits = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[:, -1]
+    logits = logits.float().expand(n, -1)
+    cache.batch_repeat_interleave(n)
+    rows: list[list[int]] = [[] for _ in range(n)]
+    states = [ToolState(tool) for _ in range(n)]
+    done = [False] * n
+    previous = torch.full((n,), prompt[-1], device=device)  # smear (G5) mixes in the token before the new one
+    smear = {"previous_input_ids": previous} if getattr(model.config, "smear", False) else {}
+    for _ in range(max_new_tokens):
+        sampled = sample_next_token(logits, rngs, temperature, top_k)
+        column = []
+        for i, state in enumerate(states):
+            token = state.forced()
+            token = sampled[i] if token is None else token
+            state.feed(token)
+            column.append(token)
+            if not done[i]:
+                rows[i].append(token)
+                done[i] = token in stops
+        if all(done):
+            break
+        ids = torch.tensor(column, device=device)[:, None]
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1, **smear)
+        logits = out.logits[:, -1].float()
+        if smear:
+            smear["previous_input_ids"] = ids[:, 0]
+    model.train(was_training)
+    return rows
 
 
 class NanoChatRollout:
@@ -62,9 +157,11 @@ class NanoChatRollout:
     ``num_generations`` copies in a row); each run of ``device_batch_size`` copies is one pass of
     `generate_tokens` (temperature, top-k, at most ``max_new_tokens`` tokens, the calculator when ``calculator``).
 
-    Each pass has its own seed, ``hash((step, row, pass)) & 0x7FFFFFFF`` as chat_rl.py's (``row``: the prompt's
-    position in this process's batch, where nanochat uses its dataset index), so a resumed run samples what the
-    uninterrupted one did. ``seconds`` adds up the wall time spent sampling (the step's sampling share).
+    Each pass has chat_rl.py's seed, ``hash((step, index, pass)) & 0x7FFFFFFF`` with ``index`` the prompt's row in
+    the train split (nanochat's ``example_idx`` with one process; with several, TRL splits a step's prompts into
+    contiguous blocks where nanochat strides), so the samples are nanochat's from the same weights and a resumed
+    run samples what the uninterrupted one did. A prompt's passes are sampled in one batch (`engine_sample`).
+    ``seconds`` adds up the wall time spent sampling (the step's sampling share).
     """
 
     def __init__(
@@ -88,7 +185,8 @@ class NanoChatRollout:
         self.temperature, self.top_k = temperature, top_k
         self.tool = CalculatorToolProcessor(tokenizer) if calculator else None
         self.max_sequence_len = max_sequence_len
-        self.stops = set(stop_and_pad_ids(tokenizer, calculator)[0])
+        vocab = tokenizer.get_vocab()  # nanochat's two stop tokens, else the model's eos
+        self.stops = {vocab[t] for t in STOP_TOKENS} if has_nanochat_format(tokenizer) else {tokenizer.eos_token_id}
         self.seconds = 0.0
         self.__name__ = type(self).__name__  # TRL's profiling names a rollout_func by its __name__
 
@@ -102,29 +200,33 @@ class NanoChatRollout:
             )
         return ids
 
-    def sample(self, model: Any, prompt: list[int], seed: int) -> list[list[int]]:
-        """One pass: ``device_batch_size`` completions of `prompt` (each ends at its stop token, included)."""
-        rows = [prompt] * self.device_batch_size
-        return generate_tokens(
+    def sample(self, model: Any, prompt: list[int], seeds: list[int]) -> list[list[int]]:
+        """``len(seeds)`` passes of ``device_batch_size`` completions of `prompt`, each pass from its seed, in one
+        batch (each completion ends at its stop token, included)."""
+        return engine_sample(
             model,
-            self.tokenizer,
-            rows,
+            prompt,
+            seeds,
+            self.device_batch_size,
             self.max_new_tokens,
             self.temperature,
             self.top_k,
-            seed=seed,
-            calculator=self.tool is not None,
+            self.tool,
+            self.stops,
         )
 
     def __call__(self, prompts: list, trainer: Any) -> dict[str, list]:
         start = time.perf_counter()
         model = trainer.accelerator.unwrap_model(trainer.model)
-        step, B = trainer.state.global_step, self.device_batch_size
+        group, step = trainer.num_generations, trainer.state.global_step
+        local = len(prompts) // group  # this process's prompts (TRL gives each process a contiguous block)
+        first_index = step * local * trainer.accelerator.num_processes + trainer.accelerator.process_index * local
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": None, "env_mask": []}
-        for first in range(0, len(prompts), B):
-            prompt = self.prompt_ids(prompts[first])
-            seed = hash((step, first // trainer.num_generations, first % trainer.num_generations // B)) & 0x7FFFFFFF
-            for completion in self.sample(model, prompt, seed):
+        for j in range(local):
+            prompt = self.prompt_ids(prompts[j * group])
+            index = (first_index + j) % len(trainer.train_dataset)  # the row's index in the train split
+            seeds = [hash((step, index, p)) & 0x7FFFFFFF for p in range(group // self.device_batch_size)]
+            for completion in self.sample(model, prompt, seeds):
                 out["prompt_ids"].append(prompt)
                 out["completion_ids"].append(completion)
                 out["env_mask"].append(sampled_mask(completion, self.tool, self.stops))

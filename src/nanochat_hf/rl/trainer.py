@@ -171,7 +171,7 @@ class PassAtKCallback(TrainerCallback):
         )
         outcomes = []
         for row, prompt in zip(self.rows[rank::world], prompts):
-            completions = eval_rollout.sample(model, prompt, EVAL_SEED)
+            completions = eval_rollout.sample(model, prompt, [EVAL_SEED])
             n = len(completions)
             scores = reward(
                 prompts=[row["prompt"]] * n,
