@@ -43,6 +43,8 @@ def test_unknown_knob_in_the_config_is_one_line(capsys, tmp_path):
     config = tmp_path / "rl.yaml"
     config.write_text("num_samples: 16\nnum_generations: 16\n")
     assert "unknown argument(s) num_generations" in one_line_exit(capsys, [str(config)])
+    config.write_text("num_samples: sixteen\n")
+    assert "num_samples='sixteen': expected an integer" in one_line_exit(capsys, [str(config)])
 
 
 def test_examples_per_step_not_divisible_by_the_processes(tmp_path):

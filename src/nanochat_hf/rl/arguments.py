@@ -3,12 +3,13 @@ defaults, and the stock `GRPOConfig` they make (`grpo_config`: the one place the
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import sys
 from dataclasses import dataclass, field
 from typing import Any
 
 import yaml
-from transformers import HfArgumentParser
 
 from ..errors import OneLineArgumentParser, UserError, add_version
 
@@ -136,15 +137,37 @@ class RLArguments:
         )
 
 
-class _Parser(OneLineArgumentParser, HfArgumentParser):
-    """HfArgumentParser with argument errors in one line (`chat_rl: error: ...`)."""
+def _bool(text: str) -> bool:
+    if text.lower() in ("true", "yes", "1"):
+        return True
+    if text.lower() in ("false", "no", "0"):
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+# each field's annotation (a string: postponed annotations) -> argparse's type and nargs
+_TYPES = {"str": (str, None), "int": (int, None), "float": (float, None), "bool": (_bool, None)}
+_TYPES |= {"str | None": (str, None), "int | None": (int, None), "list[str] | None": (str, "+")}
+_NAMES = {str: "a string", int: "an integer", float: "a number", _bool: "true or false"}
+
+
+def build_parser() -> OneLineArgumentParser:
+    """A plain argparse parser of `RLArguments` (no transformers import: --help and argument errors answer at once)."""
+    parser = OneLineArgumentParser(prog=PROG, description="nanochat's RL stage (chat_rl.py) on TRL's GRPOTrainer")
+    add_version(parser)
+    for f in dataclasses.fields(RLArguments):
+        kind, nargs = _TYPES[f.type]
+        required = f.default is dataclasses.MISSING
+        default = None if required else f.default
+        help_text = f.metadata["help"] + ("" if required else f" (default: {default})")
+        parser.add_argument(f"--{f.name}", type=kind, nargs=nargs, default=default, required=required, help=help_text)
+    return parser
 
 
 def parse_args(argv: list[str] | None = None) -> RLArguments:
     """``[config.yaml] [--flag value ...]``: the YAML's values, then the flags (a flag wins)."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _Parser(RLArguments, prog=PROG, description="nanochat's RL stage (chat_rl.py) on TRL's GRPOTrainer")
-    add_version(parser)
+    parser = build_parser()
     if argv and argv[0].endswith((".yaml", ".yml")):
         path = argv.pop(0)
         try:
@@ -154,16 +177,25 @@ def parse_args(argv: list[str] | None = None) -> RLArguments:
             parser.error(f"config {path}: cannot be read ({type(e).__name__})")
         if not isinstance(config, dict):
             parser.error(f"config {path}: expected a mapping of argument: value")
-        known = {f.name for f in RLArguments.__dataclass_fields__.values()}
-        unknown = sorted(set(config) - known)
+        unknown = sorted(set(config) - {f.name for f in dataclasses.fields(RLArguments)})
         if unknown:
             parser.error(f"config {path}: unknown argument(s) {', '.join(unknown)}")
-        parser.set_defaults(**config)
-        for action in parser._actions:  # a required argument the config gives is no longer required
+        for action in parser._actions:  # the config's values, typed as flags are; given, no longer required
+            if action.dest in config and config[action.dest] is not None:
+                value = config[action.dest]
+                try:
+                    if action.nargs == "+":
+                        values = value if isinstance(value, list) else [value]
+                        config[action.dest] = [action.type(str(v)) for v in values]
+                    else:
+                        config[action.dest] = action.type(str(value))
+                except (ValueError, argparse.ArgumentTypeError):
+                    parser.error(f"config {path}: {action.dest}={value!r}: expected {_NAMES[action.type]}")
             if action.dest in config:
                 action.required = False
+        parser.set_defaults(**config)
+    namespace = vars(parser.parse_args(argv))
     try:
-        (args,) = parser.parse_args_into_dataclasses(argv)
+        return RLArguments(**namespace)
     except UserError as e:
         parser.error(str(e))
-    return args
