@@ -297,19 +297,6 @@ def fit_prompt(prompt: list[int], sequence_len: int, max_new_tokens: int) -> lis
     return prompt[:1] + prompt[len(prompt) - keep + 1 :]
 
 
-def stop_and_pad_ids(tokenizer, calculator: bool) -> tuple[list[int], int]:
-    """nanochat's stop tokens and pad; without the calculator, a tokenizer of another format stops at its own
-    eos token (and pads with its pad token, else eos)."""
-    if calculator or all(name in tokenizer.get_vocab() for name in STOP_TOKENS):
-        ids = special_token_ids(tokenizer)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids[PAD_TOKEN]
-        return [ids[name] for name in STOP_TOKENS], pad
-    if tokenizer.eos_token_id is None:
-        raise UserError("the tokenizer has neither nanochat's stop tokens nor an eos token: generation cannot stop")
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    return [tokenizer.eos_token_id], pad
-
-
 @torch.no_grad()
 def generate_tokens(
     model,
@@ -323,9 +310,8 @@ def generate_tokens(
     calculator: bool = True,
 ) -> list[list[int]]:
     """Reply tokens for each prompt (token ids), generated as one left-padded batch by ``model.generate()`` with
-    the calculator tool (unless `calculator` is False: then a python block gets no forced output, and a tokenizer
-    without nanochat's format stops at its eos token). Each reply ends at its first stop token (included) or after
-    `max_new_tokens` tokens.
+    the calculator tool (unless `calculator` is False: then a python block gets no forced output). Each reply ends
+    at its first stop token (included) or after `max_new_tokens` tokens.
 
     `model` is the bare causal LM (unwrap DDP/accelerate first); it is put in eval mode while generating and
     restored after. temperature 0 = greedy; `seed` makes sampling reproducible (the global RNG is left as it was).
@@ -333,7 +319,9 @@ def generate_tokens(
     _check_options(max_new_tokens, temperature, top_k)
     if not prompts or not all(prompts):
         raise UserError("prompts must be a non-empty list of non-empty token id lists")
-    stops, pad = stop_and_pad_ids(tokenizer, calculator)
+    ids = special_token_ids(tokenizer)
+    stops = [ids[name] for name in STOP_TOKENS]
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else ids[PAD_TOKEN]
     device = next(model.parameters()).device
     width = max(len(p) for p in prompts)
     input_ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
@@ -493,6 +481,5 @@ __all__ = [
     "generate_reply",
     "generate_tokens",
     "parts_from_tokens",
-    "stop_and_pad_ids",
     "tool_part_tokens",
 ]
