@@ -69,7 +69,7 @@ class NanoChatGRPOTrainer(NanoChatOptimizerMixin, GRPOTrainer):
         funcs = [checked_reward(f) if callable(f) and not isinstance(f, torch.nn.Module) else f for f in funcs]
         self.rollout = rollout
         self._step_started = self._sampling_at_start = 0.0
-        self._step_seconds: list[float] = []
+        self.step_seconds: list[float] = []
         super().__init__(*args, reward_funcs=funcs, rollout_func=rollout, **kwargs)
         if self.args.per_device_train_batch_size != rollout.device_batch_size:
             raise UserError(
@@ -118,7 +118,7 @@ class NanoChatGRPOTrainer(NanoChatOptimizerMixin, GRPOTrainer):
         if "loss" in logs and self._step_started:  # a training step's log: its time, split
             seconds = time.perf_counter() - self._step_started
             sampling = self.rollout.seconds - self._sampling_at_start
-            self._step_seconds.append(seconds)
+            self.step_seconds.append(seconds)
             logs.update(sampling_s=sampling, training_s=seconds - sampling, step_s=seconds)
         super().log(logs, start_time)
 
@@ -134,7 +134,7 @@ class RLConsole(TrainerCallback):
         if not state.is_world_process_zero or not logs or "step_s" not in logs:
             return
         step, total = state.global_step, state.max_steps
-        times = self.trainer._step_seconds
+        times = self.trainer.step_seconds
         later = times[1:] or times
         eta = sum(later) / len(later) * (total - step)
         print(
