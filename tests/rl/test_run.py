@@ -1,7 +1,7 @@
-"""scripts/chat_rl.py as a user runs it, on the tiny model (conftest.py): the per-step line with its sampling /
-training split and ETA, the pass@k table, Ctrl-C leaving the last checkpoint intact, the resume continuing the
-reward curve with the rewards an uninterrupted run has, the report and plot, and the final folder's export to
-nanochat's chatrl_checkpoints."""
+"""scripts/chat_rl.py as a user runs it, on the tiny model (conftest.py): chat_rl.py's reward curve, the per-step
+line with its sampling / training split and ETA, the pass@k table, Ctrl-C leaving the last checkpoint intact, the
+resume continuing the reward curve with the rewards an uninterrupted run has, the report and plot, and the final
+folder's export to nanochat's chatrl_checkpoints."""
 
 import json
 import os
@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from nanochat_hf.conversion import load_from_nanochat, to_nanochat
 
-from .conftest import REPO_ROOT, tiny_args
+from .conftest import DATA, REPO_ROOT, tiny_args
 
 SCRIPT = str(REPO_ROOT / "scripts" / "chat_rl.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
@@ -73,6 +73,9 @@ def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path):
     report = (tmp_path / "whole" / "report.md").read_text()
     assert "| 5 | " in report and "## pass@k" in report and (tmp_path / "whole" / "training_curves.png").is_file()
     history = json.loads((tmp_path / "whole" / "trainer_state.json").read_text())["log_history"]
+    # chat_rl.py's settings of the reference run: its seeds, sampled on weights that stay within float32 round-off
+    # of HEAD's, draw HEAD's rollouts, so the whole loop's reward curve is chat_rl.py's, step for step
+    assert [r for _, r in rewards(history)] == json.loads((DATA / "rl_reference.json").read_text())["rewards"]
     check_chatrl_export(tmp_path / "whole", tmp_path / "nanochat")
 
     out = tmp_path / "interrupted"

@@ -154,14 +154,14 @@ def engine_sample(
 
 class NanoChatRollout:
     """TRL's ``rollout_func(prompts, trainer)``: prompts arrive as TRL's sampler repeats them (each prompt's
-    ``num_generations`` copies in a row); each run of ``device_batch_size`` copies is one pass of
-    `generate_tokens` (temperature, top-k, at most ``max_new_tokens`` tokens, the calculator when ``calculator``).
+    ``num_generations`` copies in a row), sampled in passes of ``device_batch_size`` (temperature, top-k, at most
+    ``max_new_tokens`` tokens, the calculator when ``calculator``), a prompt's passes in one `engine_sample` batch.
 
     Each pass has chat_rl.py's seed, ``hash((step, index, pass)) & 0x7FFFFFFF`` with ``index`` the prompt's row in
     the train split (nanochat's ``example_idx`` with one process; with several, TRL splits a step's prompts into
     contiguous blocks where nanochat strides), so the samples are nanochat's from the same weights and a resumed
-    run samples what the uninterrupted one did. A prompt's passes are sampled in one batch (`engine_sample`).
-    ``seconds`` adds up the wall time spent sampling (the step's sampling share).
+    run samples what the uninterrupted one did. ``seconds`` adds up the wall time spent sampling (the step's
+    sampling share).
     """
 
     def __init__(
@@ -224,7 +224,7 @@ class NanoChatRollout:
         out: dict[str, list] = {"prompt_ids": [], "completion_ids": [], "logprobs": None, "env_mask": []}
         for j in range(local):
             prompt = self.prompt_ids(prompts[j * group])
-            index = (first_index + j) % len(trainer.train_dataset)  # the row's index in the train split
+            index = (first_index + j) % len(trainer.train_dataset)  # the row, counted as nanochat cycles
             seeds = [hash((step, index, p)) & 0x7FFFFFFF for p in range(group // self.device_batch_size)]
             for completion in self.sample(model, prompt, seeds):
                 out["prompt_ids"].append(prompt)
