@@ -19,14 +19,19 @@ def gsm8k_rows(args: RLArguments, split: str) -> list[dict]:
     (hub and files: shuffled with seed 42, as nanochat's GSM8K task)."""
     from ..tasks.demo import arithmetic_row
     from ..tasks.gsm8k import TASK, problem
-    from ..tasks.hub import load_rows
+    from ..tasks.hub import DataLoadError, load_rows
 
     if args.gsm8k_source == "demo":
         n = args.demo_rows if split == "train" else max(args.eval_examples, 1)
         raw = [arithmetic_row(i + (1000 if split == "train" else 0), split) for i in range(n)]
     else:
         files = args.train_data_files if split == "train" else args.eval_data_files
-        raw, _ = load_rows(TASK, split, f"GSM8K[{split}]", data_files=files if args.gsm8k_source == "files" else None)
+        try:
+            raw, _ = load_rows(
+                TASK, split, f"GSM8K[{split}]", data_files=files if args.gsm8k_source == "files" else None
+            )
+        except DataLoadError as e:  # its hint names mid_train's data_files: ours are these
+            raise UserError(f"{e} (here: gsm8k_source files, train_data_files, eval_data_files)") from None
     rows = []
     for i, row in enumerate(raw):
         try:
