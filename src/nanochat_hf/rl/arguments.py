@@ -44,7 +44,9 @@ class RLArguments:
     init_lr_frac: float = field(default=0.05, metadata={"help": "every rate times this at step 0, then linear to 0"})
     eval_every: int = field(default=60, metadata={"help": "pass@k every N steps, step 0 included (-1: never)"})
     eval_examples: int = field(default=400, metadata={"help": "GSM8K test problems of the pass@k evaluation"})
-    save_every: int = field(default=60, metadata={"help": "checkpoint every N steps (and the last step)"})
+    save_every: int = field(
+        default=60, metadata={"help": "checkpoint every N steps (the last step's model: output_dir)"}
+    )
     # --- ours -------------------------------------------------------------------------------------------------------
     output_dir: str = field(default="outputs/nanochat-hf-rl", metadata={"help": "checkpoints, final model, report"})
     resume_from_checkpoint: str | None = field(
