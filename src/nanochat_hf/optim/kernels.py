@@ -192,16 +192,23 @@ def _f32(value: float) -> float:
 def polar_express(x: Tensor, steps: int = 5) -> Tensor:
     """Orthogonalise a stack (n, r, c) in x's dtype the way nanochat HEAD does: MuonEq row equilibration (every row
     rescaled to the mean row norm), normalisation by 1.01 * ||X||_F + 1e-6, then ``steps`` Polar Express iterations
-    (the Newton-Schulz loop of the December recipe with per-iteration coefficients; tall matrices iterate on their
-    transpose, i.e. on X^T X as nanochat does)."""
+    (the Newton-Schulz polynomial of the December recipe with per-iteration coefficients; tall matrices iterate on
+    X^T X, as nanochat does)."""
     xf = x.float()
     target = xf.norm(dim=(-2, -1), keepdim=True) / (x.size(-2) ** 0.5)
     row_norm = xf.norm(dim=-1, keepdim=True).clamp_min(1e-6)
     x = x * (target / row_norm).to(x.dtype)
     x = x / (x.norm(dim=(-2, -1), keepdim=True) * 1.01 + 1e-6)
-    tall = x.size(-2) > x.size(-1)
-    x = _orthogonalise(x.mT if tall else x, list(POLAR_EXPRESS_COEFFS[:steps]))
-    return x.mT if tall else x
+    # nanochat's own sequence of products (not _orthogonalise's fused baddbmm): the same values in exact arithmetic,
+    # and the same rounding as nanochat on every CPU (fused alpha/beta products round differently on some BLAS)
+    for a, b, c in POLAR_EXPRESS_COEFFS[:steps]:
+        if x.size(-2) > x.size(-1):
+            gram = x.mT @ x
+            x = a * x + x @ (b * gram + c * (gram @ gram))
+        else:
+            gram = x @ x.mT
+            x = a * x + (b * gram + c * (gram @ gram)) @ x
+    return x
 
 
 def normuon_update(
