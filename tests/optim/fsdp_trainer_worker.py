@@ -1,0 +1,90 @@
+"""A transformers Trainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama, for test_fsdp_trainer.py.
+
+    python fsdp_trainer_worker.py OUT_DIR train [--fsdp]    (under `accelerate launch` for 2 gloo processes)
+    python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1       (one gloo process: must be refused, in one line)
+
+train: 4 steps, global batch 4, clipping at 0.1 (every step clips); --fsdp applies `fully_shard` to each decoder
+layer and the root before the Trainer is built (Accelerate enables FSDP on GPUs only). Writes rank 0's whole
+parameters and, per rank, the logged losses and grad norms and the optimizer's path.
+fsdp1 / shard1: the model wrapped by FSDP1, or sharded by FSDP2 on dim 1; writes the refusal's text.
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from datasets import Dataset
+from safetensors.torch import save_file
+from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+
+from nanochat_hf.errors import UserError
+from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+
+
+class NanoTrainer(NanoChatOptimizerMixin, Trainer):
+    pass
+
+
+def shard(model, **kwargs):
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in model.model.layers:
+        fully_shard(layer, **kwargs)
+    fully_shard(model, **kwargs)
+
+
+def main():
+    out, mode = Path(sys.argv[1]), sys.argv[2]
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=30, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
+    model = AutoModelForCausalLM.from_config(config)
+    g = torch.Generator().manual_seed(1)
+    rows = [torch.randint(0, 64, (8,), generator=g).tolist() for _ in range(16)]
+    data = Dataset.from_list([{"input_ids": r, "labels": r} for r in rows])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, per_device_train_batch_size=4 // world,
+                             logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
+                             disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=0.1,
+                             ddp_backend="gloo" if world > 1 else None)  # fmt: skip
+    if mode != "train":
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        if mode == "fsdp1":
+            from torch.distributed.fsdp import FullyShardedDataParallel
+
+            model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+        else:
+            from torch.distributed.tensor import Shard
+
+            shard(model, shard_placement_fn=lambda p: Shard(1) if p.ndim == 2 else Shard(0))
+        try:
+            NanoTrainer(model=model, args=args, train_dataset=data)
+        except UserError as e:
+            (out / "refused.txt").write_text(str(e))
+        return
+    _ = args.device  # initialises torch.distributed under accelerate launch (fully_shard needs it)
+    if "--fsdp" in sys.argv:
+        shard(model)
+    trainer = NanoTrainer(model=model, args=args, train_dataset=data, nanochat_optimizer={"polar_dtype": "float32"})
+    trainer.train()
+    opt = trainer.optimizer.optimizer
+    rank = trainer.accelerator.process_index
+    logs = [h for h in trainer.state.log_history if "loss" in h]
+    report = {
+        "fsdp": opt.fsdp_mesh is not None,
+        "world_size": opt.world_size,
+        "losses": [h["loss"] for h in logs],
+        "grad_norms": [h["grad_norm"] for h in logs],
+    }
+    (out / f"rank{rank}.json").write_text(json.dumps(report))
+    params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
+    if rank == 0:
+        save_file({n: p.contiguous() for n, p in params.items()}, str(out / "params.safetensors"))
+
+
+if __name__ == "__main__":
+    main()
