@@ -35,6 +35,7 @@ def models():
     )
     return [
         ("G0", tiny_model(), 1031),
+        ("G0 late", tiny_model(), 1031),  # sharded after the optimizer was built, as under Accelerate
         ("G5", random_generation_model("g5"), 50),
         ("llama", llama, 101),
     ]
@@ -51,13 +52,28 @@ def shard(model):
     fully_shard(model)
 
 
+def shard_after_building(model, settings):
+    """What Accelerate's FSDP2 does under the Trainer: the optimizer is built on the whole model, then the model is
+    sharded and the DTensors are swapped into the optimizer's param groups by name. Returns the optimizer."""
+    from nanochat_hf.optim import build_optimizer
+
+    opt = build_optimizer(model, **settings)
+    names = {p: n for n, p in model.named_parameters()}
+    before = [[names[p] for p in group["params"]] for group in opt.param_groups]
+    shard(model)
+    sharded = dict(model.named_parameters())
+    for group, group_names in zip(opt.param_groups, before):
+        group["params"] = [sharded[n] for n in group_names]
+    return opt
+
+
 def same_numbers_worker(rank, world, port, out_dir, max_grad_norm):
-    """Each model in each recipe: STEPS FSDP2 steps on this rank's slice of the global batches. Rank 0 also trains
-    two copies in one process on the ranks' slices as micro-batches, their gradients averaged (as FSDP2 averages
-    them), in rank order, and also reversed and rotated: their distance to the first is what summation order alone
-    moves. Rank 0 writes, per (model, recipe), the relative difference per tensor of FSDP2 and of the
-    reversed order to the one-process run, both runs' last gradient norms, and the consolidated FSDP2 optimizer
-    state next to the one-process state (out_dir/result.pt)."""
+    """Each model in each recipe (G0 also sharded after building the optimizer): STEPS FSDP2 steps on this rank's
+    slice of the global batches. Rank 0 also trains copies in one process on the ranks' slices as micro-batches,
+    their gradients averaged (as FSDP2 averages them): in rank order, the reference, then reversed and rotated, whose
+    distance to it is what summation order alone moves. Rank 0 writes, per (model, recipe), the relative difference
+    per tensor of FSDP2 and of the other orders to the reference, the last gradient norms, the consolidated FSDP2
+    optimizer state next to the reference's, and every rank's parameter and gradient bytes (out_dir/result.pt)."""
     from optim_helpers import consolidated_state_dict, step_on_average
 
     from nanochat_hf.optim import build_optimizer
@@ -72,16 +88,24 @@ def same_numbers_worker(rank, world, port, out_dir, max_grad_norm):
             slices = [list(torch.randint(0, vocab, (world * 2, 17), generator=g).split(2)) for _ in range(STEPS)]
             for recipe, settings in SETTINGS.items():
                 sharded = copy.deepcopy(model)
-                shard(sharded)
-                opt = build_optimizer(sharded, **settings)
+                if name.endswith("late"):
+                    opt = shard_after_building(sharded, settings)
+                else:
+                    shard(sharded)
+                    opt = build_optimizer(sharded, **settings)
                 opt.max_grad_norm = max_grad_norm
-                assert opt.fsdp_mesh is not None and opt.world_size == world and not opt.reduces_gradients
-                for step in slices:
+                assert not opt.reduces_gradients and opt.fsdp_mesh is not None and opt.world_size == world
+                for i, step in enumerate(slices):
                     sharded(input_ids=step[rank], labels=step[rank]).loss.backward()
                     opt.step()
-                    opt.zero_grad(set_to_none=True)
+                    if i + 1 < len(slices):  # the last gradients stay, to be counted
+                        opt.zero_grad(set_to_none=True)
                 fsdp = {n: p.full_tensor() for n, p in sharded.named_parameters()}
                 state = consolidated_state_dict(opt)["state"]
+                held = [None] * world  # every rank's parameter and gradient bytes after the last backward
+                mine = [sum(t.to_local().numel() * t.element_size() for t in ts) for ts in (
+                    [p for p in sharded.parameters()], [p.grad for p in sharded.parameters()])]  # fmt: skip
+                dist.all_gather_object(held, mine)
                 if rank != 0:
                     continue
                 runs = []  # the ranks' micro-batches in rank order, reversed, rotated by one
@@ -103,6 +127,8 @@ def same_numbers_worker(rank, world, port, out_dir, max_grad_norm):
                     "exact": all(torch.equal(fsdp[n], q) for n, q in ref.items()),
                     "grad_norm": (opt.last_grad_norm, ref_opt.last_grad_norm),
                     "state": (state, ref_opt.state_dict()["state"]),
+                    "held": held,
+                    "shapes": [tuple(p.shape) for p in model.parameters()],
                 }
         if rank == 0:
             torch.save(results, os.path.join(out_dir, "result.pt"))

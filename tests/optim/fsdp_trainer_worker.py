@@ -3,9 +3,9 @@
     python fsdp_trainer_worker.py OUT_DIR train [--fsdp]    (under `accelerate launch` for 2 gloo processes)
     python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1       (one gloo process: must be refused, in one line)
 
-train: 4 steps, global batch 4, clipping at 0.1 (every step clips); --fsdp applies `fully_shard` to each decoder
-layer and the root before the Trainer is built (Accelerate enables FSDP on GPUs only). Writes rank 0's whole
-parameters and, per rank, the logged losses and grad norms and the optimizer's path.
+train: trainer_worker.py's tiny run (4 steps, global batch 4), clipping at 0.1 (every step clips); --fsdp applies
+`fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP on GPUs only).
+Writes rank 0's whole parameters and, per rank, the logged losses and grad norms and the optimizer's path.
 fsdp1 / shard1: the model wrapped by FSDP1, or sharded by FSDP2 on dim 1; writes the refusal's text.
 """
 
@@ -16,16 +16,10 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from datasets import Dataset
 from safetensors.torch import save_file
-from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
+from trainer_worker import NanoTrainer, tiny_run
 
 from nanochat_hf.errors import UserError
-from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
-
-
-class NanoTrainer(NanoChatOptimizerMixin, Trainer):
-    pass
 
 
 def shard(model, **kwargs):
@@ -38,18 +32,7 @@ def shard(model, **kwargs):
 
 def main():
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=30, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
-    model = AutoModelForCausalLM.from_config(config)
-    g = torch.Generator().manual_seed(1)
-    rows = [torch.randint(0, 64, (8,), generator=g).tolist() for _ in range(16)]
-    data = Dataset.from_list([{"input_ids": r, "labels": r} for r in rows])
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, per_device_train_batch_size=4 // world,
-                             logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
-                             disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=0.1,
-                             ddp_backend="gloo" if world > 1 else None)  # fmt: skip
+    model, data, args = tiny_run(out, max_grad_norm=0.1)
     if mode != "train":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
         dist.init_process_group("gloo", rank=0, world_size=1)

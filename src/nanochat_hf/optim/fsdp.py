@@ -10,8 +10,8 @@ ZeRO-2 step's (`MuonAdamW._plan`), so a state file does not say which path wrote
   back. The inbound ones of every bucket are launched first, the outbound ones as each bucket is done.
 - ``("whole",)`` small AdamW parameter (recipe 2026-07): every rank updates all of it; one all_gather for all of them.
 Clipping: the squares of every rank's (disjoint) local gradient shards, one all_reduce, before anything moves.
-microsoft/dion (megabatch_base.py) batches W matrices per all_to_all and normalises NorMuon per shard under FSDP;
-here a whole bucket rides in one all_to_all each way and NorMuon sees the whole matrix.
+microsoft/dion (megabatch_base.py, as issue 38 describes it) batches W matrices per pair of all_to_all and normalises
+NorMuon per shard under FSDP; here a whole bucket rides in one all_to_all each way and NorMuon sees the whole matrix.
 """
 
 from __future__ import annotations
@@ -129,11 +129,11 @@ def _gather_to_owners(opt: Any, bucket: list[Tensor], grads: dict[Tensor, Tensor
     rows, cols = bucket[0].shape
     owned = _owned_by(opt, bucket)
     dtype = bucket[0].dtype  # FSDP2 hands each gradient in its parameter's dtype
-    mine = rows_per_rank(rows, world, rank)
+    spans = [rows_per_rank(rows, world, s)[1:] for s in range(world)]  # every rank's rows [start, end)
     send = [t.reshape(-1) for d in range(world) for p in owned[d] for t in (grads[p].to(dtype), p.to_local())]
     send_buf = torch.cat(send) if send else bucket[0].to_local().new_empty(0)
-    in_sizes = [2 * len(owned[d]) * (mine[2] - mine[1]) * cols for d in range(world)]
-    spans = [rows_per_rank(rows, world, s)[1:] for s in range(world)]
+    held = spans[rank][1] - spans[rank][0]
+    in_sizes = [2 * len(owned[d]) * held * cols for d in range(world)]
     out_sizes = [2 * len(owned[rank]) * (end - start) * cols for start, end in spans]
     recv = send_buf.new_empty(sum(out_sizes))
     work = dist.all_to_all_single(recv, send_buf, out_sizes, in_sizes, group=opt.process_group, async_op=True)
@@ -141,9 +141,7 @@ def _gather_to_owners(opt: Any, bucket: list[Tensor], grads: dict[Tensor, Tensor
     def unpack() -> tuple[list[Tensor], list[Tensor], list[Tensor]]:
         n = len(owned[rank])
         # from rank s: (n matrices, gradient/parameter, its rows, cols); whole = the ranks' rows stacked in order
-        parts = [
-            part.view(n, 2, end - start, cols) for part, (start, end) in zip(recv.split(out_sizes), spans)
-        ]  # fmt: skip
+        parts = [part.view(n, 2, end - start, cols) for part, (start, end) in zip(recv.split(out_sizes), spans)]
         whole = torch.cat(parts, dim=2) if n else recv.new_empty((0, 2, rows, cols))
         return owned[rank], list(whole[:, 1]), list(whole[:, 0])
 

@@ -12,7 +12,7 @@ torch.distributed initialised with world size W > 1: the optimizer does all grad
 Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
 gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
 Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
-rank (not ZeRO-3).
+rank (not ZeRO-3). Parameters sharded by FSDP2 (DTensors): the same layout, stepped by optim/fsdp.py.
 """
 
 from __future__ import annotations
