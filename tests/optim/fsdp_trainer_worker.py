@@ -1,12 +1,13 @@
 """A transformers Trainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama, for test_fsdp_trainer.py.
 
     python fsdp_trainer_worker.py OUT_DIR train [--fsdp]    (under `accelerate launch` for 2 gloo processes)
-    python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1       (one gloo process: must be refused, in one line)
+    python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1|hsdp PORT  (one gloo process: refused, in one line)
 
 train: trainer_worker.py's tiny run (4 steps, global batch 4), clipping at 0.1 (every step clips); --fsdp applies
 `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP on GPUs only).
 Writes rank 0's whole parameters and, per rank, the logged losses and grad norms and the optimizer's path.
-fsdp1 / shard1: the model wrapped by FSDP1, or sharded by FSDP2 on dim 1; writes the refusal's text.
+fsdp1 / shard1 / hsdp: the model wrapped by FSDP1, sharded by FSDP2 on dim 1, or by HSDP on a 2-D mesh; writes
+the refusal's text.
 """
 
 import json
@@ -40,6 +41,10 @@ def main():
             from torch.distributed.fsdp import FullyShardedDataParallel
 
             model = FullyShardedDataParallel(model, device_id=torch.device("cpu"))
+        elif mode == "hsdp":  # replicated across one mesh dimension, sharded across the other
+            from torch.distributed.device_mesh import init_device_mesh
+
+            shard(model, mesh=init_device_mesh("cpu", (1, 1), mesh_dim_names=("replicate", "shard")))
         else:
             from torch.distributed.tensor import Shard
 

@@ -1,6 +1,6 @@
 """NanoChatOptimizerMixin with a real transformers Trainer on an FSDP2-sharded model (fsdp_trainer_worker.py): 2 gloo
-processes train like one, clipping included, and FSDP1 and an FSDP2 sharding on dim 1 are refused in one line when
-the Trainer is built (each fails if the mixin stops calling its check)."""
+processes train like one, clipping included, and FSDP1, an FSDP2 sharding on dim 1 and HSDP (a 2-D mesh) are refused
+in one line when the Trainer is built (each fails if the mixin stops calling its check)."""
 
 import json
 import os
@@ -55,6 +55,7 @@ def test_two_fsdp2_processes_train_like_one(tmp_path):
     [
         ("fsdp1", "FSDP1 is not supported with nanochat's optimizer"),
         ("shard1", r"model.embed_tokens.weight: sharded as \(Shard\(dim=1\),\) on a 1-D mesh; nanochat's optimizer"),
+        ("hsdp", r"model.embed_tokens.weight: sharded as \(Replicate\(\), Shard\(dim=0\)\) on a 2-D mesh; nanochat's"),
     ],
 )
 def test_fsdp1_and_other_shardings_refused_when_the_trainer_is_built(tmp_path, mode, words):
