@@ -203,19 +203,18 @@ def test_grpo_trainer(tokenizer, tmp_path):
     assert any(not torch.equal(p.detach(), before[n]) for n, p in model.named_parameters() if "proj" in n)
 
 
-@pytest.mark.parametrize("setup, words", [("is_deepspeed_enabled", "DeepSpeed is not"), ("is_fsdp_enabled", "FSDP is")])
-def test_deepspeed_and_fsdp_refused_in_one_line(setup, words):
-    """What the Trainer reports once it has set DeepSpeed or FSDP up (neither runs on this CPU-only suite: Accelerate
-    ignores FSDP on CPU and DeepSpeed is not installed), refused before any training."""
+def test_deepspeed_refused_in_one_line_saying_why_its_muon_is_not_nanochats():
+    """What the Trainer reports once it has set DeepSpeed up (not installed in this CPU-only suite, so on a stand-in:
+    FSDP1 and FSDP2 shardings are refused by a real Trainer in test_fsdp_trainer.py)."""
     from types import SimpleNamespace
 
     from nanochat_hf.optim.trainer_mixin import check_distributed_setup
 
-    trainer = SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=False)
-    check_distributed_setup(trainer)
-    setattr(trainer, setup, True)
-    with pytest.raises(UserError, match=words) as e:
-        check_distributed_setup(trainer)
+    with pytest.raises(UserError, match="DeepSpeed is not supported") as e:
+        check_distributed_setup(SimpleNamespace(is_deepspeed_enabled=True))
+    assert "Keller Jordan's Muon + Adam rule, not nanochat's (Polar Express, NorMuon, cautious weight decay)" in str(
+        e.value
+    )
     assert "\n" not in str(e.value)
 
 

@@ -54,8 +54,8 @@ class GradCheck(TrainerCallback):
             self.same.append(torch.equal(everyone[0], everyone[1]))
 
 
-def main():
-    out, ddp_hook = Path(sys.argv[1]), "--ddp_hook" in sys.argv
+def tiny_run(out: Path, max_grad_norm: float = 1.0):
+    """(model, dataset, args): the tiny Llama, 16 rows of 8 tokens, 4 steps of global batch 4 at any world size."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
@@ -66,8 +66,14 @@ def main():
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, per_device_train_batch_size=4 // world,
                              logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
-                             disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=1.0,
+                             disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=max_grad_norm,
                              ddp_backend="gloo" if world > 1 else None)  # fmt: skip
+    return model, data, args
+
+
+def main():
+    out, ddp_hook = Path(sys.argv[1]), "--ddp_hook" in sys.argv
+    model, data, args = tiny_run(out)
     check, hook = GradCheck(), DDPHook()
     callbacks = [hook, check] if ddp_hook else [check]
     trainer = NanoTrainer(

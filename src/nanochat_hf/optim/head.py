@@ -115,6 +115,15 @@ class NorMuonAdamW(MuonAdamW):
             dtype=getattr(torch, group["polar_dtype"]),
         )
 
+    def _update_owned(
+        self, group: dict[str, Any], owned: list[Tensor], values: list[Tensor], grads: list[Tensor]
+    ) -> None:
+        """NorMuon on this rank's whole matrices of the group (optim/fsdp.py; the state is the group's, as always)."""
+        if owned:
+            self._normuon(group, values, torch.stack(grads))
+        else:
+            self._muon_state(group)
+
     def _step_local(self) -> None:
         """One process: every gradient whole, each Muon group stepped as one stack."""
         adamw = [

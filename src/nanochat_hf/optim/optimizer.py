@@ -12,7 +12,7 @@ torch.distributed initialised with world size W > 1: the optimizer does all grad
 Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
 gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
 Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
-rank (not ZeRO-3).
+rank (not ZeRO-3). Parameters sharded by FSDP2 (DTensors): the same layout, stepped by optim/fsdp.py.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from ..errors import UserError
+from .fsdp import adopt_fsdp, fsdp_step
 from .kernels import adamw_update, muon_update
 from .reduction import GradientReducer, rows_per_rank
 
@@ -119,10 +120,13 @@ class MuonAdamW(torch.optim.Optimizer):
             on_cuda = self.param_groups[0]["params"][0].is_cuda
             self._native_avg = self._native_rs and on_cuda and "nccl" in str(dist.get_backend(process_group))
             self._reducer = GradientReducer(self)
+        self.fsdp_mesh = None  # FSDP2 parameters: their mesh, and the step of optim/fsdp.py
+        adopt_fsdp(self)
 
     @property
     def reduces_gradients(self) -> bool:
         """True when this optimizer averages the gradients across ranks itself (the caller must not)."""
+        adopt_fsdp(self)
         return self.world_size > 1 and not self.grads_averaged
 
     # ----------------------------------------------------------------------------------------- public
@@ -169,7 +173,10 @@ class MuonAdamW(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        if self.world_size == 1:
+        adopt_fsdp(self)
+        if self.fsdp_mesh is not None:
+            fsdp_step(self)
+        elif self.world_size == 1:
             self._step_local()
         else:
             self._step_sharded()
@@ -253,6 +260,13 @@ class MuonAdamW(torch.optim.Optimizer):
                 for i, q in enumerate(bucket)
             }
         return ("owner", self._owners[p]) if p in self._owners else ("rows",)
+
+    def _update_owned(
+        self, group: dict[str, Any], owned: list[Tensor], values: list[Tensor], grads: list[Tensor]
+    ) -> None:
+        """Muon on the whole matrices this rank owns in one bucket (optim/fsdp.py): ``values`` and ``grads`` are
+        their gathered values (updated in place) and gradients; the state is ``owned``'s."""
+        muon_update(values, grads, [self._muon_buf(p) for p in owned], **_muon_options(group))
 
     def _probe_reduce_scatter(self) -> bool:
         """Whether the backend implements reduce_scatter_single (older gloo builds do not)."""

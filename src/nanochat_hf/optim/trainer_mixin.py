@@ -21,8 +21,10 @@ What the mixin changes, and nothing else:
   optimizer, on the averaged gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
 - checkpoints: each rank writes its optimizer shard as safetensors (the stock hook pickles rank 0's only), the
   scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's.
-Refused in one line when the Trainer is built: DeepSpeed (its ZeRO optimizers flatten the parameters, which leaves
-no matrices for Muon) and FSDP (sharded parameters); the sharded step already keeps 1/W of the optimizer state.
+- FSDP2 (Accelerate's ``fsdp_version: 2``, configs/accelerate_fsdp2.yaml, or a model the caller sharded with
+  ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients.
+Refused in one line when the Trainer is built: DeepSpeed (flattened parameters; its own Muon is not nanochat's rule),
+FSDP1 (flat parameters) and an FSDP2 sharding the owner rule cannot handle (optim/fsdp.py).
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import torch
 
 from ..errors import UserError
 from ..jsonfile import read_json, write_json
+from .fsdp import fsdp_mesh
 from .routing import build_optimizer
 
 # nanochat_hf.training imports this module (MidTrainer is built on the mixin), so its modules are imported where used:
@@ -46,17 +49,25 @@ def _inner_optimizer(optimizer: Any) -> Any:
 
 
 def check_distributed_setup(trainer: Any) -> None:
-    """Refuse, in one line, what the sharded optimizer cannot run under."""
+    """Refuse, in one line, what nanochat's optimizer cannot run under: DeepSpeed, FSDP1, and an FSDP2 sharding
+    other than Shard(0) on a 1-D mesh (optim/fsdp.py). FSDP2 and plain DDP are fine."""
     if getattr(trainer, "is_deepspeed_enabled", False):
         raise UserError(
             "DeepSpeed is not supported with nanochat's optimizer: its ZeRO optimizers flatten the parameters (no "
-            "matrices left for Muon); launch without --deepspeed: the optimizer shards its state across ranks itself"
+            "matrices left for Muon), and DeepSpeed's own Muon is Keller Jordan's Muon + Adam rule, not nanochat's "
+            "(Polar Express, NorMuon, cautious weight decay); launch without --deepspeed, with FSDP2 "
+            "(configs/accelerate_fsdp2.yaml) or plain DDP"
         )
-    if getattr(trainer, "is_fsdp_enabled", False):
+    from torch.distributed.fsdp import FullyShardedDataParallel
+
+    plugin = getattr(trainer.accelerator.state, "fsdp_plugin", None)
+    fsdp1 = plugin is not None and getattr(plugin, "fsdp_version", 1) != 2
+    if fsdp1 or any(isinstance(m, FullyShardedDataParallel) for m in trainer.model.modules()):
         raise UserError(
-            "FSDP is not supported with nanochat's optimizer (it needs whole parameters on every rank); launch with "
-            "plain DDP (accelerate launch / torchrun): the optimizer shards its state across ranks itself"
+            "FSDP1 is not supported with nanochat's optimizer (its flat parameters leave no matrices for Muon); use "
+            "FSDP2: fsdp_version: 2 in the Accelerate config (configs/accelerate_fsdp2.yaml) or fully_shard"
         )
+    fsdp_mesh(trainer.model.named_parameters())
 
 
 class NanoChatOptimizerMixin:
@@ -80,6 +91,10 @@ class NanoChatOptimizerMixin:
             raise UserError(f"nanochat_optimizer: unknown {unknown}; build_optimizer takes {', '.join(accepted)}")
         super().__init__(*args, **kwargs)
         check_distributed_setup(self)
+        if fsdp_mesh(self.model.named_parameters()) is not None and not self.is_fsdp_enabled:
+            # sharded by the caller (fully_shard, as on CPU where Accelerate enables no FSDP): take the Trainer's
+            # route for a model sharded at load time, which wraps nothing in DDP (DDP refuses DTensor parameters)
+            self.is_distributed_loading_by_transformers = True
         if muon_momentum_warmup:
             from ..training.callbacks import MuonMomentumCallback
 

@@ -1,0 +1,71 @@
+"""NanoChatOptimizerMixin with a real transformers Trainer on an FSDP2-sharded model (fsdp_trainer_worker.py): 2 gloo
+processes train like one, clipping included, and FSDP1, an FSDP2 sharding on dim 1 and HSDP (a 2-D mesh) are refused
+in one line when the Trainer is built (each fails if the mixin stops calling its check)."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from safetensors.torch import load_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
+from mp_launch import _free_port, launch_command  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
+WORKER = str(Path(__file__).with_name("fsdp_trainer_worker.py"))
+ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+
+
+def _run(tmp_path, name, nproc, *flags):
+    out = tmp_path / name
+    out.mkdir()
+    proc = subprocess.run(
+        [*launch_command(nproc, WORKER), str(out), *flags], env=ENV, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def test_two_fsdp2_processes_train_like_one(tmp_path):
+    """The same global batch of 4: 2 FSDP2 processes log the losses and clipped grad norms of one plain process,
+    and end with its parameters (within 1e-5 relative per tensor: the batch's 4 rows are summed in one forward
+    there, as 2 + 2 here, and Newton-Schulz amplifies the last bits)."""
+    single = _run(tmp_path, "single", 1, "train")
+    fsdp = _run(tmp_path, "fsdp", 2, "train", "--fsdp")
+    one = json.loads((single / "rank0.json").read_text())
+    assert not one["fsdp"]
+    ref = load_file(single / "params.safetensors")
+    ours = load_file(fsdp / "params.safetensors")
+    for rank in range(2):
+        report = json.loads((fsdp / f"rank{rank}.json").read_text())
+        assert report["fsdp"] and report["world_size"] == 2
+        assert min(one["grad_norms"]) > 0.1  # every step clips
+        for key in ("losses", "grad_norms"):
+            assert report[key] == pytest.approx(one[key], rel=1e-6), key
+    for name, p in ref.items():
+        diff = ((ours[name] - p).norm() / p.norm()).item()
+        assert diff <= 1e-5, f"{name}: {diff:.3g} relative"
+
+
+@pytest.mark.parametrize(
+    "mode, words",
+    [
+        ("fsdp1", "FSDP1 is not supported with nanochat's optimizer"),
+        ("shard1", r"model.embed_tokens.weight: sharded as \(Shard\(dim=1\),\) on a 1-D mesh; nanochat's optimizer"),
+        ("hsdp", r"model.embed_tokens.weight: sharded as \(Replicate\(\), Shard\(dim=0\)\) on a 2-D mesh; nanochat's"),
+    ],
+)
+def test_fsdp1_and_other_shardings_refused_when_the_trainer_is_built(tmp_path, mode, words):
+    import re
+
+    out = tmp_path / mode
+    out.mkdir()
+    cmd = [sys.executable, WORKER, str(out), mode, str(_free_port())]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = (out / "refused.txt").read_text()
+    assert re.match(words, said) and "\n" not in said, said
+    assert not any((out / "run").rglob("*"))  # refused before anything was written (the Trainer made the folder)
