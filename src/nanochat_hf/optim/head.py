@@ -12,6 +12,10 @@ every stack whole, exactly as before:
   is reduced to its owner (optim/reduction.py; the other ranks free theirs), the owner stacks and steps only its
   chunk and keeps its state, and the matrices are all-gathered straight into the parameters (k rounds, one matrix
   per rank each: no full-size stack of gradients or parameters on any rank).
+- Muon group of 3-D expert stacks (E, out, in), one group per stack shape: every expert is a matrix of the stack
+  (the group's L stacks step as one stack of L*E matrices, batched); rank r owns experts [r*k, (r+1)*k),
+  k = ceil(E/W), of every stack, as AdamW rows (reduce-scatter along dim 0, all-gather of the parameter), and each
+  stack holds its own state, those experts' rows: ``momentum_buffer`` (e, r, c), ``second_momentum_buffer``.
 - AdamW parameter with at least 1024 elements: rows sharded as in the December recipe (reduce-scatter, moments
   for this rank's rows, all-gather). Smaller ones (the scalars): gradient all-reduced, every rank updates the whole
   parameter and keeps its whole state.
@@ -80,21 +84,35 @@ class NorMuonAdamW(MuonAdamW):
             )
         return st
 
+    def _experts_state(self, group: dict[str, Any], p: Tensor, n: int) -> dict[str, Tensor]:
+        """An expert stack's state: its ``n`` owned experts' momentum and second moment (as `_muon_state`)."""
+        st = self.state[p]
+        if not st:
+            rows, cols = p.mT.shape[1:] if group.get("transposed") else p.shape[1:]
+            st["momentum_buffer"] = torch.zeros((n, rows, cols), dtype=torch.float32, device=p.device)
+            st["second_momentum_buffer"] = torch.zeros(
+                (n, rows, 1) if rows >= cols else (n, 1, cols), dtype=torch.float32, device=p.device
+            )
+        return st
+
     def _replicated(self, p: Tensor) -> bool:
         return self.world_size == 1 or p.numel() < SMALL_NUMEL
 
     def _plan(self, p: Tensor) -> tuple:
         """Where p's averaged gradient goes (reduction.py): matrix j of a Muon stack to rank j // k (the contiguous
-        chunks of nanochat's layout), AdamW rows sharded, the small AdamW parameters to every rank."""
+        chunks of nanochat's layout), AdamW and expert stacks' rows sharded, the small AdamW parameters to every
+        rank."""
         if not hasattr(self, "_owners"):
-            self._owners = {}
+            self._owners, self._stacks = {}, set()
             for group in self.param_groups:
-                if group["kind"] == "muon":
+                if group["kind"] == "muon" and group["params"][0].ndim == 3:  # expert stacks: rows are experts
+                    self._stacks.update(group["params"])
+                elif group["kind"] == "muon":
                     k, _, _ = self._muon_chunk(group)
                     self._owners.update((q, j // k) for j, q in enumerate(group["params"]))
         if p in self._owners:
             return ("owner", self._owners[p])
-        return ("whole",) if self._replicated(p) else ("rows",)
+        return ("whole",) if self._replicated(p) and p not in self._stacks else ("rows",)
 
     def _normuon(self, group: dict[str, Any], owned: list[Tensor], grads: Tensor) -> None:
         """nanochat HEAD's Muon step on this rank's matrices ``owned`` of the group (``grads``: their stack)."""
@@ -115,6 +133,35 @@ class NorMuonAdamW(MuonAdamW):
             dtype=getattr(torch, group["polar_dtype"]),
         )
 
+    def _normuon_experts(self, group: dict[str, Any], grads: list[Tensor]) -> None:
+        """nanochat HEAD's Muon step on this rank's experts of every stack of the group (rows [start, end) of dim
+        0; ``grads``: their gradients, stack by stack), all of them as one stack of matrices."""
+        params = group["params"]
+        rows = [self._rows(p)[1:] for p in params]
+        states = [self._experts_state(group, p, end - start) for p, (start, end) in zip(params, rows)]
+        views = [p[start:end] for p, (start, end) in zip(params, rows)]
+        stacked = torch.cat([g[: end - start] for g, (start, end) in zip(grads, rows)])
+        if group.get("transposed"):  # the (out, in) views, as `_normuon` steps Conv1D weights
+            views, stacked = [v.mT for v in views], stacked.mT
+        momentum = torch.cat([st["momentum_buffer"] for st in states])
+        second = torch.cat([st["second_momentum_buffer"] for st in states])
+        normuon_update(
+            [m for v in views for m in v.unbind(0)],
+            stacked,
+            momentum,
+            second,
+            lr=group["lr"],
+            momentum=group["momentum"],
+            beta2=group["beta2"],
+            weight_decay=group["weight_decay"],
+            ns_steps=group["ns_steps"],
+            dtype=getattr(torch, group["polar_dtype"]),
+        )
+        sizes = [end - start for start, end in rows]
+        for st, m, v in zip(states, momentum.split(sizes), second.split(sizes)):
+            st["momentum_buffer"].copy_(m)
+            st["second_momentum_buffer"].copy_(v)
+
     def _step_local(self) -> None:
         """One process: every gradient whole, each Muon group stepped as one stack."""
         adamw = [
@@ -134,7 +181,10 @@ class NorMuonAdamW(MuonAdamW):
         for group, p, grad in adamw:
             self._adamw(group, p, grad)
         for group, grads in muon:
-            self._normuon(group, group["params"], grads)
+            if grads.ndim == 4:  # a group of expert stacks
+                self._normuon_experts(group, list(grads.unbind(0)))
+            else:
+                self._normuon(group, group["params"], grads)
 
     def _step_sharded(self) -> None:
         """W processes: this rank's averaged pieces (reduction.py), AdamW on its rows (or the whole replicated
@@ -151,6 +201,10 @@ class NorMuonAdamW(MuonAdamW):
                         gathers.append(self._adamw_rows_step(group, p, pieces.pop(p)))
                 continue
             params = group["params"]
+            if params[0].ndim == 3:  # expert stacks: this rank's experts of each, then each stack all-gathered
+                self._normuon_experts(group, [pieces.pop(p) for p in params])
+                gathers.extend(self._gather_rows(p) for p in params)
+                continue
             k, start, end = self._muon_chunk(group)
             owned = params[start:end]
             if owned:  # the only stack: this rank's k matrices, their gradients released as they are copied in

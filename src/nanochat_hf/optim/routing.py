@@ -24,8 +24,10 @@ Two layouts, decided once per model (`layout_of`):
       factor. Recipe 2026-07 reads the rows (MuonEq, NorMuon's second moment, the shape's rate scale), so every
       Conv1D weight gets its own group with ``"transposed": True``, which NorMuonAdamW steps as the (out, in) view;
     - fused projections (GPT-2's c_attn, Phi's qkv) are orthogonalised whole, as nanochat does with its matrices;
-    - stacked 3-D expert weights (Mixtral, Qwen-MoE, OLMoE) are refused unless routed (e.g. to "scalar": AdamW):
-      the Muon step takes 2-D matrices only;
+    - stacked 3-D expert weights (transformers 5's MoE experts modules: Mixtral, Qwen2-MoE, OLMoE, ...; a
+      parameter (E, out, in) of a module with ``num_experts`` = E) are matrices: role "matrix", each expert
+      orthogonalised on its own (`_expert_stacks`); stored (E, in, out) where the module says ``is_transposed``,
+      they are handled as Conv1D weights are. Any other 3-D or larger parameter (a conv kernel) is refused;
     - LoRA adapters go to AdamW: their product is the update, and Muon would orthogonalise A and B separately
       (B starts at zero), which is not an orthogonalised update of the weight.
 The routing is returned as data (`Routing`, on the optimizer as ``optimizer.routing``) and printed by the Trainer
@@ -35,6 +37,7 @@ glue as a table (`Routing.table`).
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +45,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
-from .head import RECIPES, NorMuonAdamW
+from .head import NorMuonAdamW
 from .optimizer import MuonAdamW
 from .precision import polar_dtype_name, resolve_polar_dtype
+from .settings import check_values
 
 ROLES = ("embedding", "head", "matrix", "adapter", "scalar")
 SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
@@ -356,6 +360,26 @@ def _is_lora(name: str) -> bool:
     return any(f".{key}" in f".{name}" for key in ("lora_A.", "lora_B.", "lora_embedding_", "lora_magnitude_vector"))
 
 
+def _expert_stacks(inner: nn.Module) -> tuple[dict[int, bool], set[int]]:
+    """({id: transposed} of every 3-D expert stack, {ids of the experts' per-expert bias stacks}): a parameter
+    (E, out, in) of a module holding ``num_experts`` = E experts (transformers 5's MoE experts modules), stored
+    (E, in, out) where the module says ``is_transposed`` (GPT-OSS); the same module's 2-D (E, out) parameters are
+    biases, one row per expert. A router (num_experts too, but no 3-D parameter) keeps its 2-D weight a matrix."""
+    stacks: dict[int, bool] = {}
+    biases: set[int] = set()
+    for module in inner.modules():
+        n = getattr(module, "num_experts", None)
+        own = list(module.parameters(recurse=False))
+        if not isinstance(n, int) or not any(p.ndim == 3 and p.shape[0] == n for p in own):
+            continue
+        for p in own:
+            if p.ndim == 3 and p.shape[0] == n:
+                stacks[id(p)] = bool(getattr(module, "is_transposed", False))
+            elif p.ndim == 2 and p.shape[0] == n:
+                biases.add(id(p))
+    return stacks, biases
+
+
 def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, tuple[str, Tensor, bool]]:
     """name -> (role, parameter, transposed) for every trainable parameter of a model in the "roles" layout, in
     model.named_parameters() order. ``transposed``: a Conv1D weight, stored (in, out). Errors name the parameter."""
@@ -371,7 +395,16 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
     head = getattr(out, "weight", None)
     head_id = id(head) if head is not None and id(head) not in embeddings else None  # tied: the embedding, once
     in_layers = {id(p) for m in inner.modules() if isinstance(m, nn.ModuleList) for p in m.parameters()}
+    experts, expert_biases = _expert_stacks(inner)
     transposed = {id(m.weight) for m in inner.modules() if _is_conv1d(m)}
+    transposed |= {i for i, t in experts.items() if t}
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    for pattern in roles:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in trainable):
+            raise UserError(
+                f"roles glob {pattern!r} matches no trainable parameter (names read like {trainable[0]!r}): "
+                "correct or remove it"
+            )
     routed: dict[str, tuple[str, Tensor, bool]] = {}
     for name, p in model.named_parameters():  # tied parameters are listed once
         if not p.requires_grad:
@@ -387,14 +420,15 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
             role = "head"
         elif _is_lora(name):
             role = "adapter"
-        elif p.ndim < 2:
+        elif p.ndim < 2 or id(p) in expert_biases:
             role = "scalar"
-        elif p.ndim == 2 and id(p) in in_layers:
+        elif (p.ndim == 2 and id(p) in in_layers) or id(p) in experts:
             role = "matrix"
         elif p.ndim > 2:
             raise UserError(
-                f"parameter {name!r} has shape {tuple(p.shape)}: Muon takes 2-D matrices, not stacked "
-                f"(e.g. MoE expert) weights; route it with roles={{{name!r}: 'scalar'}} (AdamW), or a glob"
+                f"parameter {name!r} has shape {tuple(p.shape)}: Muon takes 2-D matrices and stacks of MoE experts "
+                f"(E, out, in) of a module with num_experts = E, not this; route it with roles={{{name!r}: 'scalar'}} "
+                "(AdamW), or a glob"
             )
         else:
             raise UserError(
@@ -402,8 +436,11 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
                 f"neither an embedding nor get_output_embeddings(); route it with roles={{{name!r}: ...}}, one of "
                 f"{', '.join(ROLES)}"
             )
-        if role == "matrix" and p.ndim != 2:
-            raise UserError(f"parameter {name!r} has shape {tuple(p.shape)}: the role 'matrix' (Muon) takes 2-D ones")
+        if role == "matrix" and p.ndim != 2 and id(p) not in experts:
+            raise UserError(
+                f"parameter {name!r} has shape {tuple(p.shape)}: the role 'matrix' (Muon) takes 2-D weights and "
+                "stacks of MoE experts"
+            )
         routed[name] = (role, p, id(p) in transposed)
     return routed
 
@@ -411,7 +448,7 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
 def _conv1d_factor(shape: tuple[int, ...]) -> float:
     """Rate factor for a Conv1D weight stored (in, out): Muon's aspect-ratio scale of the real (out, in) matrix
     over the scale the step computes from the stored shape."""
-    rows, cols = shape
+    rows, cols = shape[-2:]
     return (max(1.0, cols / rows) / max(1.0, rows / cols)) ** 0.5
 
 
@@ -434,9 +471,11 @@ def role_param_groups(
 ) -> list[dict[str, Any]]:
     """The groups of a model in the "roles" layout (module docstring): adamw/lm_head, adamw/embedding, adamw/adapter,
     adamw/scalar,
-    then the matrices: recipe 2025-12 one "muon/matrix" group, 2026-07 one group per shape ("muon/RxC"); Conv1D
-    weights (stored (in, out)) in groups of their own ("muon/RxC/conv1d"): in recipe 2025-12 the non-square ones,
-    whose rate carries the orientation factor, in 2026-07 all of them, flagged ``transposed``. Each role's
+    then the matrices: recipe 2025-12 one "muon/matrix" group and one "muon/experts" group of the expert stacks,
+    2026-07 one group per shape ("muon/RxC", "muon/ExRxC/experts"); Conv1D weights (stored (in, out)) and
+    transposed expert stacks in groups of their own ("muon/RxC/conv1d", "muon/ExRxC/experts/transposed"): in
+    recipe 2025-12 the non-square ones, whose rate carries the orientation factor, in 2026-07 all of them, flagged
+    ``transposed``. Each role's
     settings: the December betas/eps/weight decay, or HEAD's per group (`ROLE_ADAMW_2026`)."""
     routed = role_of(model, roles)
     if not routed:
@@ -477,32 +516,37 @@ def role_param_groups(
     # recipe 2026-07: every Conv1D weight is stepped transposed (MuonEq and NorMuon read the rows)
     december = recipe == "2025-12"
     matrices = [
-        (p, t and (p.shape[0] != p.shape[1] or not december)) for role, p, t in routed.values() if role == "matrix"
+        (p, t and (p.shape[-2] != p.shape[-1] or not december)) for role, p, t in routed.values() if role == "matrix"
     ]
     lr = matrix_lr * init_lr_frac
     if matrix_optimizer == "adamw":
         adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
         return groups + [{**adamw, "name": "adamw/matrix", "params": [p for p, _ in matrices], "lr": lr}]
     shapes = sorted({(tuple(p.shape), t) for p, t in matrices})
-    if december:
-        plain = [p for p, t in matrices if not t]
-        if plain:
-            groups.append(
-                {
-                    "kind": "muon",
-                    "name": "muon/matrix",
-                    "params": plain,
-                    "lr": lr,
-                    "momentum": muon_momentum,
-                    "nesterov": True,
-                    "ns_steps": ns_steps,
-                    "polar_dtype": polar_dtype,
-                }
-            )
+    if december:  # one group of the 2-D matrices, one of the expert stacks (stepped per expert), then the factors
+        for name, ndim in (("muon/matrix", 2), ("muon/experts", 3)):
+            plain = [p for p, t in matrices if not t and p.ndim == ndim]
+            if plain:
+                groups.append(
+                    {
+                        "kind": "muon",
+                        "name": name,
+                        "params": plain,
+                        "lr": lr,
+                        "momentum": muon_momentum,
+                        "nesterov": True,
+                        "ns_steps": ns_steps,
+                        "polar_dtype": polar_dtype,
+                    }
+                )
         shapes = [(shape, t) for shape, t in shapes if t]
     for shape, t in shapes:
         members = [p for p, pt in matrices if tuple(p.shape) == shape and pt == t]
-        name = f"muon/{shape[0]}x{shape[1]}" + ("/conv1d" if t else "")
+        name = "muon/" + "x".join(map(str, shape))
+        if len(shape) == 3:
+            name += "/experts" + ("/transposed" if t else "")
+        elif t:
+            name += "/conv1d"
         if december:
             groups.append(
                 {
@@ -518,7 +562,7 @@ def role_param_groups(
             )
         else:
             group = _head_muon_group(name, members, lr, weight_decay, polar_dtype)
-            if t:  # NorMuonAdamW steps the (out, in) views: exactly the equivalent nn.Linear weight's step
+            if t:  # NorMuonAdamW steps the (out, in) views: exactly the equivalent nn.Linear weights' step
                 group["transposed"] = True
             groups.append(group)
     return groups
@@ -545,6 +589,76 @@ def _routing(model: nn.Module, groups: list[dict[str, Any]], layout: str, recipe
     if missing:
         raise UserError(f"parameter {missing[0]!r} is in no optimizer group")
     return Routing(layout, recipe, tuple(routes))
+
+
+def _param_groups(
+    model: nn.Module,
+    *,
+    matrix_lr: float,
+    embedding_lr: float,
+    unembedding_lr: float,
+    weight_decay: float,
+    init_lr_frac: float,
+    muon_momentum: float,
+    ns_steps: int,
+    betas: tuple[float, float],
+    eps: float,
+    matrix_optimizer: str,
+    recipe: str,
+    polar_dtype: str | torch.dtype,
+    roles: dict[str, str] | None,
+) -> tuple[list[dict[str, Any]], str]:
+    """(param groups, layout) of build_optimizer's checked settings; every refusal of the routing is a UserError."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError("every parameter of the model is frozen (requires_grad=False): nothing to optimise")
+    polar = _muon_polar(polar_dtype, model, recipe)
+    rates = (matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac)
+    layout = layout_of(model)
+    if layout == "roles":
+        groups = role_param_groups(
+            model,
+            *rates,
+            recipe=recipe,
+            muon_momentum=muon_momentum,
+            ns_steps=ns_steps,
+            betas=betas,
+            eps=eps,
+            matrix_optimizer=matrix_optimizer,
+            polar_dtype=polar,
+            roles=roles,
+        )
+    elif roles:
+        raise UserError("roles= routes parameters of other models; nanochat's model is grouped as nanochat groups it")
+    elif recipe == "2025-12":
+        groups = december_param_groups(
+            model,
+            *rates,
+            muon_momentum=muon_momentum,
+            ns_steps=ns_steps,
+            betas=betas,
+            eps=eps,
+            matrix_optimizer=matrix_optimizer,
+            polar_dtype=polar,
+        )
+    else:
+        groups = head_param_groups(model, *rates, SCALAR_LR, polar)
+    return groups, layout
+
+
+def check_optimizer_settings(model: nn.Module, **settings: Any) -> None:
+    """Refuse, in one `UserError` line, what ``build_optimizer(model, **settings)`` would refuse, without building
+    it: an unknown setting, a wrong type or value (`settings.check_values`), an unknown recipe, and the routing's
+    refusals (a roles glob that matches no trainable parameter, two globs routing one parameter differently, a
+    parameter no role fits, nothing trainable). The Trainer glue calls it when the Trainer is built."""
+    signature = inspect.signature(build_optimizer).parameters
+    accepted = list(signature)[1:]  # all but the model
+    unknown = sorted(set(settings) - set(accepted))
+    if unknown:
+        raise UserError(f"nanochat_optimizer: unknown {unknown}; build_optimizer takes {', '.join(accepted)}")
+    settings = {k: settings.get(k, signature[k].default) for k in accepted if k != "process_group"}
+    check_values(settings)
+    settings.pop("sharded")
+    _param_groups(model, **settings)
 
 
 def build_optimizer(
@@ -582,43 +696,9 @@ def build_optimizer(
     be averaged by the caller, e.g. DDP). ``polar_dtype`` ("auto", "bfloat16", "float32"): the dtype Muon
     orthogonalises in; "auto" decides by device (`precision.resolve_polar_dtype`, which also says why).
     """
-    if recipe not in RECIPES:
-        raise ValueError(f"optimizer recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
-    if matrix_optimizer not in ("muon", "adamw") or (matrix_optimizer == "adamw" and recipe != "2025-12"):
-        raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' (or 'adamw' in recipe 2025-12)")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise UserError("every parameter of the model is frozen (requires_grad=False): nothing to optimise")
-    polar = _muon_polar(polar_dtype, model, recipe)
-    rates = (matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac)
-    layout = layout_of(model)
-    if layout == "roles":
-        groups = role_param_groups(
-            model,
-            *rates,
-            recipe=recipe,
-            muon_momentum=muon_momentum,
-            ns_steps=ns_steps,
-            betas=betas,
-            eps=eps,
-            matrix_optimizer=matrix_optimizer,
-            polar_dtype=polar,
-            roles=roles,
-        )
-    elif roles:
-        raise UserError("roles= routes parameters of other models; nanochat's model is grouped as nanochat groups it")
-    elif recipe == "2025-12":
-        groups = december_param_groups(
-            model,
-            *rates,
-            muon_momentum=muon_momentum,
-            ns_steps=ns_steps,
-            betas=betas,
-            eps=eps,
-            matrix_optimizer=matrix_optimizer,
-            polar_dtype=polar,
-        )
-    else:
-        groups = head_param_groups(model, *rates, SCALAR_LR, polar)
+    settings = {k: v for k, v in locals().items() if k not in ("model", "process_group", "sharded")}
+    check_values({**settings, "sharded": sharded})
+    groups, layout = _param_groups(model, **settings)
     for g in groups:
         g["initial_lr"] = g["lr"]
     routing = _routing(model, groups, layout, recipe)
