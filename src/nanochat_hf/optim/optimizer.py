@@ -12,6 +12,8 @@ torch.distributed initialised with world size W > 1: the optimizer does all grad
 - Muon on a 3-D stack of MoE experts (E, out, in): a stack of E matrices, each orthogonalised on its own (batched
   with the group's other matrices of its shape). Rank r owns experts [r*k, (r+1)*k), k = ceil(E/W), exactly as
   AdamW rows (reduce-scatter along dim 0, momentum for those experts only, all-gather of the parameter).
+- A Muon group with ``"split": (period, sizes)`` (``split_fused``, a fused projection): each block of rows is a
+  matrix of its own (`_blocks`), on the owner's whole matrix, so the ownership above is unchanged.
 Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
 gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
 Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
@@ -49,16 +51,48 @@ def _matrices_2d(group: dict[str, Any]) -> list[Tensor]:
 
 
 def _muon_per_matrix(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], bufs: list[Tensor]) -> None:
-    """`muon_update` of a group's matrices and expert stacks, each expert (a slice of dim 0) a matrix of its own,
-    batched with the other matrices of its shape. The views write through to the parameters and buffers."""
-    matrices: dict[tuple[int, ...], tuple[list[Tensor], list[Tensor], list[Tensor]]] = {}
+    """`muon_update` of a group's matrices, each expert of a 3-D stack (a slice of dim 0) and, in a split group
+    (``split``: (period, sizes), `_blocks`), each block of a fused projection a matrix of its own, batched with the
+    other matrices of its shape. A split group with ``transposed`` (Conv1D weights, stored (in, out)) splits the
+    (out, in) views. Updates reach the parameters and buffers through views, or are written back."""
+    split = group.get("split")
+    flip = bool(split) and group.get("transposed", False)
+    buckets: dict[tuple[int, ...], tuple[list[Tensor], list[Tensor], list[Tensor]]] = {}
+    written: list[tuple[Tensor, list[Tensor]]] = []  # (parameter or buffer, its blocks) to write back
     for p, g, buf in zip(params, grads, bufs):
-        split = p.ndim == 3
-        for views in zip(*(t.unbind(0) if split else (t,) for t in (p, g, buf))):
-            for bucket, view in zip(matrices.setdefault(tuple(views[0].shape), ([], [], [])), views):
-                bucket.append(view)
-    for ps, gs, bs in matrices.values():
+        p, g, buf = (t.mT if flip else t for t in (p, g, buf))
+        parts = [_blocks(t, split) if split else [t] for t in (p, g, buf)]
+        written += [(p, parts[0]), (buf, parts[2])] if split else []
+        for blocks in zip(*parts):
+            for views in zip(*(b.unbind(0) if b.ndim == 3 else (b,) for b in blocks)):
+                for bucket, view in zip(buckets.setdefault(tuple(views[0].shape), ([], [], [])), views):
+                    bucket.append(view)
+    for ps, gs, bs in buckets.values():
         muon_update(ps, gs, bs, **_muon_options(group))
+    for t, blocks in written:
+        _unblock(t, blocks, split)
+
+
+def _blocks(t: Tensor, split: Any) -> list[Tensor]:
+    """The row blocks of ``t`` (..., R, C) that a split group orthogonalises as matrices of their own; ``split`` =
+    (period, sizes): in every ``period`` rows, block i holds the ``sizes[i]`` rows after the earlier blocks'. Views
+    when one period covers the rows, copies otherwise (`_unblock` writes them back)."""
+    period, sizes = split
+    rows = t.unflatten(-2, (t.shape[-2] // period, period))
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [rows.narrow(-2, o, s).flatten(-3, -2) for o, s in zip(offsets, sizes)]
+
+
+def _unblock(t: Tensor, blocks: list[Tensor], split: Any) -> None:
+    """Write `_blocks` of ``t`` back into it (nothing to do for views of it)."""
+    period, sizes = split
+    rows = t.unflatten(-2, (t.shape[-2] // period, period))
+    offset = 0
+    for block, size in zip(blocks, sizes):
+        target = rows.narrow(-2, offset, size)
+        if block.data_ptr() != target.data_ptr():
+            target.copy_(block.unflatten(-2, (rows.shape[-3], size)))
+        offset += size
 
 
 def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -366,13 +400,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 for p in params:
                     self._adamw(group, p, p.grad)
                 continue
-            if any(p.ndim == 3 for p in params):  # expert stacks: every expert a matrix of its own
-                _muon_per_matrix(group, params, [p.grad for p in params], [self._muon_buf(p) for p in params])
-                continue
-            for bucket in _shape_buckets(params):
-                muon_update(
-                    bucket, [p.grad for p in bucket], [self._muon_buf(p) for p in bucket], **_muon_options(group)
-                )
+            _muon_per_matrix(group, params, [p.grad for p in params], [self._muon_buf(p) for p in params])
 
     def _step_sharded(self) -> None:
         world, rank, pg = self.world_size, self.rank, self.process_group
@@ -398,8 +426,7 @@ class MuonAdamW(torch.optim.Optimizer):
             # chunk of W matrices (matrix i of the bucket from rank i % W)
             for bucket in _shape_buckets(_matrices_2d(group)):
                 owned = bucket[rank::world]
-                muon_update(owned, [pieces.pop(p) for p in owned], [self._muon_buf(p) for p in owned],
-                            **_muon_options(group))  # fmt: skip
+                _muon_per_matrix(group, owned, [pieces.pop(p) for p in owned], [self._muon_buf(p) for p in owned])
                 for c0 in range(0, len(bucket), world):
                     chunk = bucket[c0 : c0 + world]
                     scratch = [torch.empty_like(chunk[0]) for _ in range(world - len(chunk))]

@@ -23,7 +23,9 @@ Two layouts, decided once per model (`layout_of`):
       shape backwards, so a non-square Conv1D weight gets its own Muon group whose rate carries the correction
       factor. Recipe 2026-07 reads the rows (MuonEq, NorMuon's second moment, the shape's rate scale), so every
       Conv1D weight gets its own group with ``"transposed": True``, which NorMuonAdamW steps as the (out, in) view;
-    - fused projections (GPT-2's c_attn, Phi's qkv) are orthogonalised whole, as nanochat does with its matrices;
+    - fused projections (GPT-2's c_attn, Phi3's qkv_proj, ...) are orthogonalised whole, as nanochat does with its
+      matrices, unless ``split_fused=True``: then each block (q, k, v; gate, up), read from the model's config,
+      is a matrix of its own (`fused_splits`; groups "muon/.../split<period>:<sizes>" carry ``"split"``);
     - stacked 3-D expert weights (transformers 5's MoE experts modules: Mixtral, Qwen2-MoE, OLMoE, ...; a
       parameter (E, out, in) of a module with ``num_experts`` = E) are matrices: role "matrix", each expert
       orthogonalised on its own (`_expert_stacks`); stored (E, in, out) where the module says ``is_transposed``,
@@ -445,6 +447,59 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
     return routed
 
 
+def _fused_split(module: nn.Module, leaf: str, p: Tensor, config: Any) -> tuple[int, tuple[int, ...]] | None:
+    """(period, sizes) of a fused projection's weight, read from the model's config, or None for any other weight:
+    along the output rows, every ``period`` rows hold the blocks' rows in turn, ``sizes[i]`` rows of block i (one
+    period: q, k, v one after the other; a period per head or per KV group: interleaved layouts)."""
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    if leaf == "qkv_proj" and p.ndim == 2:  # Phi3: q, k, v one after the other
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        hd = getattr(config, "head_dim", None) or width // heads
+        sizes = (heads * hd, kv * hd, kv * hd)
+        return sum(sizes), sizes
+    if leaf == "query_key_value" and p.ndim == 2:
+        hd = width // heads
+        if getattr(config, "model_type", "") == "falcon":
+            if getattr(config, "new_decoder_architecture", False):  # per KV group: its query heads, k, v
+                per = heads // config.num_kv_heads
+                return (per + 2) * hd, (per * hd, hd, hd)
+            if getattr(config, "multi_query", False):  # all queries, one k, one v
+                return (heads + 2) * hd, (heads * hd, hd, hd)
+        return 3 * hd, (hd, hd, hd)  # GPT-NeoX, Falcon without MQA/GQA: q, k, v per head
+    if leaf == "c_attn" and _is_conv1d(module):  # GPT-2: stored (in, 3*width), q, k, v along the output
+        return 3 * width, (width, width, width)
+    if leaf == "gate_up_proj" and p.ndim in (2, 3):  # fused MLP / experts: gate and up halves, or interleaved
+        rows = p.shape[-1] if getattr(module, "is_transposed", False) else p.shape[-2]
+        if getattr(module, "is_concatenated", True):
+            return rows, (rows // 2, rows // 2)
+        return 2, (1, 1)
+    return None
+
+
+def fused_splits(model: nn.Module) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """{id(weight): (period, sizes)} of every fused projection of a model in the "roles" layout (`_fused_split`),
+    checked against the weight's shape."""
+    inner = _inner(model)
+    config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+    splits = {}
+    for name, module in inner.named_modules():
+        for key, p in module.named_parameters(recurse=False):  # a Linear's weight, or an experts module's stack
+            leaf = name.rsplit(".", 1)[-1] if key == "weight" else key
+            split = _fused_split(module, leaf, p, config) if key in ("weight", "gate_up_proj") else None
+            if split is None:
+                continue
+            rows = p.shape[-1] if _is_conv1d(module) or getattr(module, "is_transposed", False) else p.shape[-2]
+            period, sizes = split
+            if sum(sizes) != period or rows % period:
+                raise UserError(
+                    f"split_fused: {name}.{key} has {rows} output rows, which the config's blocks {sizes} "
+                    f"(every {period} rows) do not tile; train it whole (split_fused=False)"
+                )
+            splits[id(p)] = split
+    return splits
+
+
 def _conv1d_factor(shape: tuple[int, ...]) -> float:
     """Rate factor for a Conv1D weight stored (in, out): Muon's aspect-ratio scale of the real (out, in) matrix
     over the scale the step computes from the stored shape."""
@@ -468,6 +523,7 @@ def role_param_groups(
     matrix_optimizer: str,
     polar_dtype: str,
     roles: dict[str, str] | None,
+    split_fused: bool = False,
 ) -> list[dict[str, Any]]:
     """The groups of a model in the "roles" layout (module docstring): adamw/lm_head, adamw/embedding, adamw/adapter,
     adamw/scalar,
@@ -512,20 +568,23 @@ def role_param_groups(
             groups.append(
                 {"kind": "adamw", "name": group, "params": by_role[role], "lr": lrs[role] * init_lr_frac, **settings}
             )
-    # recipe 2025-12: a square Conv1D weight steps as any matrix (nothing in that step reads the orientation);
-    # recipe 2026-07: every Conv1D weight is stepped transposed (MuonEq and NorMuon read the rows)
+    # recipe 2025-12: a square Conv1D weight steps as any matrix (nothing in that step reads the orientation)
+    # unless it is split; recipe 2026-07: every Conv1D weight is stepped transposed (MuonEq and NorMuon read the rows)
     december = recipe == "2025-12"
+    splits = fused_splits(model) if split_fused else {}
     matrices = [
-        (p, t and (p.shape[-2] != p.shape[-1] or not december)) for role, p, t in routed.values() if role == "matrix"
+        (p, t and (p.shape[-2] != p.shape[-1] or not december or id(p) in splits), splits.get(id(p)))
+        for role, p, t in routed.values()
+        if role == "matrix"
     ]
     lr = matrix_lr * init_lr_frac
     if matrix_optimizer == "adamw":
         adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        return groups + [{**adamw, "name": "adamw/matrix", "params": [p for p, _ in matrices], "lr": lr}]
-    shapes = sorted({(tuple(p.shape), t) for p, t in matrices})
-    if december:  # one group of the 2-D matrices, one of the expert stacks (stepped per expert), then the factors
+        return groups + [{**adamw, "name": "adamw/matrix", "params": [p for p, _, _ in matrices], "lr": lr}]
+    shapes = sorted({(tuple(p.shape), t, split) for p, t, split in matrices}, key=lambda k: (*k[:2], k[2] or ()))
+    if december:  # one group of the 2-D matrices, one of the expert stacks (stepped per expert), then the others
         for name, ndim in (("muon/matrix", 2), ("muon/experts", 3)):
-            plain = [p for p, t in matrices if not t and p.ndim == ndim]
+            plain = [p for p, t, split in matrices if not t and not split and p.ndim == ndim]
             if plain:
                 groups.append(
                     {
@@ -539,32 +598,34 @@ def role_param_groups(
                         "polar_dtype": polar_dtype,
                     }
                 )
-        shapes = [(shape, t) for shape, t in shapes if t]
-    for shape, t in shapes:
-        members = [p for p, pt in matrices if tuple(p.shape) == shape and pt == t]
+        shapes = [(shape, t, split) for shape, t, split in shapes if t or split]
+    for shape, t, split in shapes:
+        members = [p for p, pt, ps in matrices if (tuple(p.shape), pt, ps) == (shape, t, split)]
         name = "muon/" + "x".join(map(str, shape))
         if len(shape) == 3:
             name += "/experts" + ("/transposed" if t else "")
         elif t:
             name += "/conv1d"
+        if split:
+            name += f"/split{split[0]}:" + "+".join(map(str, split[1]))
         if december:
-            groups.append(
-                {
-                    "kind": "muon",
-                    "name": name,
-                    "params": members,
-                    "lr": lr * (_conv1d_factor(shape) if t else 1.0),
-                    "momentum": muon_momentum,
-                    "nesterov": True,
-                    "ns_steps": ns_steps,
-                    "polar_dtype": polar_dtype,
-                }
-            )
+            group = {
+                "kind": "muon",
+                "name": name,
+                "params": members,
+                "lr": lr * (_conv1d_factor(shape) if t and not split else 1.0),
+                "momentum": muon_momentum,
+                "nesterov": True,
+                "ns_steps": ns_steps,
+                "polar_dtype": polar_dtype,
+            }
         else:
             group = _head_muon_group(name, members, lr, weight_decay, polar_dtype)
-            if t:  # NorMuonAdamW steps the (out, in) views: exactly the equivalent nn.Linear weights' step
-                group["transposed"] = True
-            groups.append(group)
+        if split:  # each block a matrix of its own, split along the (out, in) orientation
+            group["split"] = [split[0], list(split[1])]
+        if t and (split or not december):  # steps the (out, in) views: exactly the equivalent nn.Linear weights'
+            group["transposed"] = True
+        groups.append(group)
     return groups
 
 
@@ -607,6 +668,7 @@ def _param_groups(
     recipe: str,
     polar_dtype: str | torch.dtype,
     roles: dict[str, str] | None,
+    split_fused: bool,
 ) -> tuple[list[dict[str, Any]], str]:
     """(param groups, layout) of build_optimizer's checked settings; every refusal of the routing is a UserError."""
     if not any(p.requires_grad for p in model.parameters()):
@@ -626,9 +688,13 @@ def _param_groups(
             matrix_optimizer=matrix_optimizer,
             polar_dtype=polar,
             roles=roles,
+            split_fused=split_fused,
         )
-    elif roles:
-        raise UserError("roles= routes parameters of other models; nanochat's model is grouped as nanochat groups it")
+    elif roles or split_fused:
+        raise UserError(
+            "roles= and split_fused= route parameters of other models; nanochat's model (no fused projections) is "
+            "grouped as nanochat groups it"
+        )
     elif recipe == "2025-12":
         groups = december_param_groups(
             model,
@@ -679,6 +745,7 @@ def build_optimizer(
     recipe: str = "2025-12",
     polar_dtype: str | torch.dtype = "auto",
     roles: dict[str, str] | None = None,
+    split_fused: bool = False,
 ) -> MuonAdamW:
     """nanochat's optimizer for ``model``'s trainable parameters: a `MuonAdamW` (recipe "2025-12", nanochat of
     December 2025) or `NorMuonAdamW` ("2026-07", nanochat HEAD), grouped as the module docstring says; the routing
@@ -689,7 +756,10 @@ def build_optimizer(
     ``matrix_optimizer`` are options of recipe 2025-12 (HEAD's are fixed, as nanochat's); ``matrix_optimizer="adamw"``
     (an ablation, not nanochat's recipe) puts the matrices in an AdamW group "adamw/matrix" at ``matrix_lr``.
     ``weight_decay``: the December AdamW groups', HEAD's Muon groups'. ``roles``: {glob of parameter names: role}
-    for parameters the automatic roles do not fit ("roles" layout only).
+    for parameters the automatic roles do not fit ("roles" layout only). ``split_fused``: orthogonalise the blocks
+    of fused projections (Phi3's qkv_proj, GPT-NeoX's and Falcon's query_key_value, GPT-2's c_attn, fused
+    gate_up_proj) as matrices of their own, from the model's config (`fused_splits`; off: whole, as nanochat
+    orthogonalises every matrix).
 
     Sharded automatically when torch.distributed is initialised with world size > 1 (then
     ``optimizer.reduces_gradients`` is True); ``sharded=False`` forces the single-process step (gradients must then

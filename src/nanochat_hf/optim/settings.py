@@ -36,6 +36,7 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     ),
     "eps": _ABOVE_0,
     "sharded": (lambda v: v is None or isinstance(v, bool), "True, False or None (automatic)"),
+    "split_fused": (lambda v: isinstance(v, bool), "True or False"),
     "matrix_optimizer": (lambda v: v in ("muon", "adamw"), "'muon' or 'adamw'"),
     "recipe": (lambda v: v in RECIPES, "one of " + ", ".join(repr(r) for r in RECIPES)),
     "roles": (
