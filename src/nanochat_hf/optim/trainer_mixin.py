@@ -70,7 +70,8 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
     model = getattr(model, "module", model)  # DDP's wrapper names every weight module.<name>
     tensors = model.state_dict(keep_vars=True)
     present = {id(t) for name, t in tensors.items() if name in saved}
-    missing = [name for name, t in tensors.items() if name not in saved and id(t) not in present]
+    unsaved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # left out on purpose (the stock check too)
+    missing = [n for n, t in tensors.items() if n not in saved and id(t) not in present and n not in unsaved]
     unexpected = sorted(saved - set(tensors))
     if missing or unexpected:
         raise UserError(
