@@ -253,8 +253,10 @@ def _llama_optimizer(name: str, model, lr: float | None, recipe: str, split: boo
 
 def _torch_muon_adamw(model):
     """torch.optim.Muon on the matrices our routing sends to Muon, torch.optim.AdamW on the rest (the step-time
-    baseline)."""
-    matrices = {id(p) for r in build_optimizer(model).param_groups if r["kind"] == "muon" for p in r["params"]}
+    baseline); torch's Muon takes 2-D parameters only, so a MoE's 3-D expert stacks go to its AdamW."""
+    matrices = {
+        id(p) for r in build_optimizer(model).param_groups if r["kind"] == "muon" for p in r["params"] if p.ndim == 2
+    }
     muon = torch.optim.Muon([p for p in model.parameters() if id(p) in matrices], lr=0.02)
     adamw = torch.optim.AdamW([p for p in model.parameters() if id(p) not in matrices], lr=0.003)
     return muon, adamw
