@@ -4,7 +4,8 @@ and the two optimizer recipes against each other (December 2025 and nanochat HEA
     python benchmarks/convergence.py [--steps 80] [--eval_every 5] [--lrs 0.0003,0.001,0.003,0.01]
                                      [--recipes 2025-12,2026-07] [--output convergence.json]
                                      [--MidTrainingArguments flag value ...]
-    python benchmarks/convergence.py --model llama [--steps 120] [--eval_every 10] [--output llama.json]
+    python benchmarks/convergence.py --model llama|mixtral|phi3 [--steps 120] [--eval_every 10] [--split]
+                                     [--output llama.json]
 
 Arms, all trained by `MidTrainer` through `nanochat_hf.training.run` (`build_trainer`, `train`):
 - "muon": the recipe, Muon on the block matrices at matrix_lr, AdamW on embedding and lm_head at the demo's rates;
@@ -22,7 +23,11 @@ plain loop: arms "muon 2025-12" and "muon 2026-07" (`build_optimizer` at its def
 torch.optim.AdamW on every parameter at each of --lrs (default 0.001,0.003,0.01: half-decades around the usual rate
 of a small Llama), the same schedule (constant, linear to 0 over the last 20%), batches and initial weights; then
 the optimizer step time of both recipes against torch.optim.Muon (the hidden matrices) + torch.optim.AdamW (the
-rest) on the same model and gradients, 1 thread.
+rest) on the same model and gradients, 1 thread. ``--model mixtral``: the same shape with a Mixtral MoE MLP (4
+experts of 256, top 2; the experts are Muon matrices); ``--model phi3``: the same shape as Phi3 (fused qkv_proj and
+gate_up_proj). ``--split``: also each recipe with ``split_fused=True`` ("muon <recipe> split": the fused
+projections' blocks orthogonalised separately), and a line of the steps each takes to its whole arm's final val
+bpb. Each arm also reports its train loss (mean of the last 10% of its steps' losses).
 
 The table: each arm's final val bpb, the first evaluated step at which its val bpb is at or below the best AdamW
 arm's final val bpb (the target), and that step divided by the best AdamW arm's own. With both recipes, one more
@@ -67,6 +72,12 @@ LLAMA_LRS = "0.001,0.003,0.01"
 LLAMA = dict(hidden_size=192, intermediate_size=512, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1,
              tie_word_embeddings=True, rope_theta=100000.0)  # fmt: skip
 LLAMA_ROWS, LLAMA_SEQ, LLAMA_VAL_ROWS, TIMED_STEPS = 8, 128, 32, 10
+# the other --model shapes: LLAMA's, with a Mixtral MoE MLP (4 experts of 256, top 2) or as Phi3 (fused projections)
+HF_MODELS = {
+    "llama": ("LlamaConfig", LLAMA),
+    "mixtral": ("MixtralConfig", {**LLAMA, "intermediate_size": 256, "num_local_experts": 4, "num_experts_per_tok": 2}),
+    "phi3": ("Phi3Config", {**LLAMA, "pad_token_id": None}),
+}
 
 
 class EvalPrinter(TrainerCallback):
@@ -89,11 +100,12 @@ def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     p.add_argument("--output", default=None, help="JSON file of the curves (rewritten after every arm)")
     p.add_argument("--recipes", default=None, help=f"comma list of optimizer recipes for Muon arms ({RECIPES}; "
                    "default 2025-12, --model llama both)")  # fmt: skip
-    p.add_argument("--model", choices=("nanochat", "llama"), default="nanochat", help="see the module docstring")
+    p.add_argument("--model", choices=("nanochat", *HF_MODELS), default="nanochat", help="see the module docstring")
+    p.add_argument("--split", action="store_true", help="also the Muon arms with split_fused=True (fused models)")
     a, rest = p.parse_known_args(argv)
-    llama = a.model == "llama"
+    llama = a.model != "nanochat"
     if llama and rest:
-        p.error(f"--model llama takes no MidTrainingArguments flags, got {rest}")
+        p.error(f"--model {a.model} takes no MidTrainingArguments flags, got {rest}")
     a.lrs = a.lrs or (LLAMA_LRS if llama else DEFAULT_LRS)
     a.recipes = a.recipes or (",".join(RECIPES) if llama else "2025-12")
     a.recipes = [x.strip() for x in a.recipes.split(",") if x.strip()]
@@ -125,31 +137,47 @@ def summarize(arms: list[dict]) -> dict:
         arm["steps_to_target"] = steps
         arm["ratio"] = steps / reference if steps is not None and reference else None
     summary = {"best_adamw": best["name"], "target_val_bpb": target, "best_adamw_steps": reference}
-    recipes = {a.get("recipe"): a for a in arms if a["optimizer"] == "muon"}
+    recipes = {a.get("recipe"): a for a in arms if a["optimizer"] == "muon" and not a.get("split_fused")}
     if {"2025-12", "2026-07"} <= set(recipes):  # both recipes to the December arm's final val bpb
         december = recipes["2025-12"]["final_val_bpb"]
         summary["recipes"] = {
             "target_val_bpb": december,
             **{r: first_step_at_or_below(recipes[r]["curve"], december) for r in ("2025-12", "2026-07")},
         }
+    for arm in arms:  # split_fused: steps of the whole arm and of the split arm to the whole arm's final val bpb
+        if arm.get("split_fused"):
+            whole = recipes[arm["recipe"]]
+            target = whole["final_val_bpb"]
+            summary.setdefault("split", {})[arm["recipe"]] = {
+                "target_val_bpb": target,
+                "whole": first_step_at_or_below(whole["curve"], target),
+                "split": first_step_at_or_below(arm["curve"], target),
+            }
     return summary
 
 
 def table(arms: list[dict], summary: dict) -> str:
     lines = [
         f"target: {summary['target_val_bpb']:.4f} val bpb = final of the best AdamW arm ({summary['best_adamw']})",
-        f"{'arm':<16} {'final val bpb':>13} {'steps to target':>15} {'/ best AdamW':>12}",
+        f"{'arm':<21} {'final val bpb':>13} {'steps to target':>15} {'/ best AdamW':>12} {'train loss':>10}",
     ]
     for a in arms:
         steps = "not reached" if a["steps_to_target"] is None else str(a["steps_to_target"])
         ratio = "-" if a["ratio"] is None else f"{a['ratio']:.2f}"
-        lines.append(f"{a['name']:<16} {a['final_val_bpb']:>13.4f} {steps:>15} {ratio:>12}")
+        train = f"{a['final_train_loss']:.4f}" if "final_train_loss" in a else "-"
+        lines.append(f"{a['name']:<21} {a['final_val_bpb']:>13.4f} {steps:>15} {ratio:>12} {train:>10}")
     if "recipes" in summary:
         r = summary["recipes"]
         head = "not reached" if r["2026-07"] is None else r["2026-07"]
         lines.append(
             f"recipes, steps to {r['target_val_bpb']:.4f} val bpb (the December arm's final): 2025-12 "
             f"{r['2025-12']}, 2026-07 {head}"
+        )
+    for recipe, r in summary.get("split", {}).items():
+        split = "not reached" if r["split"] is None else r["split"]
+        lines.append(
+            f"split_fused, recipe {recipe}: steps to {r['target_val_bpb']:.4f} val bpb (the whole arm's final): "
+            f"whole {r['whole']}, split {split}"
         )
     return "\n".join(lines)
 
@@ -217,16 +245,18 @@ def _val_bpb(model, val: torch.Tensor, token_bytes: torch.Tensor) -> float:
     return (nats * (nb > 0)).sum().item() / (math.log(2) * nb.sum().item())
 
 
-def _llama_optimizer(name: str, model, lr: float | None, recipe: str):
+def _llama_optimizer(name: str, model, lr: float | None, recipe: str, split: bool = False):
     if lr is not None:
         return torch.optim.AdamW(model.parameters(), lr=lr, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.0)
-    return build_optimizer(model, recipe=recipe)
+    return build_optimizer(model, recipe=recipe, split_fused=split)
 
 
 def _torch_muon_adamw(model):
     """torch.optim.Muon on the matrices our routing sends to Muon, torch.optim.AdamW on the rest (the step-time
-    baseline)."""
-    matrices = {id(p) for r in build_optimizer(model).param_groups if r["kind"] == "muon" for p in r["params"]}
+    baseline); torch's Muon takes 2-D parameters only, so a MoE's 3-D expert stacks go to its AdamW."""
+    matrices = {
+        id(p) for r in build_optimizer(model).param_groups if r["kind"] == "muon" for p in r["params"] if p.ndim == 2
+    }
     muon = torch.optim.Muon([p for p in model.parameters() if id(p) in matrices], lr=0.02)
     adamw = torch.optim.AdamW([p for p in model.parameters() if id(p) not in matrices], lr=0.003)
     return muon, adamw
@@ -257,7 +287,8 @@ def step_times(model, data: torch.Tensor) -> dict[str, float]:
 
 
 def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    import transformers
+    from transformers import AutoModelForCausalLM
 
     from nanochat_hf.tokenizer import token_bytes as compute_token_bytes
     from nanochat_hf.training.schedule import lr_multiplier, muon_momentum
@@ -269,11 +300,12 @@ def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
     )
     val = _rows(val_tokens, LLAMA_VAL_ROWS)
     token_bytes = compute_token_bytes(tokenizer)
-    config = LlamaConfig(vocab_size=len(tokenizer), max_position_embeddings=LLAMA_SEQ, **LLAMA)
+    config_class, shape = HF_MODELS[a.model]
+    config = getattr(transformers, config_class)(vocab_size=len(tokenizer), max_position_embeddings=LLAMA_SEQ, **shape)
     torch.manual_seed(0)
     model = AutoModelForCausalLM.from_config(config)
     print(
-        f"convergence --model llama: width {LLAMA['hidden_size']}, {LLAMA['num_hidden_layers']} layers, "
+        f"convergence --model {a.model}: width {LLAMA['hidden_size']}, {LLAMA['num_hidden_layers']} layers, "
         f"{sum(p.numel() for p in model.parameters()):,} parameters, {a.steps} steps of {LLAMA_ROWS}x{LLAMA_SEQ} "
         f"tokens, eval every {a.eval_every}, 1 thread",
         flush=True,
@@ -283,25 +315,29 @@ def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
         "command": " ".join(["python", "benchmarks/convergence.py", *(argv if argv is not None else sys.argv[1:])]),
         "machine": f"{platform.machine()}, 1 torch thread, torch {torch.__version__}",
         "load": os.getloadavg(),
-        "settings": {"model": "llama", **LLAMA, "rows": LLAMA_ROWS, "seq": LLAMA_SEQ, "steps": a.steps},
+        "settings": {"model": a.model, **shape, "rows": LLAMA_ROWS, "seq": LLAMA_SEQ, "steps": a.steps},
         "arms": [],
     }
-    plan = [(f"muon {r}", None, r) for r in a.recipes] + [(f"adamw lr={lr:g}", lr, "-") for lr in a.lrs]
-    for name, lr, recipe in plan:
+    plan = [(f"muon {r}", None, r, False) for r in a.recipes]
+    plan += [(f"muon {r} split", None, r, True) for r in a.recipes if a.split]
+    plan += [(f"adamw lr={lr:g}", lr, "-", False) for lr in a.lrs]
+    for name, lr, recipe, split in plan:
         t0 = time.time()
         arm = copy.deepcopy(model)
-        opt = _llama_optimizer(name, arm, lr, recipe)
-        if lr is None and name == plan[0][0]:
+        opt = _llama_optimizer(name, arm, lr, recipe, split)
+        if lr is None and (name == plan[0][0] or split):
             print(opt.routing.table(), flush=True)
         base = [g["lr"] for g in opt.param_groups]
-        curve = [(0, _val_bpb(arm, val, token_bytes))]
+        curve, losses = [(0, _val_bpb(arm, val, token_bytes))], []
         for step in range(a.steps):
             for g, lr0 in zip(opt.param_groups, base):
                 g["lr"] = lr0 * lr_multiplier(step / a.steps)
             if lr is None:
                 opt.set_muon_momentum(muon_momentum(step))
             batch = _rows(train_tokens, LLAMA_ROWS, step * LLAMA_ROWS)
-            arm(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss.backward()
+            loss = arm(input_ids=batch[:, :-1], labels=batch[:, :-1]).loss
+            loss.backward()
+            losses.append(loss.item())
             opt.step()
             opt.zero_grad(set_to_none=True)
             if (step + 1) % a.eval_every == 0 or step + 1 == a.steps:
@@ -314,7 +350,9 @@ def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
                 "optimizer": optimizer,
                 "recipe": recipe,
                 "matrix_lr": lr,
+                "split_fused": split,
                 "final_val_bpb": curve[-1][1],
+                "final_train_loss": sum(losses[-max(1, a.steps // 10) :]) / max(1, a.steps // 10),
                 "curve": curve,
                 "wall_s": round(time.time() - t0, 1),
             }  # fmt: skip
@@ -336,7 +374,7 @@ def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     a, rest = parse(argv)
-    if a.model == "llama":
+    if a.model != "nanochat":
         return llama_main(a, argv)
     with tempfile.TemporaryDirectory() as tmp:  # dry_run writes nothing; the Trainer still wants an output_dir
         # 1 thread and eager unless asked otherwise: every arm would pay the compile again, and the curves do not

@@ -74,3 +74,18 @@ def test_llama_mode_runs_every_arm_and_times_the_steps(convergence, capsys):
     assert len({c[-1][1] for c in curves}) == 3  # every arm trained, differently
     assert set(report["step_seconds"]) == {"nanochat 2025-12", "nanochat 2026-07", "torch Muon + AdamW"}
     assert "torch Muon + AdamW" in text.splitlines()[-2] and text.splitlines()[-1].startswith("load (uptime):")
+
+
+@pytest.mark.slow
+def test_fused_model_split_arms_and_train_loss(convergence, capsys):
+    """--model phi3 --split: each recipe whole and split (the routing table shows the split groups), the split line
+    of steps to the whole arm's final val bpb, and each arm's train loss."""
+    report = convergence.main(["--model", "phi3", "--split", "--steps", "2", "--eval_every", "1", "--lrs", "0.003"])
+    text = capsys.readouterr().out
+    names = ["muon 2025-12", "muon 2026-07", "muon 2025-12 split", "muon 2026-07 split", "adamw lr=0.003"]
+    assert [a["name"] for a in report["arms"]] == names
+    assert "muon/320x192/split320:192+64+64" in text and "muon/1024x192/split1024:512+512" in text
+    assert set(report["summary"]["split"]) == {"2025-12", "2026-07"}
+    assert "split_fused, recipe 2026-07: steps to" in text
+    assert all(a["final_train_loss"] > 0 for a in report["arms"])
+    assert report["arms"][0]["final_val_bpb"] != report["arms"][2]["final_val_bpb"]  # splitting changed the run

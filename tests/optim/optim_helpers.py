@@ -379,13 +379,28 @@ def head_dist_worker(rank, world, port, out_dir, max_grad_norm):
 
 
 # ---- other transformers models (the "roles" routing) ------------------------------------------------------------
-ARCHS = ("llama", "qwen3", "gemma", "gpt2", "qwen2_moe")
-MOE_ROLES = {"*.experts.*": "scalar"}  # stacked 3-D expert weights: AdamW (Muon takes 2-D matrices)
+ARCHS = ("llama", "qwen3", "gemma", "gpt2", "qwen2_moe", "mixtral", "olmoe")
+MOE_ARCHS = ("mixtral", "qwen2_moe", "olmoe")  # experts stacked (E, out, in): Muon per expert
+SPLIT_ARCHS = ("phi3", "gpt2", "mixtral")  # also sharded with split_fused=True (Linear, Conv1D, experts)
+DIST_CASES = [(arch, False) for arch in ARCHS] + [(arch, True) for arch in SPLIT_ARCHS]
+MOE_ROLES = {"*.experts.*": "scalar"}  # the override: stacked expert weights in AdamW
 
 
 def tiny_hf(arch, seed=0):
     """A tiny random transformers causal LM of the given architecture (no download: built from a config)."""
-    from transformers import AutoModelForCausalLM, GemmaConfig, GPT2Config, LlamaConfig, Qwen2MoeConfig, Qwen3Config
+    from transformers import (
+        AutoModelForCausalLM,
+        FalconConfig,
+        GemmaConfig,
+        GPT2Config,
+        GPTNeoXConfig,
+        LlamaConfig,
+        MixtralConfig,
+        OlmoeConfig,
+        Phi3Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+    )
 
     small = dict(
         vocab_size=128,
@@ -406,6 +421,20 @@ def tiny_hf(arch, seed=0):
         "qwen2_moe": lambda: Qwen2MoeConfig(
             **small, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=16, shared_expert_intermediate_size=32
         ),
+        "mixtral": lambda: MixtralConfig(**small, num_local_experts=3, num_experts_per_tok=2),
+        "olmoe": lambda: OlmoeConfig(**small, num_experts=5, num_experts_per_tok=2),
+        "phi3": lambda: Phi3Config(**small, pad_token_id=0, bos_token_id=0, eos_token_id=0),
+        "gpt_neox": lambda: GPTNeoXConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4
+        ),
+        "falcon": lambda: FalconConfig(
+            vocab_size=128,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_kv_heads=2,
+            new_decoder_architecture=True,
+        ),  # fmt: skip
     }
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(configs[arch]())
@@ -436,6 +465,7 @@ def archs_dist_worker(rank, world, port, steps, out_dir):
     import torch.distributed as dist
 
     from nanochat_hf.optim import build_optimizer
+    from nanochat_hf.optim.reduction import rows_per_rank
     from nanochat_hf.training.gradients import silence_ddp
 
     torch.set_num_threads(1)
@@ -443,23 +473,26 @@ def archs_dist_worker(rank, world, port, steps, out_dir):
     dist.init_process_group("gloo", rank=rank, world_size=world)
     worst = {}
     try:
-        for arch in ARCHS:
+        for arch, split in DIST_CASES:
             for recipe in ("2025-12", "2026-07"):
-                roles = MOE_ROLES if arch == "qwen2_moe" else None
                 model = tiny_hf(arch)
                 ref = copy.deepcopy(model)
                 wrapped = torch.nn.parallel.DistributedDataParallel(model)
-                opt = build_optimizer(wrapped, recipe=recipe, roles=roles, polar_dtype="float32")
+                opt = build_optimizer(wrapped, recipe=recipe, polar_dtype="float32", split_fused=split)
                 silence_ddp(wrapped, opt)
                 assert opt.world_size == world and opt.reduces_gradients
                 step_fixed(model, opt, fixed_grads(model, steps, rank))
-                ref_opt = build_optimizer(ref, recipe=recipe, roles=roles, polar_dtype="float32", sharded=False)
+                for p in model.parameters():  # an expert stack: this rank's experts' state only (docs/distributed.md)
+                    if p.ndim == 3 and "momentum_buffer" in opt.state[p]:
+                        _, start, end = rows_per_rank(p.shape[0], world, rank)
+                        assert opt.state[p]["momentum_buffer"].shape[0] == end - start < p.shape[0]
+                ref_opt = build_optimizer(ref, recipe=recipe, polar_dtype="float32", sharded=False, split_fused=split)
                 per_rank = [fixed_grads(ref, steps, r) for r in range(world)]
                 avg = [{n: sum(gs[s][n] for gs in per_rank) / world for n in per_rank[0][s]} for s in range(steps)]
                 step_fixed(ref, ref_opt, avg)
                 for (name, p), q in zip(model.named_parameters(), ref.parameters()):
                     rel = ((p.detach() - q.detach()).norm() / q.detach().norm()).item()
-                    key = f"{arch} {recipe}"
+                    key = f"{arch}{' split' if split else ''} {recipe}"
                     worst[key] = max(worst.get(key, 0.0), rel)
         if rank == 0:
             torch.save(worst, os.path.join(out_dir, "worst.pt"))

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
+from nanochat_hf.errors import UserError
 from nanochat_hf.optim import MuonAdamW, NorMuonAdamW, build_optimizer
 
 
@@ -81,7 +82,9 @@ def test_g0_model_recipe_switch(helpers):
     helpers.loss_backward(model, ids)
     opt.step()
     assert torch.isfinite(helpers.flat_params(model)).all() and not torch.equal(before, helpers.flat_params(model))
-    with pytest.raises(ValueError, match=r"^optimizer recipe '2026-01': expected one of 2025-12, 2026-07$"):
+    with pytest.raises(
+        UserError, match=r"^optimizer setting recipe='2026-01' \(str\): expected one of '2025-12', '2026-07'$"
+    ):
         build_optimizer(model, recipe="2026-01")
 
 

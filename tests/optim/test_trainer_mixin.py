@@ -223,3 +223,78 @@ def test_unknown_optimizer_setting_is_one_line(tokenizer, tmp_path):
     with pytest.raises(UserError, match=r"nanochat_optimizer: unknown \['matrix_rate'\]; build_optimizer takes"):
         NanoTrainer(model=tiny_llama(tokenizer), args=args, nanochat_optimizer={"matrix_rate": 0.01})
     assert not (tmp_path / "out").exists()
+
+
+def _frozen(model):
+    for p in model.parameters():
+        p.requires_grad_(False)
+    return model
+
+
+@pytest.mark.parametrize(
+    "settings, message",
+    [
+        ({"recipe": "2026-01"}, "optimizer setting recipe='2026-01' (str): expected one of '2025-12', '2026-07'"),
+        ({"init_lr_frac": "0.1"}, "optimizer setting init_lr_frac='0.1' (str): expected a number > 0"),
+        ({"betas": 0.9}, "optimizer setting betas=0.9 (float): expected two numbers in [0, 1)"),
+        ({"matrix_lr": None}, "optimizer setting matrix_lr=None (NoneType): expected a number >= 0"),
+        ({"recipe": "2026-07", "matrix_optimizer": "adamw"}, "the AdamW ablation exists in recipe '2025-12' only"),
+        ({"roles": {"*.experts.*": "scalar"}}, "roles glob '*.experts.*' matches no trainable parameter"),
+        (
+            {"roles": {"model.layers.0.*": "scalar", "*.q_proj.weight": "matrix"}},
+            "parameter 'model.layers.0.self_attn.q_proj.weight' matches roles",
+        ),
+        ({"roles": {"*.q_proj.weight": "muon"}}, "roles['*.q_proj.weight'] = 'muon': expected one of embedding"),
+        ({"frozen": True}, "every parameter of the model is frozen"),
+    ],
+)
+def test_every_setting_mistake_is_one_line_when_the_trainer_is_built(tokenizer, tmp_path, settings, message):
+    """Each mistake stops the Trainer's construction (not train()) with one UserError line naming the setting;
+    nothing is written."""
+    settings = dict(settings)
+    model = _frozen(tiny_llama(tokenizer)) if settings.pop("frozen", False) else tiny_llama(tokenizer)
+    args = TrainingArguments(output_dir=str(tmp_path / "out"), **COMMON)
+    with pytest.raises(UserError) as e:
+        NanoTrainer(model=model, args=args, nanochat_optimizer=settings)
+    assert message in str(e.value) and "\n" not in str(e.value), str(e.value)
+    assert not (tmp_path / "out").exists()
+
+
+def test_resume_whose_weights_do_not_load_is_refused(tokenizer, tmp_path):
+    """transformers 5.24 saves GPT-NeoX's head as embed_out.weight and its Trainer's resume, finding no
+    lm_head.weight, would only warn and train on from a restarted head: the mixin stops before loading, in one
+    line naming the keys, and the checkpoint is left as it was. A tied head saved once is not missing."""
+    from transformers import GPTNeoXConfig
+
+    from nanochat_hf.optim.trainer_mixin import check_checkpoint_weights
+
+    def neox():
+        torch.manual_seed(0)
+        config = GPTNeoXConfig(
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
+        )
+        return AutoModelForCausalLM.from_config(config)
+
+    ids = [tokenizer.encode(" ".join(WORDS[i : i + 8]))[:8] for i in range(8)]
+    data = Dataset.from_list([{"input_ids": x, "labels": x} for x in ids])
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=2, per_device_train_batch_size=2, save_steps=2, **COMMON
+    )
+    NanoTrainer(model=neox(), args=args, train_dataset=data).train()
+    ckpt = tmp_path / "checkpoint-2"
+    before = {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
+    args = TrainingArguments(
+        output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, save_steps=2, **COMMON
+    )
+    resumed = NanoTrainer(model=neox(), args=args, train_dataset=data)
+    with pytest.raises(UserError) as e:
+        resumed.train(resume_from_checkpoint=str(ckpt))
+    msg = str(e.value)
+    assert "missing ['lm_head.weight']" in msg and "unexpected ['embed_out.weight']" in msg and "\n" not in msg, msg
+    assert resumed.state.global_step == 0 and not (tmp_path / "checkpoint-4").exists()
+    assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == before
+    tied = tiny_llama(tokenizer)
+    tied.config.tie_word_embeddings = True
+    tied.tie_weights()
+    tied.save_pretrained(tmp_path / "tied")
+    check_checkpoint_weights(tied, str(tmp_path / "tied"))  # lm_head.weight is embed_tokens.weight: present

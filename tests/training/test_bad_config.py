@@ -17,9 +17,11 @@ def _fails(argv, capsys, tmp_path, *expected):
     with pytest.raises(SystemExit) as exc:
         main([*argv, "--output_dir", str(out), "--report_to", "none"])
     assert exc.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
+    captured = capsys.readouterr()
+    err = captured.err.strip().splitlines()
     lines = [line for line in err if line.startswith("mid_train: error:")]
     assert len(lines) == 1, err
+    assert not captured.out.strip(), captured.out  # the refusal is the run's one line (checks come before the report)
     assert "Traceback" not in "\n".join(err)
     for word in expected:
         assert word in lines[0], lines[0]

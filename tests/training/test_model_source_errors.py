@@ -67,14 +67,16 @@ def test_damaged_model_source_is_one_line(case, model_dir, tmp_path, capsys, mon
         result = subprocess.run(
             [sys.executable, str(SCRIPT), *argv], capture_output=True, text=True, cwd=tmp_path, timeout=300
         )
-        code, stderr = result.returncode, result.stderr
+        code, stderr, stdout = result.returncode, result.stderr, result.stdout
     else:
         monkeypatch.chdir(tmp_path)
         with pytest.raises(SystemExit) as exit_info:
             main(argv)
-        code, stderr = exit_info.value.code, capsys.readouterr().err
+        captured = capsys.readouterr()
+        code, stderr, stdout = exit_info.value.code, captured.err, captured.out
     err = stderr.strip().splitlines()
     assert code == 2, stderr[-2000:]
     assert len(err) == 1 and err[0].startswith("mid_train: error: "), err
+    assert not stdout.strip(), stdout  # the refusal is the run's one line: no report of what would have run
     assert all(w in err[0] for w in words), err[0]
     assert not out.exists() or not any(out.iterdir())

@@ -1,5 +1,6 @@
-"""--polar_dtype: the run's first lines say which dtype Muon orthogonalises in and why, the trainer's optimizer uses
-it, and a pinned bfloat16 the device cannot multiply stops the run in one line before anything is written."""
+"""--polar_dtype: once its checks pass, the run says which dtype Muon orthogonalises in and why (a refusal is its
+one line, without it), the trainer's optimizer uses it, and a pinned bfloat16 the device cannot multiply stops the
+run in one line before anything is written."""
 
 import pytest
 
@@ -19,28 +20,37 @@ def _stops(argv, capsys, tmp_path):
     return captured.out.splitlines(), errors[0]
 
 
-def test_the_first_lines_say_auto_picks_float32_where_bfloat16_is_emulated(emulated_bfloat16, capsys, tmp_path):
-    out, error = _stops(["--model_source", str(tmp_path / "nowhere")], capsys, tmp_path)
-    line = next(line for line in out if "orthogonalises" in line)
+def _says(argv, capsys, tmp_path):
+    """The set-up's line about Muon's dtype, once every argument, file and source has passed its checks."""
+    build_trainer(*setup([*argv, "--dry_run", "true", "--output_dir", str(tmp_path / "out"), "--report_to", "none"]))
+    return next(line for line in capsys.readouterr().out.splitlines() if "orthogonalises" in line)
+
+
+def test_auto_picks_float32_where_bfloat16_is_emulated(emulated_bfloat16, capsys, tmp_path, tiny_args):
+    line = _says(tiny_args, capsys, tmp_path)
     assert line.startswith("mid_train: Muon orthogonalises in float32 (polar_dtype auto: a bfloat16 matrix product "), (
         line
     )
     assert "emulated" in line and "--polar_dtype bfloat16 gives nanochat's December numbers exactly" in line, line
-    assert "nowhere" in error
 
 
-def test_the_first_lines_say_a_pinned_dtype(capsys, tmp_path):
-    out, _ = _stops(["--model_source", str(tmp_path / "nowhere"), "--polar_dtype", "float32"], capsys, tmp_path)
-    assert "mid_train: Muon orthogonalises in float32 (polar_dtype float32: pinned)" in out[0], out
+def test_a_pinned_dtype_is_said(capsys, tmp_path, tiny_args):
+    line = _says([*tiny_args, "--polar_dtype", "float32"], capsys, tmp_path)
+    assert line.startswith("mid_train: Muon orthogonalises in float32 (polar_dtype float32: pinned)"), line
 
 
-def test_a_pinned_bfloat16_says_it_is_slow_where_emulated(emulated_bfloat16, capsys, tmp_path):
-    out, _ = _stops(["--model_source", str(tmp_path / "nowhere"), "--polar_dtype", "bfloat16"], capsys, tmp_path)
-    line = out[0]
+def test_a_pinned_bfloat16_says_it_is_slow_where_emulated(emulated_bfloat16, capsys, tmp_path, tiny_args):
+    line = _says([*tiny_args, "--polar_dtype", "bfloat16"], capsys, tmp_path)
     assert line.startswith("mid_train: Muon orthogonalises in bfloat16 (polar_dtype bfloat16: pinned); slow here: "), (
         line
     )
     assert line.endswith(" (emulated), --polar_dtype auto runs float32"), line
+
+
+def test_a_refused_source_prints_its_one_line_only(capsys, tmp_path):
+    """Check first, then say what will run: a refusal does not print the dtype line before it."""
+    out, error = _stops(["--model_source", str(tmp_path / "nowhere")], capsys, tmp_path)
+    assert out == [] and "nowhere" in error, out
 
 
 def test_pinned_bfloat16_the_device_cannot_multiply_is_one_line(capsys, tmp_path, tiny_args, no_bfloat16_products):

@@ -27,7 +27,14 @@ PRIVATE_HOOKS = {
     "_load_rng_state",
 }
 # every private Trainer method NanoChatOptimizerMixin (MidTrainer's base, and any Trainer's) overrides
-MIXIN_HOOKS = {"_clip_grad_norm", "_get_grad_norm", "_save_optimizer_and_scheduler", "_load_optimizer_and_scheduler"}
+MIXIN_HOOKS = {
+    "_clip_grad_norm",
+    "_get_grad_norm",
+    "_save_optimizer_and_scheduler",
+    "_load_optimizer_and_scheduler",
+    "_load_from_checkpoint",
+    "_validate_args",
+}
 # public, but called by the stock _save_checkpoint and push_to_hub with a private argument (_internal_call)
 PINNED_PUBLIC = {"save_model"}
 

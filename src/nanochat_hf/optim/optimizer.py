@@ -9,6 +9,11 @@ torch.distributed initialised with world size W > 1: the optimizer does all grad
 - Muon: within each (group, shape) bucket parameter i is owned by rank i % W; its gradient is reduced to the owner
   (the others drop theirs), the owner alone keeps the momentum and runs Newton-Schulz (batched over everything it
   owns in the bucket), then every chunk of W parameters is all-gathered.
+- Muon on a 3-D stack of MoE experts (E, out, in): a stack of E matrices, each orthogonalised on its own (batched
+  with the group's other matrices of its shape). Rank r owns experts [r*k, (r+1)*k), k = ceil(E/W), exactly as
+  AdamW rows (reduce-scatter along dim 0, momentum for those experts only, all-gather of the parameter).
+- A Muon group with ``"split": (period, sizes)`` (``split_fused``, a fused projection): each block of rows is a
+  matrix of its own (`_blocks`), on the owner's whole matrix, so the ownership above is unchanged.
 Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
 gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
 Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
@@ -39,6 +44,56 @@ def _shape_buckets(params: list[Tensor]) -> list[list[Tensor]]:
     for p in params:
         buckets.setdefault(tuple(p.shape), []).append(p)
     return list(buckets.values())
+
+
+def _matrices_2d(group: dict[str, Any]) -> list[Tensor]:
+    """A Muon group's 2-D matrices (its 3-D expert stacks are stepped by rows, as AdamW parameters are)."""
+    return [p for p in group["params"] if p.ndim == 2]
+
+
+def _muon_per_matrix(group: dict[str, Any], params: list[Tensor], grads: list[Tensor], bufs: list[Tensor]) -> None:
+    """`muon_update` of a group's matrices, each expert of a 3-D stack (a slice of dim 0) and, in a split group
+    (``split``: (period, sizes), `_blocks`), each block of a fused projection a matrix of its own, batched with the
+    other matrices of its shape. A split group with ``transposed`` (Conv1D weights, stored (in, out)) splits the
+    (out, in) views. Updates reach the parameters and buffers through views, or are written back."""
+    split = group.get("split")
+    flip = bool(split) and group.get("transposed", False)
+    buckets: dict[tuple[int, ...], tuple[list[Tensor], list[Tensor], list[Tensor]]] = {}
+    written: list[tuple[Tensor, list[Tensor]]] = []  # (parameter or buffer, its blocks) to write back
+    for p, g, buf in zip(params, grads, bufs):
+        p, g, buf = (t.mT if flip else t for t in (p, g, buf))
+        parts = [_blocks(t, split) if split else [t] for t in (p, g, buf)]
+        written += [(p, parts[0]), (buf, parts[2])] if split else []
+        for blocks in zip(*parts):
+            for views in zip(*(b.unbind(0) if b.ndim == 3 else (b,) for b in blocks)):
+                for bucket, view in zip(buckets.setdefault(tuple(views[0].shape), ([], [], [])), views):
+                    bucket.append(view)
+    for ps, gs, bs in buckets.values():
+        muon_update(ps, gs, bs, **_muon_options(group))
+    for t, blocks in written:
+        _unblock(t, blocks, split)
+
+
+def _blocks(t: Tensor, split: Any) -> list[Tensor]:
+    """The row blocks of ``t`` (..., R, C) that a split group orthogonalises as matrices of their own; ``split`` =
+    (period, sizes): in every ``period`` rows, block i holds the ``sizes[i]`` rows after the earlier blocks'. Views
+    when one period covers the rows, copies otherwise (`_unblock` writes them back)."""
+    period, sizes = split
+    rows = t.unflatten(-2, (t.shape[-2] // period, period))
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    return [rows.narrow(-2, o, s).flatten(-3, -2) for o, s in zip(offsets, sizes)]
+
+
+def _unblock(t: Tensor, blocks: list[Tensor], split: Any) -> None:
+    """Write `_blocks` of ``t`` back into it (nothing to do for views of it)."""
+    period, sizes = split
+    rows = t.unflatten(-2, (t.shape[-2] // period, period))
+    offset = 0
+    for block, size in zip(blocks, sizes):
+        target = rows.narrow(-2, offset, size)
+        if block.data_ptr() != target.data_ptr():
+            target.copy_(block.unflatten(-2, (rows.shape[-3], size)))
+        offset += size
 
 
 def _muon_options(group: dict[str, Any]) -> dict[str, Any]:
@@ -96,9 +151,11 @@ class MuonAdamW(torch.optim.Optimizer):
             if missing:
                 raise ValueError(f"param group {i} ({kind}): missing {missing}")
             if kind == "muon":
-                bad = [tuple(p.shape) for p in group["params"] if p.ndim != 2]
+                bad = [tuple(p.shape) for p in group["params"] if p.ndim not in (2, 3)]
                 if bad:
-                    raise ValueError(f"param group {group['name']!r}: Muon needs 2-D matrices, got shapes {bad}")
+                    raise ValueError(
+                        f"param group {group['name']!r}: Muon needs 2-D matrices or 3-D expert stacks, got shapes {bad}"
+                    )
         super().__init__(param_groups, defaults={})
         self.process_group = process_group
         if sharded is None:  # auto: shard whenever several processes train together
@@ -238,10 +295,12 @@ class MuonAdamW(torch.optim.Optimizer):
             st["exp_avg_sq"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
         return st
 
-    def _muon_buf(self, p: Tensor) -> Tensor:
+    def _muon_buf(self, p: Tensor, rows: int | None = None) -> Tensor:
+        """p's momentum; ``rows``: of an expert stack, the experts this rank owns (default: all of dim 0)."""
         st = self.state[p]
         if not st:
-            st["momentum_buffer"] = torch.zeros(p.shape, dtype=torch.float32, device=p.device)
+            shape = (p.shape[0] if rows is None else rows, *p.shape[1:])
+            st["momentum_buffer"] = torch.zeros(shape, dtype=torch.float32, device=p.device)
         return st["momentum_buffer"]
 
     def _rows(self, p: Tensor) -> tuple[int, int, int]:
@@ -249,14 +308,14 @@ class MuonAdamW(torch.optim.Optimizer):
         return rows_per_rank(p.shape[0], self.world_size, self.rank)
 
     def _plan(self, p: Tensor) -> tuple:
-        """Where p's averaged gradient goes (reduction.py): ("rows",) for AdamW, ("owner", i % W) for the Muon
-        matrix i of its (group, shape) bucket."""
+        """Where p's averaged gradient goes (reduction.py): ("rows",) for AdamW and Muon expert stacks (their rows
+        are experts), ("owner", i % W) for the Muon matrix i of its (group, shape) bucket."""
         if not hasattr(self, "_owners"):
             self._owners = {
                 q: i % self.world_size
                 for group in self.param_groups
                 if group["kind"] == "muon"
-                for bucket in _shape_buckets(group["params"])
+                for bucket in _shape_buckets(_matrices_2d(group))
                 for i, q in enumerate(bucket)
             }
         return ("owner", self._owners[p]) if p in self._owners else ("rows",)
@@ -288,12 +347,17 @@ class MuonAdamW(torch.optim.Optimizer):
     def _adamw_rows_step(self, group: dict[str, Any], p: Tensor, grad: Tensor) -> tuple[Any, Callable[[], Any] | None]:
         """AdamW on this rank's rows of p (``grad``: their averaged gradient), then launch the all-gather of p:
         returns (work, what to run once it is done)."""
-        world, rank, pg = self.world_size, self.rank, self.process_group
-        k, start, end = self._rows(p)
+        _, start, end = self._rows(p)
         st = self._adamw_state(p, end - start)
         st["step"] += 1
         if end > start:
             _adamw_update(group, st, p[start:end], grad[: end - start])
+        return self._gather_rows(p)
+
+    def _gather_rows(self, p: Tensor) -> tuple[Any, Callable[[], Any] | None]:
+        """Launch the all-gather of p from every rank's rows: returns (work, what to run once it is done)."""
+        world, rank, pg = self.world_size, self.rank, self.process_group
+        k, start, end = self._rows(p)
         if k * world == p.shape[0]:  # in place: our rows already sit at our offset of p
             return dist.all_gather_single(p, p[start:end], group=pg, async_op=True), None
         full = p.new_empty((k * world, *p.shape[1:]))
@@ -350,10 +414,7 @@ class MuonAdamW(torch.optim.Optimizer):
                 for p in params:
                     self._adamw(group, p, p.grad)
                 continue
-            for bucket in _shape_buckets(params):
-                muon_update(
-                    bucket, [p.grad for p in bucket], [self._muon_buf(p) for p in bucket], **_muon_options(group)
-                )
+            _muon_per_matrix(group, params, [p.grad for p in params], [self._muon_buf(p) for p in params])
 
     def _step_sharded(self) -> None:
         world, rank, pg = self.world_size, self.rank, self.process_group
@@ -364,15 +425,25 @@ class MuonAdamW(torch.optim.Optimizer):
                 for p in group["params"]:
                     gathers.append(self._adamw_rows_step(group, p, pieces.pop(p)))
                 continue
-            # 3. Muon on the matrices this rank owns (one batched Newton-Schulz per bucket), then all-gather each
+            # 3. Muon on the experts this rank owns (its rows of each stack), then all-gather each stack
+            stacks = [p for p in group["params"] if p.ndim == 3]
+            if stacks:
+                rows = [self._rows(p)[1:] for p in stacks]
+                _muon_per_matrix(
+                    group,
+                    [p[start:end] for p, (start, end) in zip(stacks, rows)],
+                    [pieces.pop(p)[: end - start] for p, (start, end) in zip(stacks, rows)],
+                    [self._muon_buf(p, end - start) for p, (start, end) in zip(stacks, rows)],
+                )
+                gathers.extend(self._gather_rows(p) for p in stacks)
+            # 4. Muon on the matrices this rank owns (one batched Newton-Schulz per bucket), then all-gather each
             # chunk of W matrices (matrix i of the bucket from rank i % W)
-            for bucket in _shape_buckets(group["params"]):
+            for bucket in _shape_buckets(_matrices_2d(group)):
                 owned = bucket[rank::world]
-                muon_update(owned, [pieces.pop(p) for p in owned], [self._muon_buf(p) for p in owned],
-                            **_muon_options(group))  # fmt: skip
+                _muon_per_matrix(group, owned, [pieces.pop(p) for p in owned], [self._muon_buf(p) for p in owned])
                 for c0 in range(0, len(bucket), world):
                     chunk = bucket[c0 : c0 + world]
                     scratch = [torch.empty_like(chunk[0]) for _ in range(world - len(chunk))]
                     src = chunk[rank] if rank < len(chunk) else scratch[0]  # a padding rank sends scratch
                     gathers.append((dist.all_gather(list(chunk) + scratch, src, group=pg, async_op=True), None))
-        self._wait_gathers(gathers)  # 4. every parameter complete again
+        self._wait_gathers(gathers)  # 5. every parameter complete again

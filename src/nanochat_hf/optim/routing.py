@@ -23,9 +23,13 @@ Two layouts, decided once per model (`layout_of`):
       shape backwards, so a non-square Conv1D weight gets its own Muon group whose rate carries the correction
       factor. Recipe 2026-07 reads the rows (MuonEq, NorMuon's second moment, the shape's rate scale), so every
       Conv1D weight gets its own group with ``"transposed": True``, which NorMuonAdamW steps as the (out, in) view;
-    - fused projections (GPT-2's c_attn, Phi's qkv) are orthogonalised whole, as nanochat does with its matrices;
-    - stacked 3-D expert weights (Mixtral, Qwen-MoE, OLMoE) are refused unless routed (e.g. to "scalar": AdamW):
-      the Muon step takes 2-D matrices only;
+    - fused projections (GPT-2's c_attn, Phi3's qkv_proj, ...) are orthogonalised whole, as nanochat does with its
+      matrices, unless ``split_fused=True``: then each block (q, k, v; gate, up), read from the model's config,
+      is a matrix of its own (`fused_splits`; groups "muon/.../split<period>:<sizes>" carry ``"split"``);
+    - stacked 3-D expert weights (transformers 5's MoE experts modules: Mixtral, Qwen2-MoE, OLMoE, ...; a
+      parameter (E, out, in) of a module with ``num_experts`` = E) are matrices: role "matrix", each expert
+      orthogonalised on its own (`_expert_stacks`); stored (E, in, out) where the module says ``is_transposed``,
+      they are handled as Conv1D weights are. Any other 3-D or larger parameter (a conv kernel) is refused;
     - LoRA adapters go to AdamW: their product is the update, and Muon would orthogonalise A and B separately
       (B starts at zero), which is not an orthogonalised update of the weight.
 The routing is returned as data (`Routing`, on the optimizer as ``optimizer.routing``) and printed by the Trainer
@@ -35,6 +39,7 @@ glue as a table (`Routing.table`).
 from __future__ import annotations
 
 import fnmatch
+import inspect
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,9 +47,10 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
-from .head import RECIPES, NorMuonAdamW
+from .head import NorMuonAdamW
 from .optimizer import MuonAdamW
 from .precision import polar_dtype_name, resolve_polar_dtype
+from .settings import check_values
 
 ROLES = ("embedding", "head", "matrix", "adapter", "scalar")
 SCALAR_LR = 0.5  # nanochat's scalar_lr (setup_optimizers from aa530cd on)
@@ -356,6 +362,26 @@ def _is_lora(name: str) -> bool:
     return any(f".{key}" in f".{name}" for key in ("lora_A.", "lora_B.", "lora_embedding_", "lora_magnitude_vector"))
 
 
+def _expert_stacks(inner: nn.Module) -> tuple[dict[int, bool], set[int]]:
+    """({id: transposed} of every 3-D expert stack, {ids of the experts' per-expert bias stacks}): a parameter
+    (E, out, in) of a module holding ``num_experts`` = E experts (transformers 5's MoE experts modules), stored
+    (E, in, out) where the module says ``is_transposed`` (GPT-OSS); the same module's 2-D (E, out) parameters are
+    biases, one row per expert. A router (num_experts too, but no 3-D parameter) keeps its 2-D weight a matrix."""
+    stacks: dict[int, bool] = {}
+    biases: set[int] = set()
+    for module in inner.modules():
+        n = getattr(module, "num_experts", None)
+        own = list(module.parameters(recurse=False))
+        if not isinstance(n, int) or not any(p.ndim == 3 and p.shape[0] == n for p in own):
+            continue
+        for p in own:
+            if p.ndim == 3 and p.shape[0] == n:
+                stacks[id(p)] = bool(getattr(module, "is_transposed", False))
+            elif p.ndim == 2 and p.shape[0] == n:
+                biases.add(id(p))
+    return stacks, biases
+
+
 def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, tuple[str, Tensor, bool]]:
     """name -> (role, parameter, transposed) for every trainable parameter of a model in the "roles" layout, in
     model.named_parameters() order. ``transposed``: a Conv1D weight, stored (in, out). Errors name the parameter."""
@@ -371,7 +397,16 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
     head = getattr(out, "weight", None)
     head_id = id(head) if head is not None and id(head) not in embeddings else None  # tied: the embedding, once
     in_layers = {id(p) for m in inner.modules() if isinstance(m, nn.ModuleList) for p in m.parameters()}
+    experts, expert_biases = _expert_stacks(inner)
     transposed = {id(m.weight) for m in inner.modules() if _is_conv1d(m)}
+    transposed |= {i for i, t in experts.items() if t}
+    trainable = [name for name, p in model.named_parameters() if p.requires_grad]
+    for pattern in roles:
+        if not any(fnmatch.fnmatchcase(name, pattern) for name in trainable):
+            raise UserError(
+                f"roles glob {pattern!r} matches no trainable parameter (names read like {trainable[0]!r}): "
+                "correct or remove it"
+            )
     routed: dict[str, tuple[str, Tensor, bool]] = {}
     for name, p in model.named_parameters():  # tied parameters are listed once
         if not p.requires_grad:
@@ -387,14 +422,15 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
             role = "head"
         elif _is_lora(name):
             role = "adapter"
-        elif p.ndim < 2:
+        elif p.ndim < 2 or id(p) in expert_biases:
             role = "scalar"
-        elif p.ndim == 2 and id(p) in in_layers:
+        elif (p.ndim == 2 and id(p) in in_layers) or id(p) in experts:
             role = "matrix"
         elif p.ndim > 2:
             raise UserError(
-                f"parameter {name!r} has shape {tuple(p.shape)}: Muon takes 2-D matrices, not stacked "
-                f"(e.g. MoE expert) weights; route it with roles={{{name!r}: 'scalar'}} (AdamW), or a glob"
+                f"parameter {name!r} has shape {tuple(p.shape)}: Muon takes 2-D matrices and stacks of MoE experts "
+                f"(E, out, in) of a module with num_experts = E, not this; route it with roles={{{name!r}: 'scalar'}} "
+                "(AdamW), or a glob"
             )
         else:
             raise UserError(
@@ -402,16 +438,72 @@ def role_of(model: nn.Module, roles: dict[str, str] | None = None) -> dict[str, 
                 f"neither an embedding nor get_output_embeddings(); route it with roles={{{name!r}: ...}}, one of "
                 f"{', '.join(ROLES)}"
             )
-        if role == "matrix" and p.ndim != 2:
-            raise UserError(f"parameter {name!r} has shape {tuple(p.shape)}: the role 'matrix' (Muon) takes 2-D ones")
+        if role == "matrix" and p.ndim != 2 and id(p) not in experts:
+            raise UserError(
+                f"parameter {name!r} has shape {tuple(p.shape)}: the role 'matrix' (Muon) takes 2-D weights and "
+                "stacks of MoE experts"
+            )
         routed[name] = (role, p, id(p) in transposed)
     return routed
+
+
+def _fused_split(module: nn.Module, leaf: str, p: Tensor, config: Any) -> tuple[int, tuple[int, ...]] | None:
+    """(period, sizes) of a fused projection's weight, read from the model's config, or None for any other weight:
+    along the output rows, every ``period`` rows hold the blocks' rows in turn, ``sizes[i]`` rows of block i (one
+    period: q, k, v one after the other; a period per head or per KV group: interleaved layouts)."""
+    heads = getattr(config, "num_attention_heads", None) or getattr(config, "n_head", None)
+    width = getattr(config, "hidden_size", None) or getattr(config, "n_embd", None)
+    if leaf == "qkv_proj" and p.ndim == 2:  # Phi3: q, k, v one after the other
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        hd = getattr(config, "head_dim", None) or width // heads
+        sizes = (heads * hd, kv * hd, kv * hd)
+        return sum(sizes), sizes
+    if leaf == "query_key_value" and p.ndim == 2:
+        hd = width // heads
+        if getattr(config, "model_type", "") == "falcon":
+            if getattr(config, "new_decoder_architecture", False):  # per KV group: its query heads, k, v
+                per = heads // config.num_kv_heads
+                return (per + 2) * hd, (per * hd, hd, hd)
+            if getattr(config, "multi_query", False):  # all queries, one k, one v
+                return (heads + 2) * hd, (heads * hd, hd, hd)
+        return 3 * hd, (hd, hd, hd)  # GPT-NeoX, Falcon without MQA/GQA: q, k, v per head
+    if leaf == "c_attn" and _is_conv1d(module):  # GPT-2: stored (in, 3*width), q, k, v along the output
+        return 3 * width, (width, width, width)
+    if leaf == "gate_up_proj" and p.ndim in (2, 3):  # fused MLP / experts: gate and up halves, or interleaved
+        rows = p.shape[-1] if getattr(module, "is_transposed", False) else p.shape[-2]
+        if getattr(module, "is_concatenated", True):
+            return rows, (rows // 2, rows // 2)
+        return 2, (1, 1)
+    return None
+
+
+def fused_splits(model: nn.Module) -> dict[int, tuple[int, tuple[int, ...]]]:
+    """{id(weight): (period, sizes)} of every fused projection of a model in the "roles" layout (`_fused_split`),
+    checked against the weight's shape."""
+    inner = _inner(model)
+    config = inner.config.get_text_config() if hasattr(inner.config, "get_text_config") else inner.config
+    splits = {}
+    for name, module in inner.named_modules():
+        for key, p in module.named_parameters(recurse=False):  # a Linear's weight, or an experts module's stack
+            leaf = name.rsplit(".", 1)[-1] if key == "weight" else key
+            split = _fused_split(module, leaf, p, config) if key in ("weight", "gate_up_proj") else None
+            if split is None:
+                continue
+            rows = p.shape[-1] if _is_conv1d(module) or getattr(module, "is_transposed", False) else p.shape[-2]
+            period, sizes = split
+            if sum(sizes) != period or rows % period:
+                raise UserError(
+                    f"split_fused: {name}.{key} has {rows} output rows, which the config's blocks {sizes} "
+                    f"(every {period} rows) do not tile; train it whole (split_fused=False)"
+                )
+            splits[id(p)] = split
+    return splits
 
 
 def _conv1d_factor(shape: tuple[int, ...]) -> float:
     """Rate factor for a Conv1D weight stored (in, out): Muon's aspect-ratio scale of the real (out, in) matrix
     over the scale the step computes from the stored shape."""
-    rows, cols = shape
+    rows, cols = shape[-2:]
     return (max(1.0, cols / rows) / max(1.0, rows / cols)) ** 0.5
 
 
@@ -431,12 +523,15 @@ def role_param_groups(
     matrix_optimizer: str,
     polar_dtype: str,
     roles: dict[str, str] | None,
+    split_fused: bool = False,
 ) -> list[dict[str, Any]]:
     """The groups of a model in the "roles" layout (module docstring): adamw/lm_head, adamw/embedding, adamw/adapter,
     adamw/scalar,
-    then the matrices: recipe 2025-12 one "muon/matrix" group, 2026-07 one group per shape ("muon/RxC"); Conv1D
-    weights (stored (in, out)) in groups of their own ("muon/RxC/conv1d"): in recipe 2025-12 the non-square ones,
-    whose rate carries the orientation factor, in 2026-07 all of them, flagged ``transposed``. Each role's
+    then the matrices: recipe 2025-12 one "muon/matrix" group and one "muon/experts" group of the expert stacks,
+    2026-07 one group per shape ("muon/RxC", "muon/ExRxC/experts"); Conv1D weights (stored (in, out)) and
+    transposed expert stacks in groups of their own ("muon/RxC/conv1d", "muon/ExRxC/experts/transposed"): in
+    recipe 2025-12 the non-square ones, whose rate carries the orientation factor, in 2026-07 all of them, flagged
+    ``transposed``. Each role's
     settings: the December betas/eps/weight decay, or HEAD's per group (`ROLE_ADAMW_2026`)."""
     routed = role_of(model, roles)
     if not routed:
@@ -473,54 +568,64 @@ def role_param_groups(
             groups.append(
                 {"kind": "adamw", "name": group, "params": by_role[role], "lr": lrs[role] * init_lr_frac, **settings}
             )
-    # recipe 2025-12: a square Conv1D weight steps as any matrix (nothing in that step reads the orientation);
-    # recipe 2026-07: every Conv1D weight is stepped transposed (MuonEq and NorMuon read the rows)
+    # recipe 2025-12: a square Conv1D weight steps as any matrix (nothing in that step reads the orientation)
+    # unless it is split; recipe 2026-07: every Conv1D weight is stepped transposed (MuonEq and NorMuon read the rows)
     december = recipe == "2025-12"
+    splits = fused_splits(model) if split_fused else {}
     matrices = [
-        (p, t and (p.shape[0] != p.shape[1] or not december)) for role, p, t in routed.values() if role == "matrix"
+        (p, t and (p.shape[-2] != p.shape[-1] or not december or id(p) in splits), splits.get(id(p)))
+        for role, p, t in routed.values()
+        if role == "matrix"
     ]
     lr = matrix_lr * init_lr_frac
     if matrix_optimizer == "adamw":
         adamw = {"kind": "adamw", "betas": betas, "eps": eps, "weight_decay": weight_decay}
-        return groups + [{**adamw, "name": "adamw/matrix", "params": [p for p, _ in matrices], "lr": lr}]
-    shapes = sorted({(tuple(p.shape), t) for p, t in matrices})
-    if december:
-        plain = [p for p, t in matrices if not t]
-        if plain:
-            groups.append(
-                {
-                    "kind": "muon",
-                    "name": "muon/matrix",
-                    "params": plain,
-                    "lr": lr,
-                    "momentum": muon_momentum,
-                    "nesterov": True,
-                    "ns_steps": ns_steps,
-                    "polar_dtype": polar_dtype,
-                }
-            )
-        shapes = [(shape, t) for shape, t in shapes if t]
-    for shape, t in shapes:
-        members = [p for p, pt in matrices if tuple(p.shape) == shape and pt == t]
-        name = f"muon/{shape[0]}x{shape[1]}" + ("/conv1d" if t else "")
+        return groups + [{**adamw, "name": "adamw/matrix", "params": [p for p, _, _ in matrices], "lr": lr}]
+    shapes = sorted({(tuple(p.shape), t, split) for p, t, split in matrices}, key=lambda k: (*k[:2], k[2] or ()))
+    if december:  # one group of the 2-D matrices, one of the expert stacks (stepped per expert), then the others
+        for name, ndim in (("muon/matrix", 2), ("muon/experts", 3)):
+            plain = [p for p, t, split in matrices if not t and not split and p.ndim == ndim]
+            if plain:
+                groups.append(
+                    {
+                        "kind": "muon",
+                        "name": name,
+                        "params": plain,
+                        "lr": lr,
+                        "momentum": muon_momentum,
+                        "nesterov": True,
+                        "ns_steps": ns_steps,
+                        "polar_dtype": polar_dtype,
+                    }
+                )
+        shapes = [(shape, t, split) for shape, t, split in shapes if t or split]
+    for shape, t, split in shapes:
+        members = [p for p, pt, ps in matrices if (tuple(p.shape), pt, ps) == (shape, t, split)]
+        name = "muon/" + "x".join(map(str, shape))
+        if len(shape) == 3:
+            name += "/experts" + ("/transposed" if t else "")
+        elif t:
+            name += "/conv1d"
+        if split:
+            name += f"/split{split[0]}:" + "+".join(map(str, split[1]))
         if december:
-            groups.append(
-                {
-                    "kind": "muon",
-                    "name": name,
-                    "params": members,
-                    "lr": lr * (_conv1d_factor(shape) if t else 1.0),
-                    "momentum": muon_momentum,
-                    "nesterov": True,
-                    "ns_steps": ns_steps,
-                    "polar_dtype": polar_dtype,
-                }
-            )
+            group = {
+                "kind": "muon",
+                "name": name,
+                "params": members,
+                "lr": lr * (_conv1d_factor(shape) if t and not split else 1.0),
+                "momentum": muon_momentum,
+                "nesterov": True,
+                "ns_steps": ns_steps,
+                "polar_dtype": polar_dtype,
+            }
         else:
             group = _head_muon_group(name, members, lr, weight_decay, polar_dtype)
-            if t:  # NorMuonAdamW steps the (out, in) views: exactly the equivalent nn.Linear weight's step
-                group["transposed"] = True
-            groups.append(group)
+        if split:  # each block a matrix of its own, split along the (out, in) orientation
+            group["split"] = [split[0], list(split[1])]
+        if t and (split or not december):  # steps the (out, in) views: exactly the equivalent nn.Linear weights'
+            group["transposed"] = True
+        groups.append(group)
     return groups
 
 
@@ -547,6 +652,81 @@ def _routing(model: nn.Module, groups: list[dict[str, Any]], layout: str, recipe
     return Routing(layout, recipe, tuple(routes))
 
 
+def _param_groups(
+    model: nn.Module,
+    *,
+    matrix_lr: float,
+    embedding_lr: float,
+    unembedding_lr: float,
+    weight_decay: float,
+    init_lr_frac: float,
+    muon_momentum: float,
+    ns_steps: int,
+    betas: tuple[float, float],
+    eps: float,
+    matrix_optimizer: str,
+    recipe: str,
+    polar_dtype: str | torch.dtype,
+    roles: dict[str, str] | None,
+    split_fused: bool,
+) -> tuple[list[dict[str, Any]], str]:
+    """(param groups, layout) of build_optimizer's checked settings; every refusal of the routing is a UserError."""
+    if not any(p.requires_grad for p in model.parameters()):
+        raise UserError("every parameter of the model is frozen (requires_grad=False): nothing to optimise")
+    polar = _muon_polar(polar_dtype, model, recipe)
+    rates = (matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac)
+    layout = layout_of(model)
+    if layout == "roles":
+        groups = role_param_groups(
+            model,
+            *rates,
+            recipe=recipe,
+            muon_momentum=muon_momentum,
+            ns_steps=ns_steps,
+            betas=betas,
+            eps=eps,
+            matrix_optimizer=matrix_optimizer,
+            polar_dtype=polar,
+            roles=roles,
+            split_fused=split_fused,
+        )
+    elif roles or split_fused:
+        raise UserError(
+            "roles= and split_fused= route parameters of other models; nanochat's model (no fused projections) is "
+            "grouped as nanochat groups it"
+        )
+    elif recipe == "2025-12":
+        groups = december_param_groups(
+            model,
+            *rates,
+            muon_momentum=muon_momentum,
+            ns_steps=ns_steps,
+            betas=betas,
+            eps=eps,
+            matrix_optimizer=matrix_optimizer,
+            polar_dtype=polar,
+        )
+    else:
+        groups = head_param_groups(model, *rates, SCALAR_LR, polar)
+    return groups, layout
+
+
+def check_optimizer_settings(model: nn.Module, **settings: Any) -> None:
+    """Refuse, in one `UserError` line, what ``build_optimizer(model, **settings)`` would refuse, without building
+    it: an unknown setting, a wrong type or value (`settings.check_values`), an unknown recipe, and the routing's
+    refusals (a roles glob that matches no trainable parameter, two globs routing one parameter differently, a
+    parameter no role fits, nothing trainable). The Trainer glue calls it when the Trainer is built."""
+    signature = inspect.signature(build_optimizer).parameters
+    accepted = list(signature)[1:]  # all but the model
+    unknown = sorted(set(settings) - set(accepted))
+    if unknown:
+        raise UserError(f"nanochat_optimizer: unknown {unknown}; build_optimizer takes {', '.join(accepted)}")
+    settings = {k: settings.get(k, signature[k].default) for k in accepted if k != "process_group"}
+    check_values(settings)
+    settings.pop("sharded")
+    _param_groups(model, **settings)
+
+
 def build_optimizer(
     model: nn.Module,
     matrix_lr: float = 0.02,
@@ -565,6 +745,7 @@ def build_optimizer(
     recipe: str = "2025-12",
     polar_dtype: str | torch.dtype = "auto",
     roles: dict[str, str] | None = None,
+    split_fused: bool = False,
 ) -> MuonAdamW:
     """nanochat's optimizer for ``model``'s trainable parameters: a `MuonAdamW` (recipe "2025-12", nanochat of
     December 2025) or `NorMuonAdamW` ("2026-07", nanochat HEAD), grouped as the module docstring says; the routing
@@ -575,50 +756,19 @@ def build_optimizer(
     ``matrix_optimizer`` are options of recipe 2025-12 (HEAD's are fixed, as nanochat's); ``matrix_optimizer="adamw"``
     (an ablation, not nanochat's recipe) puts the matrices in an AdamW group "adamw/matrix" at ``matrix_lr``.
     ``weight_decay``: the December AdamW groups', HEAD's Muon groups'. ``roles``: {glob of parameter names: role}
-    for parameters the automatic roles do not fit ("roles" layout only).
+    for parameters the automatic roles do not fit ("roles" layout only). ``split_fused``: orthogonalise the blocks
+    of fused projections (Phi3's qkv_proj, GPT-NeoX's and Falcon's query_key_value, GPT-2's c_attn, fused
+    gate_up_proj) as matrices of their own, from the model's config (`fused_splits`; off: whole, as nanochat
+    orthogonalises every matrix).
 
     Sharded automatically when torch.distributed is initialised with world size > 1 (then
     ``optimizer.reduces_gradients`` is True); ``sharded=False`` forces the single-process step (gradients must then
     be averaged by the caller, e.g. DDP). ``polar_dtype`` ("auto", "bfloat16", "float32"): the dtype Muon
     orthogonalises in; "auto" decides by device (`precision.resolve_polar_dtype`, which also says why).
     """
-    if recipe not in RECIPES:
-        raise ValueError(f"optimizer recipe {recipe!r}: expected one of {', '.join(RECIPES)}")
-    if matrix_optimizer not in ("muon", "adamw") or (matrix_optimizer == "adamw" and recipe != "2025-12"):
-        raise ValueError(f"matrix_optimizer={matrix_optimizer!r}: expected 'muon' (or 'adamw' in recipe 2025-12)")
-    if not any(p.requires_grad for p in model.parameters()):
-        raise UserError("every parameter of the model is frozen (requires_grad=False): nothing to optimise")
-    polar = _muon_polar(polar_dtype, model, recipe)
-    rates = (matrix_lr, embedding_lr, unembedding_lr, weight_decay, init_lr_frac)
-    layout = layout_of(model)
-    if layout == "roles":
-        groups = role_param_groups(
-            model,
-            *rates,
-            recipe=recipe,
-            muon_momentum=muon_momentum,
-            ns_steps=ns_steps,
-            betas=betas,
-            eps=eps,
-            matrix_optimizer=matrix_optimizer,
-            polar_dtype=polar,
-            roles=roles,
-        )
-    elif roles:
-        raise UserError("roles= routes parameters of other models; nanochat's model is grouped as nanochat groups it")
-    elif recipe == "2025-12":
-        groups = december_param_groups(
-            model,
-            *rates,
-            muon_momentum=muon_momentum,
-            ns_steps=ns_steps,
-            betas=betas,
-            eps=eps,
-            matrix_optimizer=matrix_optimizer,
-            polar_dtype=polar,
-        )
-    else:
-        groups = head_param_groups(model, *rates, SCALAR_LR, polar)
+    settings = {k: v for k, v in locals().items() if k not in ("model", "process_group", "sharded")}
+    check_values({**settings, "sharded": sharded})
+    groups, layout = _param_groups(model, **settings)
     for g in groups:
         g["initial_lr"] = g["lr"]
     routing = _routing(model, groups, layout, recipe)

@@ -20,7 +20,9 @@ What the mixin changes, and nothing else:
   optimizer is told so (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the
   optimizer, on the averaged gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
 - checkpoints: each rank writes its optimizer shard as safetensors (the stock hook pickles rank 0's only), the
-  scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's.
+  scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's, and that its
+  weights are the model's (`check_checkpoint_weights`: the stock resume only warns, and trains on restarted ones).
+- every optimizer setting and the routing are checked when the Trainer is built (`check_optimizer_settings`).
 - FSDP2 (Accelerate's ``fsdp_version: 2``, configs/accelerate_fsdp2.yaml, or a model the caller sharded with
   ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients.
 Refused in one line when the Trainer is built: DeepSpeed (flattened parameters; its own Muon is not nanochat's rule),
@@ -29,7 +31,6 @@ FSDP1 (flat parameters) and an FSDP2 sharding the owner rule cannot handle (opti
 
 from __future__ import annotations
 
-import inspect
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,7 @@ import torch
 from ..errors import UserError
 from ..jsonfile import read_json, write_json
 from .fsdp import fsdp_mesh
-from .routing import build_optimizer
+from .routing import build_optimizer, check_optimizer_settings
 
 # nanochat_hf.training imports this module (MidTrainer is built on the mixin), so its modules are imported where used:
 # training.callbacks (MuonMomentumCallback), training.gradients (the gradient contract), training.checkpoint.
@@ -46,6 +47,41 @@ from .routing import build_optimizer
 
 def _inner_optimizer(optimizer: Any) -> Any:
     return getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps ours
+
+
+def _few(names: list[str]) -> str:
+    return str(names[:3])[:-1] + (f", ... {len(names) - 3} more]" if len(names) > 3 else "]")
+
+
+def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
+    """Refuse, in one line and before anything is loaded, a checkpoint whose safetensors weight names are not the
+    model's. transformers 5's Trainer loads them by their saved names and only warns about the rest, and
+    save_pretrained writes some models (GPT-NeoX, Mixtral) under older names, so the resumed run would train from
+    restarted weights. A tied weight saved once (the head of a tied embedding) is present; other formats (adapters,
+    pickles) are left to the stock loader."""
+    from safetensors import safe_open
+    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+    folder = Path(checkpoint)
+    if (folder / SAFE_WEIGHTS_NAME).is_file():
+        with safe_open(folder / SAFE_WEIGHTS_NAME, framework="pt") as f:
+            saved = set(f.keys())
+    elif (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        saved = set(read_json(folder / SAFE_WEIGHTS_INDEX_NAME)["weight_map"])
+    else:
+        return
+    model = getattr(model, "module", model)  # DDP's wrapper names every weight module.<name>
+    tensors = model.state_dict(keep_vars=True)
+    present = {id(t) for name, t in tensors.items() if name in saved}
+    unsaved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # left out on purpose (the stock check too)
+    missing = [n for n, t in tensors.items() if n not in saved and id(t) not in present and n not in unsaved]
+    unexpected = sorted(saved - set(tensors))
+    if missing or unexpected:
+        raise UserError(
+            f"{folder}: its weights are not {type(model).__name__}'s (missing {_few(missing)}, unexpected "
+            f"{_few(unexpected)}): resuming would train from restarted weights; load it with "
+            f"from_pretrained({str(folder)!r}), which converts the saved names, and train on without resuming"
+        )
 
 
 def check_distributed_setup(trainer: Any) -> None:
@@ -85,10 +121,6 @@ class NanoChatOptimizerMixin:
         **kwargs: Any,
     ) -> None:
         self.nanochat_optimizer_kwargs = dict(nanochat_optimizer or {})
-        accepted = list(inspect.signature(build_optimizer).parameters)[1:]  # all but the model
-        unknown = sorted(set(self.nanochat_optimizer_kwargs) - set(accepted))
-        if unknown:
-            raise UserError(f"nanochat_optimizer: unknown {unknown}; build_optimizer takes {', '.join(accepted)}")
         super().__init__(*args, **kwargs)
         check_distributed_setup(self)
         if fsdp_mesh(self.model.named_parameters()) is not None and not self.is_fsdp_enabled:
@@ -102,6 +134,13 @@ class NanoChatOptimizerMixin:
         from ..training.gradients import LocalGradients
 
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
+
+    # The Trainer's own check of its arguments runs once the model is final (PEFT-wrapped, say) and before anything
+    # is written (the output folder, a hub repo): the optimizer's settings and routing are checked with them.
+    # private hook: the stock check of the constructor's arguments, where ours belongs (nothing written yet)
+    def _validate_args(self) -> None:
+        super()._validate_args()
+        check_optimizer_settings(self.model, **self.optimizer_settings())  # every mistake now, not at train()
 
     def optimizer_settings(self) -> dict[str, Any]:
         """`build_optimizer`'s keyword arguments."""
@@ -148,6 +187,11 @@ class NanoChatOptimizerMixin:
         save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
+
+    # private hook: the stock resume loads weights whose names do not fit with a warning; we stop before loading
+    def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
+        check_checkpoint_weights(self.model if model is None else model, resume_from_checkpoint)
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

@@ -141,8 +141,7 @@ def setup(argv: list[str] | None = None):
             "has a `val:` split)"
         )
     check_compiler(args)
-    _say([polar_dtype_line(args)])  # before any file is touched: a pinned bfloat16 the device cannot run stops here
-    _say(args.settle_num_threads())
+    polar_dtype_line(args)  # before any file is touched: a pinned bfloat16 the device cannot run stops here
     read_mixture(args.train_mixture, "train")  # validates the files without reading data: fail before the model
     read_mixture(args.val_mixture, "val")
     prepare_output(args)
@@ -209,7 +208,8 @@ def build_trainer(
     trainer_cls=None,
     callbacks: list | None = None,
 ):
-    """The trainer, with the data stream built (fails fast when the mixture is too small for one step)."""
+    """The trainer, with the data stream built (fails fast when the mixture is too small for one step); then the
+    lines saying what will run (Muon's dtype, CPU threads), once every argument, file and source has passed its checks."""
     end_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = end_id
@@ -226,6 +226,7 @@ def build_trainer(
     meta = find_meta(args.model_source, args.model_tag, args.step, args.checkpoint_source)
     trainer.nanochat_meta = read_json(meta) if meta is not None else None
     trainer.get_train_dataloader()
+    _say([polar_dtype_line(args), *args.settle_num_threads()])
     return trainer
 
 
