@@ -209,7 +209,8 @@ def build_trainer(
     callbacks: list | None = None,
 ):
     """The trainer, with the data stream built (fails fast when the mixture is too small for one step); then the
-    lines saying what will run (Muon's dtype, CPU threads), once every argument, file and source has passed its checks."""
+    lines saying what will run (Muon's dtype, CPU threads), once every argument, file and source has passed its
+    checks."""
     end_id = tokenizer.convert_tokens_to_ids(EOS_TOKEN)
     model.generation_config.bos_token_id = tokenizer.bos_token_id
     model.generation_config.eos_token_id = end_id
