@@ -82,15 +82,13 @@ def generate_loop(folder: Path, max_tokens: int) -> tuple[dict, dict[bool, list[
 
     from nanochat_hf import NanoChatGPTForCausalLM
     from nanochat_hf.inference import generate_tokens
-    from nanochat_hf.serving.server import TOOL_MARKS, reply_text
+    from nanochat_hf.serving.server import ReplyText
     from nanochat_hf.tokenizer import render_for_completion
-    from nanochat_hf.tokenizer.chat_format import special_token_ids
 
     torch.set_num_threads(1)
     model = NanoChatGPTForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids = special_token_ids(tokenizer)
-    marks = {ids[name]: mark for name, mark in TOOL_MARKS.items()}
+    reply_text = ReplyText(tokenizer)
     prompts = [render_for_completion(tokenizer, {"messages": [{"role": "user", "content": q}]}) for q in QUESTIONS]
     expected: dict[bool, list[str]] = {}
     latencies, tokens = [], 0
@@ -103,7 +101,7 @@ def generate_loop(folder: Path, max_tokens: int) -> tuple[dict, dict[bool, list[
             if calculator:
                 latencies.append(time.perf_counter() - began)
                 tokens += len(reply)
-            expected[calculator].append(reply_text(tokenizer, reply, marks))
+            expected[calculator].append(reply_text(reply))
         if calculator:
             wall = time.perf_counter() - start
     row = {"requests": len(prompts), "failed": 0, "different": 0, "tokens": tokens, "wall": wall}
