@@ -72,6 +72,7 @@ class Job:
     calculator: bool
     sink: Sink
     tokens: list[int] = field(default_factory=list)  # prompt + reply so far (the calculator and smear read it)
+    last_special: int | None = None  # the last special token of `tokens`
     generator: torch.Generator | None = None
 
 
@@ -92,6 +93,27 @@ def _cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
 
 def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
     return [(layer.keys, layer.values) for layer in cache.layers]
+
+
+def _rows(cache: DynamicCache, mask: torch.Tensor, rows: list[int]) -> tuple[DynamicCache, torch.Tensor]:
+    """Only these rows, without the columns that are padding in all of them."""
+    index = torch.tensor(rows, device=mask.device)
+    mask = mask[index]
+    first = int(mask.any(0).nonzero()[0])
+    return _cache_of([(k[index, :, first:], v[index, :, first:]) for k, v in _layers(cache)]), mask[:, first:]
+
+
+def _join(
+    cache: DynamicCache, mask: torch.Tensor, other: DynamicCache, other_mask: torch.Tensor
+) -> tuple[DynamicCache, torch.Tensor]:
+    """Both batches' rows in one, the shorter padded on the left."""
+    width = max(mask.shape[1], other_mask.shape[1])
+    pads = width - mask.shape[1], width - other_mask.shape[1]
+    layers = [
+        tuple(torch.cat([_pad_left(a, pads[0], 2), _pad_left(b, pads[1], 2)]) for a, b in zip(mine, its))
+        for mine, its in zip(_layers(cache), _layers(other))
+    ]
+    return _cache_of(layers), torch.cat([_pad_left(mask, pads[0], 1), _pad_left(other_mask, pads[1], 1)])
 
 
 class Batcher:
@@ -140,9 +162,8 @@ class Batcher:
                 room = self.max_batch - len(self.active)
                 new = [self.waiting.popleft() for _ in range(min(room, len(self.waiting)))]
             try:
-                with torch.no_grad():
-                    for job in new:
-                        self._admit(job)
+                with torch.inference_mode():
+                    self._admit(new)
                     if self.active:
                         self._decode()
             except Exception:  # a failed forward fails the requests it held; the server goes on with the next
@@ -151,38 +172,36 @@ class Batcher:
                     job.sink.fail("generation failed (the server's log says why)")
                 self.active, self.cache, self.mask = [], None, None
 
-    def _admit(self, job: Job) -> None:
-        if job.sink.cancelled.is_set():
+    def _admit(self, new: list[Job]) -> None:
+        """Prefill the new jobs (one left-padded forward), choose their first tokens, join them to the batch."""
+        new = [job for job in new if not job.sink.cancelled.is_set()]
+        if not new:
             return
-        if job.temperature > 0:
-            job.generator = torch.Generator(self.device).manual_seed(
-                job.seed if job.seed is not None else secrets.randbits(63)
-            )
-        job.tokens = list(job.prompt)
+        for job in new:
+            if job.temperature > 0:
+                seed = job.seed if job.seed is not None else secrets.randbits(63)
+                job.generator = torch.Generator(self.device).manual_seed(seed)
+            job.tokens = list(job.prompt)
+            job.last_special = next((t for t in reversed(job.prompt) if t in self.calculator.special_set), None)
+        width = max(len(job.prompt) for job in new)
+        mask = torch.tensor([[0] * (width - len(j.prompt)) + [1] * len(j.prompt) for j in new], device=self.device)
         cache = DynamicCache()
         out = self.model(
-            input_ids=torch.tensor([job.prompt], device=self.device),
+            input_ids=torch.tensor([[0] * (width - len(j.prompt)) + j.prompt for j in new], device=self.device),
+            attention_mask=mask,
             past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,
         )
-        if not self._advance(job, out.logits[0, -1]):
+        logits = out.logits[:, -1]
+        going = [i for i, job in enumerate(new) if self._advance(job, logits[i])]
+        if not going:
             return
-        length = len(job.prompt)
-        if not self.active:
-            self.cache, self.mask = cache, torch.ones(1, length, dtype=torch.long, device=self.device)
-        else:
-            width = max(self.mask.shape[1], length)
-            old, new = width - self.mask.shape[1], width - length
-            self.cache = _cache_of(
-                [
-                    tuple(torch.cat([_pad_left(a, old, 2), _pad_left(b, new, 2)]) for a, b in zip(mine, its))
-                    for mine, its in zip(_layers(self.cache), _layers(cache))
-                ]
-            )
-            row = torch.ones(1, length, dtype=torch.long, device=self.device)
-            self.mask = torch.cat([_pad_left(self.mask, old, 1), _pad_left(row, new, 1)])
-        self.active.append(job)
+        cache, mask = _rows(cache, mask, going)
+        if self.active:
+            cache, mask = _join(self.cache, self.mask, cache, mask)
+        self.active += [new[i] for i in going]
+        self.cache, self.mask = cache, mask
 
     def _decode(self) -> None:
         keep = [i for i, job in enumerate(self.active) if not job.sink.cancelled.is_set()]
@@ -210,30 +229,26 @@ class Batcher:
             self._keep(keep)
 
     def _keep(self, rows: list[int]) -> None:
-        """Only these rows stay; columns that are padding in every row left are cut."""
         self.active = [self.active[i] for i in rows]
-        if not rows:
-            self.cache, self.mask = None, None
-            return
-        index = torch.tensor(rows, device=self.device)
-        mask = self.mask[index]
-        first = int(mask.any(0).nonzero()[0])
-        self.mask = mask[:, first:]
-        self.cache = _cache_of([(k[index, :, first:], v[index, :, first:]) for k, v in _layers(self.cache)])
+        self.cache, self.mask = _rows(self.cache, self.mask, rows) if rows else (None, None)
 
     def _advance(self, job: Job, logits: torch.Tensor) -> bool:
         """Choose the job's next token from its logits and hand it on; whether the job goes on."""
         scores = logits.to(torch.float32)[None]
-        ids = torch.tensor([job.tokens], device=self.device)
-        if job.calculator:
-            scores = self.calculator(ids, scores)
-        if job.temperature > 0:  # as generate(): temperature, then top-k, then a draw
-            scores = TemperatureLogitsWarper(job.temperature)(ids, scores)
-            scores = TopKLogitsWarper(job.top_k or DEFAULT_TOP_K)(ids, scores)
+        tool = self.calculator
+        # the calculator's own test of whether it forces this row's token (a call just closed, or its output being
+        # written), made without building the row's tensor: only then is the processor called
+        if job.calculator and (job.tokens[-1] == tool.python_end or job.last_special == tool.output_start):
+            scores = tool(torch.tensor([job.tokens], device=self.device), scores)
+        if job.temperature > 0:  # as generate(): temperature, then top-k, then a draw (the warpers read no ids)
+            scores = TemperatureLogitsWarper(job.temperature)(None, scores)
+            scores = TopKLogitsWarper(job.top_k or DEFAULT_TOP_K)(None, scores)
             token = int(torch.multinomial(torch.softmax(scores, dim=-1), 1, generator=job.generator))
         else:
             token = int(scores.argmax(-1))
         job.tokens.append(token)
+        if token in tool.special_set:
+            job.last_special = token
         job.sink.add([token])
         if job.sink.finished or job.sink.cancelled.is_set():
             return False

@@ -108,12 +108,16 @@ def error_response(status: int, message: str) -> JSONResponse:
 
 
 class ReplyText:
-    """Reply tokens as the client reads them: text decoded run by run, every special token left out (stop tokens
-    included), a calculator call as ``inference.format_parts`` writes it: ``<<expr=result>>``, ``<<expr=?>>`` when
-    no result followed, ``<<=output>>`` for an output without a call.
+    """One reply's text as the client reads it, built as its tokens arrive: text decoded run by run, every special
+    token left out (stop tokens included), a calculator call as ``inference.format_parts`` writes it:
+    ``<<expr=result>>``, ``<<expr=?>>`` when no result followed, ``<<=output>>`` for an output without a call.
 
-    ``final=False`` (a reply still growing) leaves out a call not yet closed, so a prefix of the tokens gives a
-    prefix of the final text (but for a character whose bytes are not all there yet): streaming sends the growth."""
+    ``text(final=False)`` (a reply still growing) leaves out a call not yet closed, so the text only grows (but for
+    a last character whose bytes are not all there yet): streaming sends the growth. Decoded text is kept once its
+    characters are whole (byte-level BPE: a decoding that ends on a whole character is never changed by the tokens
+    after it), so each token costs the same however long the reply is."""
+
+    CLOSE = {"call": "=?>>", "called": "?>>", "output": ">>"}  # how a block still open at the end is closed
 
     def __init__(self, tokenizer):
         ids = special_token_ids(tokenizer)
@@ -121,46 +125,61 @@ class ReplyText:
         self.special = set(tokenizer.all_special_ids) | set(ids.values())
         self.python_start, self.python_end = ids[PYTHON_START], ids[PYTHON_END]
         self.output_start, self.output_end = ids[OUTPUT_START], ids[OUTPUT_END]
+        self.settled = ""  # text that no later token changes
+        self.open = ""  # a tool block not closed yet ("<<expr=", ...): held back until it is
+        self.block: str | None = None  # the open block: "call", "called" (after <|python_end|>), "output"
+        self.run: list[int] = []  # text tokens whose characters are not whole yet
 
-    def __call__(self, tokens: list[int], final: bool = True) -> str:
-        out: list[str] = []
-        run: list[int] = []
-        block, opened = None, 0  # the open block ("call", "called" after <|python_end|>, "output"), where it began
-        for t in [*tokens, None]:
-            if t is not None and t not in self.special:
-                if block == "called":  # text after a call with no output: the call had no result
-                    out.append("?>>")
-                    block = None
-                run.append(t)
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, clean_up_tokenization_spaces=False)
+
+    def _put(self, text: str) -> None:
+        if self.block is None:
+            self.settled += text
+        else:
+            self.open += text
+
+    def _close(self, mark: str) -> None:
+        self.settled += self.open + mark
+        self.open, self.block = "", None
+
+    def add(self, tokens: list[int]) -> None:
+        for t in tokens:
+            if t not in self.special:
+                if self.block == "called":  # text after a call with no output: the call had no result
+                    self._close("?>>")
+                self.run.append(t)
+                text = self._decode(self.run)
+                if not text.endswith("\ufffd"):
+                    self._put(text)
+                    self.run = []
                 continue
-            if run:
-                out.append(self.tokenizer.decode(run, clean_up_tokenization_spaces=False))
-                run = []
-            if t is None:
-                break
+            if self.run:  # a special token ends the run, whole characters or not
+                self._put(self._decode(self.run))
+                self.run = []
             if t == self.python_start:
-                opened, block = len(out), "call"
-                out.append("<<")
-            elif t == self.python_end and block == "call":
-                out.append("=")
-                block = "called"
+                if self.block == "called":
+                    self._close("?>>")
+                self.settled += self.open
+                self.open, self.block = "<<", "call"
+            elif t == self.python_end and self.block == "call":
+                self.open += "="
+                self.block = "called"
             elif t == self.output_start:
-                if block != "called":
-                    opened = len(out)
-                    out.append("<<=")
-                block = "output"
-            elif t == self.output_end and block == "output":
-                out.append(">>")
-                block = None
-            elif block == "called":  # another special token after a call: no result either
-                out.append("?>>")
-                block = None
-        if block is not None:
-            if not final:
-                del out[opened:]
-            else:
-                out.append({"call": "=?>>", "called": "?>>", "output": ">>"}[block])
-        return "".join(out)
+                if self.block != "called":  # an output without a call
+                    self.settled += self.open
+                    self.open = "<<="
+                self.block = "output"
+            elif t == self.output_end and self.block == "output":
+                self._close(">>")
+            elif self.block == "called":  # another special token after a call: no result either
+                self._close("?>>")
+
+    def text(self, final: bool = True) -> str:
+        tail = self._decode(self.run) if self.run else ""
+        if self.block is None:
+            return self.settled + tail
+        return self.settled + self.open + tail + self.CLOSE[self.block] if final else self.settled
 
 
 class ReplyStream:
@@ -187,10 +206,11 @@ class ReplyStream:
             return
         for t in new_tokens:
             self.tokens.append(t)
+            self.text.add([t])
             if t in self.stops:
                 break
         stopped = bool(self.tokens) and self.tokens[-1] in self.stops
-        text = self.text(self.tokens, final=stopped)
+        text = self.text.text(final=stopped)
         cut = min((i for i in (text.find(s) for s in self.stop_strings) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped_by_string = True
@@ -217,7 +237,7 @@ class ReplyStream:
         if self.finished:
             return
         if not self.stopped_by_string:
-            self._send(self.text(self.tokens))
+            self._send(self.text.text())
         self.finished = True
         stop = self.stopped_by_string or (self.tokens and self.tokens[-1] in self.stops)
         self._emit({"finish_reason": "stop" if stop else "length", "completion_tokens": len(self.tokens)})
@@ -317,7 +337,6 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
         super().__init__(model_manager=None, generation_state=None)
         self.name, self.tokenizer, self.batcher, self.calculator = name, tokenizer, batcher, calculator
         self.context, self.vocab_size = model.config.sequence_len, model.config.vocab_size
-        self.text = ReplyText(tokenizer)
         ids = special_token_ids(tokenizer)
         self.stops = {ids[name] for name in STOP_TOKENS}
         # the longest token's bytes: a text of N bytes is at least N / this many tokens (refused untokenized)
@@ -362,7 +381,7 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
     async def handle(self, request: Request, raw: bytes) -> StreamingResponse | JSONResponse:
         chat, prompt = await asyncio.to_thread(self.prepare, raw)
         queue: asyncio.Queue = asyncio.Queue()
-        stream = ReplyStream(self.text, self.stops, chat.stop, asyncio.get_running_loop(), queue)
+        stream = ReplyStream(ReplyText(self.tokenizer), self.stops, chat.stop, asyncio.get_running_loop(), queue)
         job = Job(
             prompt=prompt,
             max_new=chat.max_tokens or self.context - len(prompt),
