@@ -198,3 +198,17 @@ def test_a_client_that_goes_away_stops_its_generation(serve, model_dir, stream):
         time.sleep(0.01)
     assert len(jobs[0].sink.tokens) <= gone + 3 < 100  # stopped within a few steps (one is 20 ms or more)
     assert works(server)
+
+
+def test_a_client_gone_before_its_body_is_in_leaves_no_trace(guarded, capfd):
+    head = (
+        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
+    )
+    with socket.create_connection(("127.0.0.1", guarded.port)) as s:
+        s.sendall(head.encode() + b'{"mess')
+    time.sleep(0.5)
+    client = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
+    assert (
+        client.chat.completions.create(model=guarded.name, messages=QUESTION, max_tokens=3).usage.completion_tokens == 3
+    )
+    assert "Traceback" not in capfd.readouterr().err

@@ -33,9 +33,10 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types.completion_usage import CompletionUsage
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 from transformers import AutoTokenizer
 from transformers.cli.serving.chat_completion import ChatCompletionHandler, TransformersCompletionCreateParamsStreaming
 
@@ -508,6 +509,8 @@ def build_app(handler: NanoChatCompletionHandler, batcher: Batcher, options: Ser
             raw = await asyncio.wait_for(request.body(), options.body_seconds)
         except asyncio.TimeoutError:
             raise bad(f"the request body did not arrive within {options.body_seconds:g} s", 408) from None
+        except ClientDisconnect:  # gone before its body was in: nobody to answer
+            return Response(status_code=499)
         return await handler.handle(request, raw)
 
     @app.get("/v1/models")
