@@ -1,12 +1,11 @@
 """Continuous batching for every nanochat generation (G0-G5), each request with its own sampling and calculator.
 
-One worker thread owns the model. Each step it admits waiting requests (a prefill each, alone, as ``generate()``
-runs a one-prompt batch), then decodes one token for every running request in one forward: the running requests'
-KV caches are one left-padded ``DynamicCache`` with its attention mask (positions follow from the mask, as in a
-left-padded ``generate()``), and for smear (G5) each row passes its previous token (``previous_input_ids``, the
-model's own argument for it). A request joins by padding its cache on the left to the batch's length (or the
-batch's to its), and leaves when it ends, is cancelled or its client goes away: its row is dropped before the next
-step and columns no row needs any more are trimmed off.
+One worker thread owns the model. Each step it prefills the requests that arrived (one left-padded forward), then
+decodes one token for every running request in one forward: the running requests' KV caches are one left-padded
+``DynamicCache`` with its attention mask (positions follow from the mask, as in a left-padded ``generate()``), and
+for smear (G5) each row passes its previous token (``previous_input_ids``, the model's own argument for it). New
+requests join by padding the shorter side on the left; a request leaves when it ends, is cancelled or its client
+goes away: its row is dropped before the next step and columns no row needs any more are trimmed off.
 
 Why ours and not transformers' continuous batching manager: that one takes one generation config for all requests
 (greedy or the same sampling for all), has no per-request logits processor (no calculator) and keeps its KV cache
@@ -14,9 +13,9 @@ in pages, which cannot hold smear's previous token. Every cache layer here is a 
 without the config): sliding windows come from the attention mask, so rows of different lengths pad and trim alike.
 
 Each row chooses its token as ``generate()`` would for that request alone: float32 logits, the calculator tool
-(``CalculatorToolProcessor`` on the row's own tokens), transformers' temperature and top-k warpers, softmax, then
-``torch.multinomial`` with the request's own ``torch.Generator`` seeded with its ``seed`` (the stream
-``torch.manual_seed(seed)`` gives ``generate()``), or argmax when greedy.
+(``CalculatorToolProcessor`` on the row's own tokens, called where it can force a token), transformers'
+temperature and top-k warpers, softmax, then ``torch.multinomial`` with the request's own ``torch.Generator``
+seeded with its ``seed`` (the stream ``torch.manual_seed(seed)`` gives ``generate()``), or argmax when greedy.
 """
 
 from __future__ import annotations

@@ -392,6 +392,8 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
             calculator=chat.calculator,
             sink=stream,
         )
+        if await request.is_disconnected():  # gone while it was checked (sent, then hung up): no prefill for it
+            return Response(status_code=499)
         try:
             self.batcher.submit(job)
         except QueueFull:
