@@ -25,6 +25,7 @@ from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data import demo_tokenizer
 from nanochat_hf.evaluation import evaluate_task, load_problems
 from nanochat_hf.tasks import EVAL_TASKS, demo
+from nanochat_hf.training.device import use_cpu_threads
 
 
 def main() -> None:
@@ -37,12 +38,10 @@ def main() -> None:
         "--threads",
         type=int,
         default=None,
-        help="torch threads (default: torch's choice); 1 "
-        "avoids thread-synchronisation stalls when other jobs share the cores",
+        help="torch threads (default: the cores idle when it starts, as chat_eval.py)",
     )
     args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    print(use_cpu_threads(args.threads, flag="--threads"))
 
     device = "cuda" if torch.cuda.is_available() else "cpu"
     tokenizer = demo_tokenizer()

@@ -42,6 +42,7 @@ from nanochat_hf.optim import MuonAdamW, NorMuonAdamW, newton_schulz, ns_batch_s
 from nanochat_hf.optim.head import SMALL_NUMEL
 from nanochat_hf.optim.kernels import POLAR_EXPRESS_COEFFS
 from nanochat_hf.optim.precision import cpu_has_native_bfloat16
+from nanochat_hf.training.device import use_cpu_threads
 
 
 # ---- optimizer state per rank: the sharding rules of the two recipes (tests/optim checks them against 2-process runs)
@@ -526,6 +527,7 @@ def main() -> None:
     parser.add_argument("--details", action="store_true", help="also the batching paths, Gram, nanochat's formula")
     parser.add_argument("--vocab", type=int, default=65536, help="vocabulary for the state sizes (nanochat's)")
     parser.add_argument("--only_head", action="store_true", help="--details: only recipe 2026-07 vs nanochat's")
+    parser.add_argument("--threads", type=int, default=None, help="CPU threads (default: the cores idle at start)")
     args = parser.parse_args()
     if args.emulate_no_bf16:
         torch.backends.mkldnn.enabled = False
@@ -535,6 +537,7 @@ def main() -> None:
     if device.type == "cuda":
         name = torch.cuda.get_device_name()
     else:
+        print(use_cpu_threads(args.threads, flag="--threads"))
         native, measured = cpu_has_native_bfloat16()
         name = (
             f"CPU {cpu_name()}, {torch.get_num_threads()} threads; oneDNN "

@@ -126,7 +126,16 @@ class Served:
 
     def __init__(self, folder: Path):
         self.port = free_port()
-        command = [sys.executable, "-m", "nanochat_hf.serving", str(folder), "--port", str(self.port)]
+        command = [
+            sys.executable,
+            "-m",
+            "nanochat_hf.serving",
+            str(folder),
+            "--port",
+            str(self.port),
+            "--num-threads",
+            "1",
+        ]
         self.process = subprocess.Popen(command + ["--name", "bench"], env={**os.environ, "OMP_NUM_THREADS": "1"})
         deadline = time.monotonic() + 300
         while True:

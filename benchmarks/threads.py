@@ -1,14 +1,24 @@
-"""Tokens/s with 1 vs 2 (or --threads) torch CPU threads: greedy generation and training steps of the demo model.
+"""The demo's step time and greedy generation with the default CPU thread count, 1 thread and all cores forced, while
+other jobs run or have just stopped (issue 40).
 
-    python benchmarks/threads.py                 # demo shape: depth 4 (width 256), vocab 4096, fp32, CPU
-    python benchmarks/threads.py --threads 1,2,4 --repeats 5
+    python benchmarks/threads.py                   # cases a, b, c: 3 to 6 minutes on 2 cores
+    python benchmarks/threads.py --cases now       # the machine as it is, nothing started or stopped
 
-What `cpu_threads` (nanochat_hf.training.device: mid_train's and chat_eval.py's default thread count) is chosen
-from. Generation: greedy `generate` with the KV cache, batch 1 and 8, `--new_tokens` new tokens each (eos cannot
-stop it early). Training: forward + backward + the Muon/AdamW step on 8 x 256 tokens, as the demo's micro-batch.
-The thread counts alternate within each repeat (a change in load on shared cores hits all alike), after one
-untimed warm-up each; the table shows the median repeat and the ratio to the first thread count. The 1-minute load
-average is printed before and after: on cores that other jobs use, extra threads spin-wait instead of working.
+Cases (one-core job: a Python busy loop in another process, started here):
+  b  while another one-core job runs;
+  a  right after that job ended (run straight after b; without b, after a job of --prior_s seconds): the machine is
+     idle but the 1-minute load average still reads about 1;
+  c  while two one-core jobs run;
+  now  the machine as it is.
+In each case the default is what every command picks (`nanochat_hf.training.device.cpu_threads`, measured once at
+the case's start, as a run measures once when it starts); the count the old rule (cores minus the 1-minute load
+average) would pick is shown beside it. Work: one demo optimizer step, eager (the demo model: depth 4, vocab 4096,
+fp32; 2 micro-batches of 8 x 256 tokens, forward, backward, Muon/AdamW), and greedy generation of --new_tokens at
+batch 1 with the KV cache. The arms alternate within each repeat (a change in load hits all alike), after one
+untimed warm-up of each before any case; the table shows the median repeat. A case stops after --repeats, or after
+the repeat that passes --budget_s (on busy cores 2 threads can take a minute a step). "others" is the CPU that
+processes other than this one and its jobs used during the case, in cores (/proc/stat): on a shared machine it is
+not 0.
 """
 
 from __future__ import annotations
@@ -16,6 +26,8 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import subprocess
+import sys
 import time
 
 import torch
@@ -24,6 +36,13 @@ from transformers import GenerationConfig
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data.demo import DEMO_VOCAB_SIZE
 from nanochat_hf.optim import build_optimizer
+from nanochat_hf.training.device import cpu_threads, idle_cores, pick_threads, proc_stat, usable_cores
+
+JOBS = {"a": 0, "b": 1, "c": 2, "now": 0}  # one-core jobs running during each case
+RUN_ORDER = ("b", "a", "c", "now")  # a straight after b: b's job has just ended
+# a one-core job that ends with the benchmark, however that ends (its parent gone, it is re-parented)
+SPIN = "import os\nparent = os.getppid()\nprint('spinning', flush=True)\nwhile os.getppid() == parent: pass"
+TICKS = os.sysconf("SC_CLK_TCK")
 
 
 def demo_model(depth: int, vocab: int, seed: int = 0) -> NanoChatGPTForCausalLM:
@@ -40,74 +59,151 @@ def demo_model(depth: int, vocab: int, seed: int = 0) -> NanoChatGPTForCausalLM:
     return model
 
 
-def generation_tok_s(model, batch: int, new_tokens: int, vocab: int) -> float:
-    ids = torch.randint(2, vocab, (batch, 24), generator=torch.Generator().manual_seed(batch))
+def generate(model, new_tokens: int, vocab: int) -> None:
+    ids = torch.randint(2, vocab, (1, 24), generator=torch.Generator().manual_seed(1))
     config = GenerationConfig(
         max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False, pad_token_id=1, eos_token_id=0
     )
-    t0 = time.perf_counter()
     with torch.no_grad():
         model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), generation_config=config)
-    return batch * new_tokens / (time.perf_counter() - t0)
 
 
-def training_tok_s(model, optimizer, rows: int, seq: int, vocab: int) -> float:
-    ids = torch.randint(2, vocab, (rows, seq + 1), generator=torch.Generator().manual_seed(rows))
-    t0 = time.perf_counter()
-    loss = model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss
-    loss.backward()
+def demo_step(model, optimizer, batches: list[torch.Tensor]) -> None:
+    """One optimizer step over the micro-batches (gradient accumulation), as the demo's eager step."""
+    for ids in batches:
+        (model(input_ids=ids[:, :-1], labels=ids[:, 1:]).loss / len(batches)).backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return rows * seq / (time.perf_counter() - t0)
+
+
+def start_jobs(count: int) -> list[subprocess.Popen]:
+    jobs = [subprocess.Popen([sys.executable, "-c", SPIN], stdout=subprocess.PIPE, text=True) for _ in range(count)]
+    for job in jobs:
+        job.stdout.readline()  # it spins from here on
+    return jobs
+
+
+def job_seconds(job: subprocess.Popen) -> float:
+    """CPU seconds a running job has used (utime + stime of /proc/<pid>/stat)."""
+    with open(f"/proc/{job.pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def stop_jobs(jobs: list[subprocess.Popen]) -> float:
+    """Stop the jobs; the CPU seconds they used."""
+    used = sum(job_seconds(job) for job in jobs)
+    for job in jobs:
+        job.kill()
+        job.wait()
+    return used
+
+
+def run_case(name: str, works: dict, forced: dict, repeats: int, budget_s: float, cpus: set[int]) -> dict:
+    """Time every work at every arm's thread count while the case's jobs run, `repeats` times or until a repeat ends
+    past `budget_s`; the case's default, the old rule's pick, and the CPU others used (in cores)."""
+    jobs = start_jobs(JOBS[name])
+    try:
+        load = os.getloadavg()[0]
+        default, _ = cpu_threads()
+        old_rule = pick_threads(len(cpus), len(cpus) - load)
+        arms = {"default": default, **forced}
+        before, own, t0 = proc_stat(), time.process_time(), time.perf_counter()
+        times = {(work, arm): [] for work in works for arm in arms}
+        for repeat in range(1, repeats + 1):
+            for work, run in works.items():
+                for arm, threads in arms.items():
+                    torch.set_num_threads(threads)
+                    start = time.perf_counter()
+                    run()
+                    times[work, arm].append(time.perf_counter() - start)
+            if time.perf_counter() - t0 > budget_s:
+                break
+        ours = time.process_time() - own + sum(job_seconds(job) for job in jobs)
+        elapsed = time.perf_counter() - t0
+        others = len(cpus) - idle_cores(before, proc_stat(), cpus, ours, TICKS)
+    finally:
+        stop_jobs(jobs)
+    return {
+        "case": name,
+        "load": load,
+        "default": default,
+        "old_rule": old_rule,
+        "others": others,
+        "seconds": elapsed,
+        "repeats": repeat,
+        "times": {key: statistics.median(values) for key, values in times.items()},
+    }
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--threads", default="1,2", help="comma-separated thread counts; the first is the baseline")
+    p.add_argument("--cases", default="a,b,c", help="comma list of a, b, c, now (run in the order b, a, c, now)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--budget_s", type=float, default=60.0, help="a case stops after the repeat that passes this")
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--vocab", type=int, default=DEMO_VOCAB_SIZE)
-    p.add_argument("--new_tokens", type=int, default=64)
-    p.add_argument("--rows", type=int, default=8, help="training rows of --seq tokens per step")
+    p.add_argument("--rows", type=int, default=8, help="rows of --seq tokens per micro-batch")
     p.add_argument("--seq", type=int, default=256)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--micro_batches", type=int, default=2, help="micro-batches per step (the demo: 4096 tokens)")
+    p.add_argument("--new_tokens", type=int, default=32)
+    p.add_argument("--prior_s", type=float, default=30.0, help="case a without b: the one-core job it follows")
     args = p.parse_args(argv)
-    counts = [int(t) for t in args.threads.split(",")]
-    load_before = os.getloadavg()[0]
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    if unknown := set(cases) - set(JOBS):
+        p.error(f"--cases: unknown {', '.join(sorted(unknown))}; expected a comma list of a, b, c, now")
+    cpus = usable_cores()
+    cores = len(cpus)
     infer = demo_model(args.depth, args.vocab).eval()
     train = demo_model(args.depth, args.vocab).train()
     optimizer = build_optimizer(
         train, matrix_lr=0.02, embedding_lr=0.2, unembedding_lr=0.004, weight_decay=0.0, init_lr_frac=1.0
     )
-    arms = {
-        "generate, batch 1": lambda: generation_tok_s(infer, 1, args.new_tokens, args.vocab),
-        "generate, batch 8": lambda: generation_tok_s(infer, 8, args.new_tokens, args.vocab),
-        f"train step, {args.rows} x {args.seq}": lambda: training_tok_s(
-            train, optimizer, args.rows, args.seq, args.vocab
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.randint(2, args.vocab, (args.rows, args.seq + 1), generator=g) for _ in range(args.micro_batches)]
+    works = {
+        f"demo step ({args.micro_batches} x {args.rows} x {args.seq} tokens)": lambda: demo_step(
+            train, optimizer, batches
         ),
+        f"generate {args.new_tokens} tokens": lambda: generate(infer, args.new_tokens, args.vocab),
     }
-    results = {(arm, n): [] for arm in arms for n in counts}
-    for repeat in range(args.repeats + 1):  # repeat 0 is the untimed warm-up
-        for arm, run in arms.items():
-            for n in counts:
-                torch.set_num_threads(n)
-                value = run()
-                if repeat:
-                    results[arm, n].append(value)
-    load_after = os.getloadavg()[0]
+    forced = {"1 thread": 1, f"{cores} threads": cores} if cores > 1 else {"1 thread": 1}
+    for threads in forced.values():  # warm-up: first calls allocate and pick kernels
+        torch.set_num_threads(threads)
+        for run in works.values():
+            run()
+
+    results = []
+    for name in (c for c in RUN_ORDER if c in cases):
+        if name == "a" and "b" not in cases:  # the one-core job that case a follows
+            jobs = start_jobs(1)
+            time.sleep(args.prior_s)
+            stop_jobs(jobs)
+        results.append(run_case(name, works, forced, args.repeats, args.budget_s, cpus))
+        print(f"case {name}: {results[-1]['seconds']:.0f} s", file=sys.stderr, flush=True)  # progress
+
     print(
-        f"{cores} cores available; 1-minute load average {load_before:.1f} before, {load_after:.1f} after "
-        f"(this benchmark adds up to {max(counts)}); median of {args.repeats} repeats\n"
+        f"{cores} cores ({os.uname().machine}), torch {torch.__version__}; seconds per call, median of the case's "
+        "repeats; others: CPU used by other processes during the case, in cores; load: 1-minute load average at "
+        "the case's start\n"
     )
-    print(f"| work | threads | tok/s | / {counts[0]} thread{'s' if counts[0] > 1 else ''} |")
-    print("|---|---|---|---|")
+    arms = ["default", *forced]
+    head = ["case", "repeats", "others", "load", "default (old rule)", "work", *arms, "default / best forced"]
+    print(f"| {' | '.join(head)} |")
+    print(f"|{'---|' * len(head)}")
     rows = []
-    for arm in arms:
-        base = statistics.median(results[arm, counts[0]])
-        for n in counts:
-            value = statistics.median(results[arm, n])
-            rows.append({"work": arm, "threads": n, "tok_s": value, "ratio": value / base})
-            print(f"| {arm} | {n} | {value:,.0f} | {value / base:.2f} |")
+    for r in sorted(results, key=lambda r: cases.index(r["case"])):
+        for work in works:
+            seconds = {arm: r["times"][work, arm] for arm in arms}
+            ratio = seconds["default"] / min(seconds[arm] for arm in forced)
+            cells = " | ".join(f"{seconds[arm]:.2f}" for arm in arms)
+            print(
+                f"| {r['case']} | {r['repeats']} | {r['others']:.1f} | {r['load']:.1f} | {r['default']} "
+                f"({r['old_rule']}) | {work} | {cells} | {ratio:.2f}{'' if ratio <= 1.1 else ' (over 1.10)'} |"
+            )
+            fields = ("case", "repeats", "others", "load", "default", "old_rule")
+            rows.append({**{k: r[k] for k in fields}, "work": work, "seconds": seconds, "ratio": ratio})
+    print(f"\n{sum(r['seconds'] for r in results):.0f} s of cases")
     return rows
 
 

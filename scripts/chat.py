@@ -34,6 +34,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--dtype", choices=["bfloat16", "float32"], default=None, help="default: bfloat16 on cuda, float32 on cpu"
     )
+    parser.add_argument(
+        "--num-threads",
+        "--num_threads",
+        type=int,
+        default=None,
+        help="CPU threads, 1 to the cores (default: the cores idle when it starts, as mid_train)",
+    )
     add_version(parser)
     return parser.parse_args(argv)
 
@@ -112,8 +119,10 @@ def chat(args: argparse.Namespace) -> int:
 
     from nanochat_hf.inference import fit_prompt, generate_tokens, parts_from_tokens
     from nanochat_hf.tokenizer import BOS_TOKEN, render_for_completion
+    from nanochat_hf.training.device import check_num_threads, use_cpu_threads
     from nanochat_hf.training.model_source import load_pretrained
 
+    check_num_threads(args.num_threads, f"--num-threads {args.num_threads}")
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = (
         getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if device.startswith("cuda") else torch.float32)
@@ -130,6 +139,8 @@ def chat(args: argparse.Namespace) -> int:
             f"--max-new-tokens {args.max_new_tokens} leaves no room for a prompt within the model's "
             f"sequence_len {sequence_len}"
         )
+    if device.startswith("cpu"):  # measured as the work starts, after any bad input
+        print(f"{PROG}: {use_cpu_threads(args.num_threads, flag='--num-threads')}", file=sys.stderr, flush=True)
 
     def reply(messages: list[dict], at_line_start: bool) -> dict:
         prompt = render_for_completion(tokenizer, {"messages": messages}, max_tokens=None)  # fit_prompt keeps the end

@@ -54,8 +54,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--num_threads",
         type=int,
         default=None,
-        help="CPU threads per process (default: the cores divided among the processes, no more than "
-        "the cores other jobs leave idle; as mid_train)",
+        help="CPU threads per process, 1 to the cores (default: the cores idle when it starts, divided among "
+        "the processes; as mid_train)",
     )
     add_version(parser)
     return parser.parse_args(argv)
@@ -80,8 +80,6 @@ def check_args(args: argparse.Namespace) -> None:
         raise UserError("--max_problems, --batch_size and --max_new_tokens must be >= 1")
     if args.temperature < 0 or args.top_k < 0:
         raise UserError("--temperature and --top_k must be >= 0")
-    if args.num_threads is not None and args.num_threads < 1:
-        raise UserError("--num_threads must be >= 1")
 
 
 def check_inputs(args: argparse.Namespace) -> None:
@@ -124,18 +122,21 @@ def evaluate(args: argparse.Namespace) -> int:
     from accelerate import PartialState
 
     from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
-    from nanochat_hf.training.device import cpu_threads
+    from nanochat_hf.training.device import check_num_threads, use_cpu_threads
     from nanochat_hf.training.model_source import load_pretrained
 
+    check_num_threads(args.num_threads, f"--num_threads {args.num_threads}")
     # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
     state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
-    if state.device.type == "cpu":
-        torch.set_num_threads(cpu_threads(args.num_threads, state.num_processes))
     dtype = (
         getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else torch.float32)
     )
     model, tokenizer = load_pretrained(args.model, dtype)
     model = model.to(state.device).eval()
+    if state.device.type == "cpu":  # once the model is loaded: measured as the work starts, after any error
+        line = use_cpu_threads(args.num_threads, state.num_processes)
+        if state.is_main_process:
+            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
     def skipped(task: str, reason: str) -> None:
         if state.is_main_process:

@@ -1,8 +1,13 @@
-"""benchmarks/threads.py runs end to end at tiny sizes and prints its table with the ratio to the baseline count."""
+"""benchmarks/threads.py runs end to end at tiny sizes: a one-core job started and stopped for cases b and a, the
+table with the default, 1 and all cores, the measured background load, and the default's ratio to the best forced
+count."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+
+from nanochat_hf.training.device import usable_cores
 
 from .conftest import _load
 
@@ -12,33 +17,33 @@ def threads():
     return _load("threads")
 
 
-def test_prints_table_with_ratios(threads, capsys):
-    rows = threads.main(
-        [
-            "--depth",
-            "1",
-            "--vocab",
-            "256",
-            "--new_tokens",
-            "3",
-            "--rows",
-            "2",
-            "--seq",
-            "16",
-            "--repeats",
-            "1",
-            "--threads",
-            "1,2",
-        ]
-    )
+def test_prints_each_case_with_the_background_load_and_the_ratio(threads, capsys):
+    tiny = ["--depth", "1", "--vocab", "256", "--rows", "2", "--seq", "16", "--new_tokens", "3", "--repeats", "1"]
+    before = torch.get_num_threads()
+    try:
+        rows = threads.main([*tiny, "--cases", "a,b"])
+    finally:
+        torch.set_num_threads(before)  # the benchmark leaves its last arm's count
     out = capsys.readouterr().out
-    assert "1-minute load average" in out and "| work | threads | tok/s | / 1 thread |" in out
-    assert [(r["work"], r["threads"]) for r in rows] == [
-        ("generate, batch 1", 1),
-        ("generate, batch 1", 2),
-        ("generate, batch 8", 1),
-        ("generate, batch 8", 2),
-        ("train step, 2 x 16", 1),
-        ("train step, 2 x 16", 2),
+    cores = len(usable_cores())
+    forced = ["1 thread", f"{cores} threads"] if cores > 1 else ["1 thread"]
+    header = f"| case | repeats | others | load | default (old rule) | work | {' | '.join(['default', *forced])} |"
+    assert header + " default / best forced |" in out, out
+    assert [(r["case"], r["work"]) for r in rows] == [
+        ("a", "demo step (2 x 2 x 16 tokens)"),
+        ("a", "generate 3 tokens"),
+        ("b", "demo step (2 x 2 x 16 tokens)"),
+        ("b", "generate 3 tokens"),
     ]
-    assert all(r["tok_s"] > 0 for r in rows) and [r["ratio"] for r in rows[::2]] == [1.0, 1.0, 1.0]
+    for r in rows:
+        assert r["repeats"] == 1 and 0 <= r["others"] <= cores
+        assert 1 <= r["default"] <= cores and 1 <= r["old_rule"] <= cores
+        assert r["ratio"] == pytest.approx(r["seconds"]["default"] / min(r["seconds"][arm] for arm in forced))
+    assert out.count("(over 1.10)") == sum(r["ratio"] > 1.1 for r in rows)
+
+
+def test_an_unknown_case_is_one_line(threads, capsys):
+    with pytest.raises(SystemExit):
+        threads.main(["--cases", "a,d"])
+    expected = "--cases: unknown d; expected a comma list of a, b, c, now"
+    assert capsys.readouterr().err.splitlines()[-1].endswith(expected)

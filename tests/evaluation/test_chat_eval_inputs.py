@@ -65,6 +65,11 @@ CASES = {
         "chat_eval: error: --report {tmp} is a directory; expected a file",
     ),
     "unknown task": (lambda m, t: ["--tasks", "ARC-Hard"], "chat_eval: error: unknown chat-eval task 'ARC-Hard'"),
+    "no threads": (lambda m, t: ["--num_threads", "0"], "chat_eval: error: --num_threads 0: expected 1 to "),
+    "more threads than cores": (
+        lambda m, t: ["--num_threads", "10000"],
+        "chat_eval: error: --num_threads 10000: expected 1 to ",
+    ),
     "no model folder": (
         lambda m, t: ["--model", str(t / "nope")],
         "chat_eval: error: --model {tmp}/nope: no such model directory",

@@ -31,6 +31,8 @@ def test_one_shot_in_a_fresh_process(model_dir):
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == "  [calculator] 2+3\n  [result] 5\n !\n"
+    said = [line for line in proc.stderr.splitlines() if line.startswith("chat: ")]
+    assert len(said) == 1 and " of them idle now (/proc/stat over " in said[0], proc.stderr
 
 
 def test_repl_clear_and_quit(model_dir, monkeypatch, capsys, load_script):
@@ -72,6 +74,18 @@ def test_bad_model_dir_is_one_line_error(tmp_path, capsys, load_script):
     err = capsys.readouterr().err
     assert err.startswith(f"chat: error: {tmp_path / 'damaged' / 'config.json'}: not valid JSON"), err
     assert len(err.splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("requested", ["0", "10000"])
+def test_a_thread_count_outside_one_to_the_cores_is_one_line(model_dir, capsys, load_script, requested):
+    from nanochat_hf.training.device import usable_cores
+
+    chat = load_script("chat")
+    assert chat.main(["--model", str(model_dir), "--prompt", "hi", "--num-threads", requested]) == 2
+    assert capsys.readouterr().err == (
+        f"chat: error: --num-threads {requested}: expected 1 to {len(usable_cores())} (the CPU cores this "
+        "process may use)\n"
+    )
 
 
 @pytest.mark.parametrize(

@@ -35,6 +35,7 @@ G4 = dict(
 )
 G5 = dict(G4, qk_scale=1.2, smear=True, backout=True)  # short window ceil(256 / 4 / 128) * 128 = 128
 GENERATIONS = {"g1": G1, "g2": G2, "g3": G3, "g4": G4, "g5": G5}
+G0 = dict(TINY, sequence_len=64, pad_vocab_size_to=1)  # the December model, for the tests without a reference file
 
 
 def from_nanochat_key(key: str) -> str:
@@ -100,7 +101,8 @@ def test_each_generation_feature_changes_the_logits():
 
 def random_generation_model(gen: str, seed: int = 0, **overrides) -> NanoChatGPTForCausalLM:
     """A generation's tiny model with random weights everywhere (smear_lambda and backout_lambda non-zero)."""
-    config = NanoChatGPTConfig(**{**GENERATIONS[gen], "eos_token_id": 49, "pad_token_id": 48, **overrides})
+    fields = {"g0": G0, **GENERATIONS}[gen]
+    config = NanoChatGPTConfig(**{**fields, "eos_token_id": 49, "pad_token_id": 48, **overrides})
     model = NanoChatGPTForCausalLM(config).eval()
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -132,6 +134,29 @@ def test_cached_generate_equals_the_full_forward(gen):
     assert torch.equal(uncached, out.sequences)
 
 
+@pytest.mark.parametrize("gen", ["g0", *GENERATIONS])
+def test_generate_from_inputs_embeds_gives_the_tokens_of_input_ids(gen):
+    """generate(inputs_embeds=...) decodes the tokens generate(input_ids=...) does, batched and left-padded. From G3
+    on the value embeddings are looked up by token, so the ids come with the embeddings
+    (generate(input_ids=..., inputs_embeds=...)); embeddings alone get one line saying so."""
+    model = random_generation_model(gen)
+    ids = torch.tensor([[47, 5, 17, 42, 7, 3, 9], [48, 48, 47, 4, 8, 15, 16]])  # row 1: two pads (48) on the left
+    mask = torch.tensor([[1] * 7, [0, 0, 1, 1, 1, 1, 1]])
+    embed = model.get_input_embeddings()
+    kw = dict(attention_mask=mask, max_new_tokens=8, do_sample=False, eos_token_id=None)
+    with torch.no_grad():
+        expected = model.generate(ids, **kw)
+        with_ids = model.generate(input_ids=ids, inputs_embeds=embed(ids), **kw)
+        other_embeds = model.generate(input_ids=ids, inputs_embeds=embed((ids + 1) % 47), **kw)
+        if model.config.value_embeddings:
+            with pytest.raises(ValueError, match=r"value embeddings \(nanochat G3 on\) are looked up by token"):
+                model.generate(inputs_embeds=embed(ids), **kw)
+        else:
+            assert torch.equal(model.generate(inputs_embeds=embed(ids), **kw), expected[:, ids.shape[1] :])
+    assert torch.equal(with_ids, expected)
+    assert not torch.equal(other_embeds, expected)  # the embeddings are what the model reads
+
+
 def test_g5_assisted_decoding_equals_greedy():
     """Assisted decoding (a smaller G5 drafts, the model verifies several tokens at once with its cache): smear's
     previous token is found at every verification step, so the tokens are plain greedy decoding's."""
@@ -156,11 +181,11 @@ def test_g5_one_token_steps_need_and_use_the_previous_token(attn):
         out = model(ids[:, :130], use_cache=True)
         steps, cache = [out.logits], out.past_key_values
         for t in range(130, 140):
-            out = model(ids[:, t : t + 1], past_key_values=cache, previous_input_ids=ids[:, t - 1], use_cache=True)
+            out = model(ids[:, t : t + 1], cache=cache, previous_input_ids=ids[:, t - 1], use_cache=True)
             steps.append(out.logits)
         assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5
         with pytest.raises(ValueError, match="previous_input_ids"):
-            model(ids[:, 140:141], past_key_values=cache, use_cache=True)
+            model(ids[:, 140:141], cache=cache, use_cache=True)
 
 
 @pytest.mark.parametrize("cache_implementation", [None, "static"])

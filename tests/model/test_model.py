@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
-from nanochat_hf.model.modeling_nanochat_gpt import CACHE
+from nanochat_hf.model.modeling_nanochat_gpt import CACHE, rotary_cos_sin
 
 F32_EPS = torch.finfo(torch.float32).eps
 
@@ -83,6 +83,38 @@ def test_compute_rotary_tables_follow_the_dtype_the_model_runs_in(make_model):
         assert torch.equal(autocast["compute"], autocast["bfloat16"])
         bf16 = {name: m.to(torch.bfloat16)(idx).logits for name, m in models.items()}
         assert torch.equal(bf16["compute"], bf16["bfloat16"])
+
+
+def test_bfloat16_rotary_tables_are_torch_rounding(make_model):
+    """The bfloat16 tables hold exactly what ``.to(torch.bfloat16)`` of the float32 angles gives (the December model
+    and nanochat up to 1076f97), however they are rounded inside (see test_compiled_logits_equal_eager)."""
+    config = make_model(rotary_dtype="bfloat16").config
+    positions = torch.arange(1 << 16)[None]
+    cos, sin = rotary_cos_sin(config, positions)
+    hd = config.head_dim
+    inv_freq = 1.0 / (10000.0 ** (torch.arange(0, hd, 2, dtype=torch.float32) / hd))
+    angles = positions[0, :, None].float() * inv_freq
+    assert cos.dtype == sin.dtype == torch.bfloat16
+    assert torch.equal(cos[0, :, : hd // 2], angles.cos().to(torch.bfloat16))
+    assert torch.equal(sin[0, :, : hd // 2], angles.sin().to(torch.bfloat16))
+
+
+@pytest.mark.slow
+def test_compiled_logits_equal_eager(make_model):
+    """torch.compile (inductor, one graph) vs eager on a December model, whose rotary tables are bfloat16: within
+    1e-4, the float32 kernels' own reordering (3e-6 measured), where the tables' rounding moves these logits by more
+    than 1e-3 (float32 tables). A plain float32 -> bfloat16 cast is dropped by inductor inside a fused kernel (its
+    ``emulate_precision_casts`` is off): the model rounds the tables by integer arithmetic so that compiled runs keep
+    the rounding nanochat's bfloat16 buffers have (with the plain cast: 5.5e-3 here, the float32 tables' logits)."""
+    model = make_model(sequence_len=256)
+    exact = make_model(sequence_len=256, rotary_dtype="float32")
+    ids = torch.randint(0, 300, (2, 200), generator=torch.Generator().manual_seed(1))
+    torch._dynamo.reset()
+    with torch.no_grad():
+        eager, unrounded = model(ids).logits, exact(ids).logits
+        compiled = torch.compile(model, fullgraph=True)(ids).logits
+    assert (unrounded - eager).abs().max().item() > 1e-3
+    assert (compiled - eager).abs().max().item() < 1e-4
 
 
 def test_loss_conventions(make_model):
@@ -169,7 +201,7 @@ def test_incremental_decoding_matches_full_forward(make_model):
         steps = [out.logits]
         cache = getattr(out, CACHE)  # past_key_values before transformers 5.24, cache since
         for t in range(6, 10):
-            out = model(idx[:, t : t + 1], past_key_values=cache, use_cache=True)  # the old name is still accepted
+            out = model(idx[:, t : t + 1], cache=cache, use_cache=True)
             cache = getattr(out, CACHE)
             steps.append(out.logits)
     assert (torch.cat(steps, dim=1) - full).abs().max().item() < 1e-5

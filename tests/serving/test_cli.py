@@ -18,6 +18,7 @@ import pytest
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data import demo_tokenizer
 from nanochat_hf.serving.cli import main, parse_args
+from nanochat_hf.training.device import usable_cores
 
 from .conftest import G0, free_port, openai, randomize, save_model
 
@@ -53,6 +54,16 @@ def test_help_and_bad_arguments(tmp_path, capsys):
     assert capsys.readouterr().err.splitlines() == [
         f"serve: error: {tmp_path}: no config.json here (expected a model directory written by save_pretrained)"
     ]
+
+
+@pytest.mark.parametrize("requested", ["0", "10000"])
+def test_a_thread_count_outside_one_to_the_cores_is_one_line(model_dir, capsys, requested):
+    cores, model = len(usable_cores()), model_dir("g0")
+    capsys.readouterr()  # the fixture's saving bar
+    assert main([str(model), "--num-threads", requested]) == 2
+    assert capsys.readouterr().err == (
+        f"serve: error: --num-threads {requested}: expected 1 to {cores} (the CPU cores this process may use)\n"
+    )
 
 
 def test_the_api_key_comes_from_the_environment_unless_given(tmp_path, monkeypatch):
@@ -114,4 +125,5 @@ def test_the_command_serves_until_interrupted(tmp_path):
     assert time.monotonic() - began < 10  # one Ctrl-C, generations in flight
     whole.join(timeout=10)
     assert ended == ["the server is shutting down"]
-    assert "serve: http://127.0.0.1" in server.stderr.read()
+    said = server.stderr.read()
+    assert "serve: http://127.0.0.1" in said and " of them idle now (/proc/stat over " in said, said

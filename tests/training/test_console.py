@@ -165,24 +165,6 @@ def test_ctrl_c_leaves_a_resumable_checkpoint_or_nothing(tmp_path):
     assert not out.exists()
 
 
-@pytest.mark.parametrize(
-    "requested, processes, load, expected",
-    [
-        (None, 1, 0.1, 2),  # quiet 2 cores: both
-        (None, 1, 7.5, 1),  # other jobs keep the cores busy: one thread, not two spinning
-        (None, 1, 1.2, 1),  # one core's worth of other work
-        (None, 2, 0.0, 1),  # two processes share the two cores
-        (3, 1, 7.5, 3),  # asked for: as asked
-    ],
-)
-def test_cpu_threads_leave_busy_cores_alone(monkeypatch, requested, processes, load, expected):
-    from nanochat_hf.training import device
-
-    monkeypatch.setattr(device.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(device.os, "getloadavg", lambda: (load, load, load), raising=False)
-    assert device.cpu_threads(requested, processes) == expected
-
-
 def test_library_noise_is_dropped_and_the_rest_kept(caplog):
     import logging
 

@@ -28,12 +28,17 @@ from transformers.modeling_outputs import (
 )
 from transformers.modeling_utils import ALL_ATTENTION_FUNCTIONS, PreTrainedModel
 from transformers.utils import can_return_tuple
+from transformers.utils.deprecation import deprecate_kwarg
 from transformers.utils.output_capturing import capture_outputs
 
 from .configuration_nanochat_gpt import NanoChatGPTConfig
 
 # the outputs' cache field: `cache` from transformers 5.24 on (the old name still works there, with a warning)
 CACHE = "cache" if "cache" in BaseModelOutputWithPast.__dataclass_fields__ else "past_key_values"
+# the forwards take the KV cache as `cache` and the old keyword `past_key_values` as transformers 5.24's own models
+# do: renamed, with a FutureWarning. Before 5.24 generate() itself passes `past_key_values`: renamed silently there
+# (a version already past makes deprecate_kwarg rename without a warning).
+cache_kwarg = deprecate_kwarg("past_key_values", "5.40.0" if CACHE == "cache" else "0", new_name="cache")
 SMEAR_CHANNELS = 24  # smear_gate reads the first 24 channels of the normed embedding (nanochat G5)
 SMEAR_PAGED = (
     "smear (nanochat G5) mixes in each sequence's previous token, which a KV cache kept outside the model "
@@ -71,7 +76,21 @@ def rotary_cos_sin(
         dtype = torch.get_autocast_dtype(device)
     else:
         dtype = hidden_dtype
-    return angles.cos().to(dtype), sin.to(dtype)
+    cos = angles.cos()
+    if dtype == torch.bfloat16:
+        cos, sin = round_to_bfloat16(cos), round_to_bfloat16(sin)
+    return cos.to(dtype), sin.to(dtype)
+
+
+def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
+    """float32 ``x`` rounded to the nearest bfloat16 value (ties to even), kept in float32: the same values as
+    ``x.to(torch.bfloat16)``, for finite x. Why not that cast alone: torch.compile's inductor drops a float32 ->
+    bfloat16 -> float32 round trip inside a fused kernel (``emulate_precision_casts`` is off by default), so a
+    compiled model multiplied float32 activations by the unrounded tables (logits off by ~5e-3 from eager on a G0
+    model); integer arithmetic on the bits is not elided."""
+    bits = x.view(torch.int32)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000  # keep the top 16 bits, rounded to nearest even
+    return bits.view(torch.float32)
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -136,7 +155,7 @@ class NanoChatGPTAttention(nn.Module):
         x: torch.Tensor,
         cos_sin: tuple[torch.Tensor, torch.Tensor],
         attention_mask: torch.Tensor | None,
-        past_key_values: Cache | None,
+        cache: Cache | None,
         ve: torch.Tensor | None = None,
         **kwargs,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -154,9 +173,9 @@ class NanoChatGPTAttention(nn.Module):
         q, k = rms_norm(q), rms_norm(k)  # QK-norm after RoPE
         if self.config.qk_scale != 1.0:  # G4 on: sharper attention
             q, k = q * self.config.qk_scale, k * self.config.qk_scale
-        if past_key_values is not None:
+        if cache is not None:
             # kwargs: a paged cache (continuous batching) reads its read/write indices there and sets per-layer ones
-            k, v = past_key_values.update(k, v, self.layer_idx, kwargs=kwargs)
+            k, v = cache.update(k, v, self.layer_idx, kwargs=kwargs)
         attention = ALL_ATTENTION_FUNCTIONS.get_interface(self.config._attn_implementation, eager_attention_forward)
         y, weights = attention(
             self,
@@ -190,10 +209,8 @@ class NanoChatGPTBlock(GradientCheckpointingLayer):
         self.attn = NanoChatGPTAttention(config, layer_idx)
         self.mlp = NanoChatGPTMLP(config)
 
-    def forward(
-        self, x: torch.Tensor, cos_sin, attention_mask=None, past_key_values=None, ve=None, **kwargs
-    ) -> torch.Tensor:
-        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, past_key_values, ve, **kwargs)[0]
+    def forward(self, x: torch.Tensor, cos_sin, attention_mask=None, cache=None, ve=None, **kwargs) -> torch.Tensor:
+        x = x + self.attn(rms_norm(x), cos_sin, attention_mask, cache, ve, **kwargs)[0]
         return x + self.mlp(rms_norm(x))
 
 
@@ -326,52 +343,58 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
     def set_input_embeddings(self, value: nn.Embedding) -> None:
         self.wte = value
 
+    @cache_kwarg
     @capture_outputs
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         use_cache: bool | None = None,
         previous_input_ids: torch.LongTensor | None = None,
-        cache: Cache | None = None,
         **kwargs,
     ) -> BaseModelOutputWithPast:
         """``previous_input_ids`` (B,): with smear (G5) and a non-empty cache, the token before each row's
-        ``input_ids`` (generate() passes it), whose embedding smear mixes into the first new position. ``cache`` is
-        ``past_key_values`` by the name transformers >= 5.24 gives it (either may be passed)."""
+        ``input_ids`` (generate() passes it), whose embedding smear mixes into the first new position. ``cache``: the
+        KV cache (``past_key_values``, its name before transformers 5.24, still works, with a FutureWarning from 5.24
+        on)."""
         c = self.config
-        if cache is not None:
-            past_key_values = cache
-        if (input_ids is None) == (inputs_embeds is None):
+        if c.value_embeddings:  # looked up by token: input_ids always, inputs_embeds (of the same tokens) optional
+            if input_ids is None:
+                raise ValueError(
+                    "value embeddings (nanochat G3 on) are looked up by token: pass input_ids, alone or with "
+                    "inputs_embeds (generate(input_ids=..., inputs_embeds=...))"
+                )
+            if inputs_embeds is not None and inputs_embeds.shape[:2] != input_ids.shape:
+                raise ValueError(
+                    f"inputs_embeds {tuple(inputs_embeds.shape[:2])} and input_ids {tuple(input_ids.shape)} must "
+                    "cover the same tokens"
+                )
+        elif (input_ids is None) == (inputs_embeds is None):
             raise ValueError("pass exactly one of input_ids or inputs_embeds")
-        if c.value_embeddings and input_ids is None:
-            raise ValueError(
-                "value embeddings (nanochat G3 on) are looked up by token: pass input_ids, not inputs_embeds"
-            )
         if use_cache is None:  # a cache only helps decoding, not training
             use_cache = c.use_cache and not self.training
         x = self.wte(input_ids) if inputs_embeds is None else inputs_embeds
-        if use_cache and past_key_values is None:
-            past_key_values = DynamicCache(config=c)
+        if use_cache and cache is None:
+            cache = DynamicCache(config=c)
         if isinstance(attention_mask, dict):  # one mask per layer type, already built (generate() with a static cache)
             masks = attention_mask
         else:
             # given position_ids go to the mask too (transformers treats restarting positions as packed documents)
             # (the cache goes 4th by position: transformers 5.24 renamed that argument from past_key_values to cache)
-            mask_args = (c, x, attention_mask, past_key_values)
+            mask_args = (c, x, attention_mask, cache)
             masks = {"full_attention": create_causal_mask(*mask_args, position_ids=position_ids)}
             if "sliding_attention" in c.layer_types:  # G2: transformers' sliding-window mask (sliding_window keys)
                 masks["sliding_attention"] = create_sliding_window_causal_mask(*mask_args, position_ids=position_ids)
         # continuous batching's paged cache (no Cache subclass), like an engine's own attention (vLLM's: transformers
         # builds it no mask), keeps the KV cache outside the model and packs every sequence into one row
-        paged = past_key_values is not None and not isinstance(past_key_values, Cache)
+        paged = cache is not None and not isinstance(cache, Cache)
         engine = c._attn_implementation not in (None, *ALL_MASK_ATTENTION_FUNCTIONS)  # None: eager
         if c.smear and (paged or engine):
             raise ValueError(SMEAR_PAGED)
-        past = past_key_values.get_seq_length() if past_key_values is not None and not paged else 0
+        past = cache.get_seq_length() if cache is not None and not paged else 0
         if position_ids is None and isinstance(attention_mask, torch.Tensor) and attention_mask.dim() == 2:
             # left padding: each row counts positions from its first real token (as generate() does)
             position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)[:, -x.shape[1] :]
@@ -389,14 +412,12 @@ class NanoChatGPTModel(NanoChatGPTPreTrainedModel):
             if c.residual_lambdas:
                 x = self.resid_lambdas[i] * x + self.x0_lambdas[i] * x0
             ve = value_embeds[str(i)](input_ids).to(x.dtype) if str(i) in value_embeds else None
-            x = block(
-                x, cos_sin, attention_mask=masks[c.layer_types[i]], past_key_values=past_key_values, ve=ve, **kwargs
-            )
+            x = block(x, cos_sin, attention_mask=masks[c.layer_types[i]], cache=cache, ve=ve, **kwargs)
             if c.backout and i == c.n_layer // 2:
                 x_backout = x
         if x_backout is not None:  # G5: the mid-depth residual is subtracted before the final norm
             x = x - self.backout_lambda.to(x.dtype) * x_backout
-        return BaseModelOutputWithPast(last_hidden_state=rms_norm(x), **{CACHE: past_key_values if use_cache else None})
+        return BaseModelOutputWithPast(last_hidden_state=rms_norm(x), **{CACHE: cache if use_cache else None})
 
     def _smear(
         self, x: torch.Tensor, past: int, previous_input_ids: torch.LongTensor | None, position_ids: torch.LongTensor
@@ -450,10 +471,17 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         ]
         return 6 * n_matmul + sum(12 * c.n_head * c.head_dim * w for w in windows)
 
-    def prepare_inputs_for_generation(self, input_ids: torch.LongTensor, *args, **kwargs) -> dict:
-        """transformers' inputs, plus for smear (G5) the token before the uncached ones (see the backbone)."""
-        inputs = super().prepare_inputs_for_generation(input_ids, *args, **kwargs)
-        new = inputs.get("input_ids")
+    def prepare_inputs_for_generation(
+        self, input_ids: torch.LongTensor, *args, inputs_embeds: torch.Tensor | None = None, **kwargs
+    ) -> dict:
+        """transformers' inputs, plus what the later generations read by token: with value embeddings (G3 on) the
+        prompt's ids next to its embeddings on the first step of generate(input_ids=..., inputs_embeds=...), with
+        smear (G5) the token before the uncached ones (see the backbone). ``inputs_embeds`` is named here because
+        generate() accepts them only from a model whose prepare_inputs_for_generation names them."""
+        inputs = super().prepare_inputs_for_generation(input_ids, *args, inputs_embeds=inputs_embeds, **kwargs)
+        new, embeds = inputs.get("input_ids"), inputs.get("inputs_embeds")
+        if self.config.value_embeddings and new is None and embeds is not None and input_ids.shape[1]:
+            inputs["input_ids"] = new = input_ids[:, -embeds.shape[1] :]  # the backbone checks that they match
         if self.config.smear and new is not None and input_ids.shape[1] > new.shape[1]:
             inputs["previous_input_ids"] = input_ids[:, -new.shape[1] - 1]
         return inputs
@@ -479,40 +507,41 @@ class NanoChatGPTForCausalLM(NanoChatGPTPreTrainedModel, GenerationMixin):
         positions = torch.arange(inputs_tensor.shape[-1], device=inputs_tensor.device)
         return (positions >= (leading - 1).clamp(min=0)).long()
 
+    @cache_kwarg
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
         logits_to_keep: int | torch.Tensor = 0,
         loss_reduction: str = "mean",
         num_items_in_batch: int | torch.Tensor | None = None,
-        cache: Cache | None = None,
+        past_key_values: Cache | None = None,
         **kwargs,
     ) -> CausalLMOutputWithPast:
         """Labels are aligned with input_ids (shifted inside), -100 ignored; ``shift_labels`` (a keyword, already
         aligned with the logits) replace them. ``loss_reduction``: "mean" (or sum / ``num_items_in_batch`` when
         given), "sum", or "none" -> per-token nats, 0 where ignored: (B, L-1) from labels, (B, L) from shift_labels.
-        ``cache`` is ``past_key_values`` by the name transformers >= 5.24 gives it (generate() passes it so).
+        ``cache``: the KV cache (``past_key_values`` before transformers 5.24, see the backbone). ``past_key_values``
+        is never set here (``cache_kwarg`` hands it over as ``cache``): it is named for generate() before 5.24, which
+        passes it (assisted decoding too) and refuses arguments the forward does not name.
 
         ``shift_labels`` is taken through ``**kwargs`` on purpose: transformers' ``find_labels`` lists every forward
         argument with "label" in its name, and the Trainer computes an eval loss only when all of them are in the
         batch, so a named ``shift_labels`` would cost a plain ``Trainer.evaluate()`` its ``eval_loss``."""
         shift_labels = kwargs.pop("shift_labels", None)
-        if cache is not None:
-            past_key_values = cache
         if use_cache is None:  # a cache only helps decoding: not when training or scoring labels
             use_cache = self.config.use_cache and not self.training and labels is None and shift_labels is None
         out = self.transformer(
             input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,
@@ -595,13 +624,14 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
         self.score = nn.Linear(config.n_embd, self.num_labels, bias=False)
         self.post_init()
 
+    @cache_kwarg
     @can_return_tuple
     def forward(
         self,
         input_ids: torch.LongTensor | None = None,
         attention_mask: torch.Tensor | None = None,
         position_ids: torch.LongTensor | None = None,
-        past_key_values: Cache | None = None,
+        cache: Cache | None = None,
         inputs_embeds: torch.Tensor | None = None,
         labels: torch.LongTensor | None = None,
         use_cache: bool | None = None,
@@ -611,7 +641,7 @@ class NanoChatGPTForSequenceClassification(NanoChatGPTPreTrainedModel):
             input_ids,
             attention_mask=attention_mask,
             position_ids=position_ids,
-            past_key_values=past_key_values,
+            cache=cache,
             inputs_embeds=inputs_embeds,
             use_cache=use_cache,
             return_dict=True,

@@ -188,7 +188,7 @@ class Batcher:
         out = self.model(
             input_ids=torch.tensor([[0] * (width - len(j.prompt)) + j.prompt for j in new], device=self.device),
             attention_mask=mask,
-            past_key_values=cache,
+            cache=cache,
             use_cache=True,
             logits_to_keep=1,
         )
@@ -216,7 +216,7 @@ class Batcher:
         out = self.model(
             input_ids=torch.tensor([[j.tokens[-1]] for j in self.active], device=self.device),
             attention_mask=mask,
-            past_key_values=self.cache,
+            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
             **extra,

@@ -34,6 +34,7 @@ class ServeOptions:
     port: int = 8000
     device: str | None = None  # default: cuda if available, else cpu
     dtype: str = "auto"  # as saved
+    num_threads: int | None = None  # CPU: the cores idle when it starts (training.device, as every command)
     api_key: str | None = None  # default: $NANOCHAT_API_KEY; none: no authentication
     cors_origin: list[str] = field(default_factory=list)  # none: no CORS headers (browsers refuse other origins)
     max_request_bytes: int = 1_000_000  # a body over this is refused (413) before it is read whole
@@ -56,6 +57,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int)
     parser.add_argument("--device", help="default: cuda if available, else cpu")
     parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], help="default: as saved")
+    parser.add_argument(
+        "--num-threads",
+        "--num_threads",
+        type=int,
+        help="CPU threads, 1 to the cores (default: the cores idle when it starts, as mid_train)",
+    )
     parser.add_argument(
         "--api-key",
         help=f"every endpoint but /health needs 'Authorization: Bearer KEY' (else 401); default: ${API_KEY_VARIABLE}",

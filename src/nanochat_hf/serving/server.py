@@ -45,6 +45,7 @@ from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer import render_for_completion
 from ..tokenizer.chat_format import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START, STOP_TOKENS, special_token_ids
 from ..tokenizer.tokenizer import token_to_bytes
+from ..training.device import check_num_threads, use_cpu_threads
 from .batcher import Batcher, Job, QueueFull, ShuttingDown
 from .cli import ServeOptions
 
@@ -588,12 +589,15 @@ def start(options: ServeOptions) -> Server:
     path = Path(options.model)
     _check_model_dir(path)
     name = options.name or path.resolve().name
+    check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     model = NanoChatGPTForCausalLM.from_pretrained(path, dtype=options.dtype, device_map=device).eval()
     tokenizer = AutoTokenizer.from_pretrained(path)
     batcher = Batcher(model, tokenizer, options.max_batch, options.max_queue)
     handler = NanoChatCompletionHandler(name, model, tokenizer, batcher, calculator=not options.no_calculator)
     app = build_app(handler, batcher, options)
+    if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
+        say(use_cpu_threads(options.num_threads, flag="--num-threads"))
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")

@@ -44,6 +44,7 @@ from .cli import (
     own_help,
 )
 from .ddp_timeout import DDPTimeoutOnEveryBackendMixin
+from .device import check_num_threads, cpu_threads
 from .inherit import find_meta, inherit, inheritance_lines, warm_start_lines
 
 
@@ -220,8 +221,8 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     num_threads: int | None = field(
         default=None,
         metadata={
-            "help": "CPU threads per process (default: the cores this process may use / processes; "
-            "`accelerate launch` alone would pin OMP_NUM_THREADS=1)"
+            "help": "CPU threads per process, 1 to the cores (default: the cores idle when the run starts, divided "
+            "among the processes; `accelerate launch` alone would pin OMP_NUM_THREADS=1)"
         },
     )
     peak_flops: float | None = field(
@@ -354,6 +355,7 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             task_by_name(name)  # one line naming the unknown task and the known ones
         if self.chat_eval_max_problems is not None and self.chat_eval_max_problems <= 0:
             raise UserError(f"chat_eval_max_problems={self.chat_eval_max_problems} must be a positive integer")
+        check_num_threads(self.num_threads, f"num_threads={self.num_threads}")
 
     @property
     def chat_eval_task_list(self) -> list[str]:
@@ -399,6 +401,14 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
                 "embedding_dtype=bfloat16 needs bf16 autocast (dtype=bfloat16, or auto on CUDA): in "
                 "float32 the embedding's bfloat16 output cannot feed the float32 layers"
             )
+
+    def settle_num_threads(self) -> list[str]:
+        """On CPU, the thread count measured now (`cpu_threads`) becomes num_threads, which the trainer sets when
+        training starts; the line saying how many and why (none on a GPU). Reads the device: call it once."""
+        if self.device.type != "cpu":
+            return []
+        self.num_threads, line = cpu_threads(self.num_threads, self.world_size)
+        return [line]
 
     @property
     def embedding_torch_dtype(self) -> torch.dtype | None:

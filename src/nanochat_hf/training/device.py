@@ -1,10 +1,14 @@
-"""Host-to-device copies of micro-batches, the way nanochat's loader makes them on CUDA; CPU thread count."""
+"""Host-to-device copies of micro-batches, the way nanochat's loader makes them on CUDA; the CPU thread count every
+command uses (mid_train, chat, chat_eval, serve, the benchmarks' defaults)."""
 
 from __future__ import annotations
 
 import os
+import time
 
 import torch
+
+from ..errors import UserError
 
 
 def pins_for(tensor: torch.Tensor, device: torch.device | str) -> bool:
@@ -22,13 +26,83 @@ def to_device(tensor: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     return tensor.to(device)
 
 
-def cpu_threads(requested: int | None = None, processes: int = 1) -> int:
-    """torch's CPU thread count for one of `processes` processes: `requested`, else the cores this process may use
-    divided among the processes, but no more than the cores other jobs leave idle (cores minus the 1-minute load
-    average, at least 1). A thread without a core of its own spin-waits at every synchronisation: on 2 cores shared
-    with other jobs, 2 threads made generation several times slower than 1 (`benchmarks/threads.py`)."""
+CPU_SAMPLE_S = 0.2  # how long cpu_threads watches the cores: 20 clock ticks per core, enough to see a busy one
+
+
+def usable_cores() -> set[int]:
+    """The CPUs this process may run on (its affinity mask; every CPU where there is none)."""
+    if hasattr(os, "sched_getaffinity"):
+        return os.sched_getaffinity(0)
+    return set(range(os.cpu_count() or 1))
+
+
+def check_num_threads(requested: int | None, name: str) -> None:
+    """UserError in one line for a thread count that is not 1 to the usable cores; `name` is how the command
+    spells the setting (`--num_threads 0`, `num_threads=0`)."""
+    cores = len(usable_cores())
+    if requested is not None and not 1 <= requested <= cores:
+        raise UserError(f"{name}: expected 1 to {cores} (the CPU cores this process may use)")
+
+
+def proc_stat() -> str:
+    """The kernel's CPU time counters (Linux; OSError elsewhere)."""
+    with open("/proc/stat") as f:
+        return f.read()
+
+
+def idle_cores(before: str, after: str, cpus: set[int], own_seconds: float = 0.0, ticks_per_s: int = 100) -> float:
+    """How many of `cpus` other processes left idle between two readings of /proc/stat: their idle and iowait
+    ticks as a share of all their ticks (steal included: a core the hypervisor takes is not ours), times their
+    number. `own_seconds` of this process's CPU time in between count as idle: our own work is not another job's."""
+    spent = idle = 0
+    for text, sign in ((before, -1), (after, 1)):
+        for line in text.splitlines():
+            name, *fields = line.split()
+            if name.startswith("cpu") and name[3:].isdigit() and int(name[3:]) in cpus:
+                ticks = [int(f) for f in fields[:8]]  # user nice system idle iowait irq softirq steal
+                spent += sign * sum(ticks)
+                idle += sign * (ticks[3] + ticks[4])
+    if spent <= 0:
+        return float(len(cpus))
+    return min(float(len(cpus)), len(cpus) * (idle + own_seconds * ticks_per_s) / spent)
+
+
+def pick_threads(cores: int, idle: float, processes: int = 1) -> int:
+    """The idle cores (rounded, no more than `cores`) divided among `processes`, at least 1. A thread without a
+    core of its own spin-waits at every synchronisation: on 2 cores shared with other jobs, 2 threads made
+    generation several times slower than 1 (`benchmarks/threads.py`)."""
+    return max(1, min(cores, int(idle + 0.5)) // processes)
+
+
+def cpu_threads(requested: int | None = None, processes: int = 1, flag: str = "--num_threads") -> tuple[int, str]:
+    """torch's CPU thread count for one of `processes` processes, and why (naming the command's `flag`): `requested`,
+    else the cores that are idle now (/proc/stat over CPU_SAMPLE_S while this process sleeps), divided among the
+    processes. Now, not the load average: that is a damped mean of the last minutes, about 1 for a minute after any
+    one-core command, and it made the demo run on 1 of 2 idle cores 1.6x slower (issue 40). Idle time over a
+    sample, not the runnable count of /proc/loadavg: that is one instant, which a job's short pause or burst
+    decides. Processes of the same launch that are busy during the sample count as other jobs. Without /proc/stat:
+    the 1-minute load average."""
     if requested:
-        return requested
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-    idle = cores - os.getloadavg()[0] if hasattr(os, "getloadavg") else cores
-    return max(1, min(cores // processes, int(idle + 0.5)))
+        return requested, f"{requested} CPU thread(s) ({flag} {requested})"
+    cpus = usable_cores()
+    try:
+        before, own = proc_stat(), time.process_time()
+        time.sleep(CPU_SAMPLE_S)
+        after, own = proc_stat(), time.process_time() - own
+        idle = idle_cores(before, after, cpus, own, os.sysconf("SC_CLK_TCK"))
+        how = f"idle now (/proc/stat over {CPU_SAMPLE_S} s)"
+    except OSError:  # no /proc (macOS)
+        idle = len(cpus) - os.getloadavg()[0] if hasattr(os, "getloadavg") else len(cpus)
+        how = "idle by the 1-minute load average (no /proc/stat here)"
+    threads = pick_threads(len(cpus), idle, processes)
+    shared = f", divided among {processes} processes" if processes > 1 else ""
+    return threads, (
+        f"{threads} CPU thread(s) ({len(cpus)} cores, {max(idle, 0):.1f} of them {how}{shared}; {flag} sets it)"
+    )
+
+
+def use_cpu_threads(requested: int | None, processes: int = 1, flag: str = "--num_threads") -> str:
+    """Set torch's CPU threads (`cpu_threads`); the line saying how many and why."""
+    threads, line = cpu_threads(requested, processes, flag)
+    torch.set_num_threads(threads)
+    return line

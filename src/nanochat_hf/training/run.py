@@ -142,6 +142,7 @@ def setup(argv: list[str] | None = None):
         )
     check_compiler(args)
     _say([polar_dtype_line(args)])  # before any file is touched: a pinned bfloat16 the device cannot run stops here
+    _say(args.settle_num_threads())
     read_mixture(args.train_mixture, "train")  # validates the files without reading data: fail before the model
     read_mixture(args.val_mixture, "val")
     prepare_output(args)

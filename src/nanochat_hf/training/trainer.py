@@ -73,7 +73,7 @@ from .checkpoint.layout import (
     replaced_name,
 )
 from .checkpoint.output_dir import staged_final_save
-from .device import cpu_threads, to_device
+from .device import to_device, use_cpu_threads
 from .evaluation import evaluate_bpb
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
@@ -142,7 +142,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
         if self.args.use_cpu or not torch.cuda.is_available():
-            torch.set_num_threads(cpu_threads(self.args.num_threads, self.accelerator.num_processes))
+            use_cpu_threads(self.args.num_threads, self.accelerator.num_processes)
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------

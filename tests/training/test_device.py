@@ -1,0 +1,163 @@
+"""The CPU thread count every command picks (`training.device.cpu_threads`): the cores idle now, read from two
+/proc/stat snapshots (fixed strings here, as the kernel writes them: `cpuN user nice system idle iowait irq softirq
+steal guest guest_nice`, in clock ticks of 1/100 s), and the one-line refusal of a count that cannot be."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from nanochat_hf.errors import UserError
+from nanochat_hf.training import device
+
+# the first reading: ticks since boot on 2 cores; `after` adds 0.2 s of them (20 ticks a core)
+BEFORE = (
+    "cpu  3000 0 1000 9000 100 0 10 0 0 0\n"
+    "cpu0 1500 0 500 4500 50 0 5 0 0 0\n"
+    "cpu1 1500 0 500 4500 50 0 5 0 0 0\n"
+    "intr 354725 0 0\nctxt 1000\n"
+)
+
+
+def after(cpu0: tuple[int, ...], cpu1: tuple[int, ...]) -> str:
+    """BEFORE plus these ticks (user, nice, system, idle, iowait, irq, softirq, steal) on each core."""
+    base = (1500, 0, 500, 4500, 50, 0, 5, 0)
+    rows = [" ".join(str(b + d) for b, d in zip(base, delta, strict=True)) for delta in (cpu0, cpu1)]
+    return f"cpu  0 0 0 0 0 0 0 0 0 0\ncpu0 {rows[0]} 0 0\ncpu1 {rows[1]} 0 0\nintr 354725 0 0\n"
+
+
+IDLE = (0, 0, 0, 20, 0, 0, 0, 0)
+BUSY = (17, 0, 3, 0, 0, 0, 0, 0)  # a one-core job: user and system time, no idle tick
+
+
+@pytest.mark.parametrize(
+    "cpu0, cpu1, own_seconds, idle, threads",
+    [
+        (IDLE, IDLE, 0.0, 2.0, 2),  # an idle machine (whatever the load average still says): both cores
+        (BUSY, IDLE, 0.0, 1.0, 1),  # another one-core job runs: one thread, not two where one spin-waits
+        (BUSY, BUSY, 0.0, 0.0, 1),  # two jobs: still one
+        (BUSY, IDLE, 0.2, 2.0, 2),  # the busy core was this process's own work: not another job's
+        ((0, 0, 0, 18, 2, 0, 0, 0), IDLE, 0.0, 2.0, 2),  # waiting for the disk is idle
+        ((0, 0, 0, 10, 0, 0, 0, 10), IDLE, 0.0, 1.5, 2),  # half of cpu0 taken by the hypervisor (steal)
+        ((9, 0, 0, 11, 0, 0, 0, 0), IDLE, 0.0, 1.55, 2),  # a job using half a core leaves one and a half
+        ((14, 0, 0, 6, 0, 0, 0, 0), IDLE, 0.0, 1.3, 1),
+    ],
+)
+def test_threads_from_two_proc_stat_snapshots(cpu0, cpu1, own_seconds, idle, threads):
+    measured = device.idle_cores(BEFORE, after(cpu0, cpu1), {0, 1}, own_seconds)
+    assert measured == pytest.approx(idle)
+    assert device.pick_threads(2, measured) == threads
+
+
+def test_only_the_cores_this_process_may_use_count():
+    """Affinity {1}: cpu0's job is on a core we cannot use anyway, cpu1 is idle: one idle core of one."""
+    assert device.idle_cores(BEFORE, after(BUSY, IDLE), {1}) == 1.0
+    assert device.idle_cores(BEFORE, after(IDLE, BUSY), {1}) == 0.0
+
+
+@pytest.mark.parametrize(
+    "cores, idle, processes, threads",
+    [(2, 2.0, 2, 1), (8, 8.0, 2, 4), (8, 3.0, 2, 1), (8, 5.6, 2, 3), (8, 0.0, 4, 1), (2, 2.4, 1, 2)],
+)
+def test_idle_cores_are_shared_among_the_processes(cores, idle, processes, threads):
+    assert device.pick_threads(cores, idle, processes) == threads
+
+
+def test_a_requested_count_is_used_as_is_and_says_so():
+    assert device.cpu_threads(3) == (3, "3 CPU thread(s) (--num_threads 3)")
+    assert device.cpu_threads(2, flag="--num-threads") == (2, "2 CPU thread(s) (--num-threads 2)")  # chat, serve
+
+
+def test_the_measured_line_says_how_many_and_why(monkeypatch):
+    snapshots = iter([BEFORE, after(BUSY, IDLE)])
+    monkeypatch.setattr(device, "usable_cores", lambda: {0, 1})
+    monkeypatch.setattr(device, "proc_stat", lambda: next(snapshots))
+    assert device.cpu_threads() == (
+        1,
+        "1 CPU thread(s) (2 cores, 1.0 of them idle now (/proc/stat over 0.2 s); --num_threads sets it)",
+    )
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/stat")
+def test_a_running_one_core_job_is_seen_on_this_machine():
+    """The real reading: with a busy child process on one core, at most the other cores are counted idle (other
+    jobs on a shared machine can only lower it)."""
+    cores = len(device.usable_cores())
+    if cores < 2:
+        pytest.skip("needs 2 cores")
+    job = subprocess.Popen(
+        [sys.executable, "-c", "print('spinning', flush=True)\nwhile True: pass"], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert job.stdout.readline() == "spinning\n"
+        threads, line = device.cpu_threads()
+    finally:
+        job.kill()
+        job.wait()
+    assert 1 <= threads <= cores - 1, line
+
+
+@pytest.mark.parametrize("requested", [0, -1, 10_000])
+def test_a_count_outside_one_to_the_cores_is_refused_in_one_line(requested):
+    cores = len(device.usable_cores())
+    with pytest.raises(UserError) as refused:
+        device.check_num_threads(requested, f"--num_threads {requested}")
+    expected = f"--num_threads {requested}: expected 1 to {cores} (the CPU cores this process may use)"
+    assert str(refused.value) == expected
+    device.check_num_threads(None, "--num_threads None")  # the default: measured
+    device.check_num_threads(cores, f"--num_threads {cores}")
+
+
+# ---- the commands: mid_train's first lines and refusal (chat, chat_eval and serve: in their own tests) ----------
+def _first_lines(argv, capsys, tmp_path) -> list[str]:
+    """mid_train's lines up to its stop on a model source that does not exist (nothing trained or written)."""
+    from nanochat_hf.training.run import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main([*argv, "--model_source", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")])
+    assert stopped.value.code == 2
+    return capsys.readouterr().out.splitlines()
+
+
+def test_the_run_says_how_many_threads_and_why_next_to_the_muon_dtype(capsys, tmp_path):
+    cores = len(device.usable_cores())
+    lines = _first_lines([], capsys, tmp_path)
+    at = next(i for i, line in enumerate(lines) if line.startswith("mid_train: Muon orthogonalises in "))
+    threads = lines[at + 1]
+    count = int(threads.removeprefix("mid_train: ").split()[0])
+    assert 1 <= count <= cores
+    assert threads.startswith(f"mid_train: {count} CPU thread(s) ({cores} cores, "), threads
+    assert threads.endswith(" of them idle now (/proc/stat over 0.2 s); --num_threads sets it)"), threads
+    assert "mid_train: 1 CPU thread(s) (--num_threads 1)" in _first_lines(["--num_threads", "1"], capsys, tmp_path)
+
+
+def test_the_trainer_runs_on_the_count_the_run_said(tmp_path, tiny_args, capsys):
+    import torch
+
+    from nanochat_hf.training.run import build_trainer, setup
+
+    threads = torch.get_num_threads()
+    argv = [*tiny_args, "--num_iterations", "1", "--eval_every", "0", "--spelling_eval_rows", "0", "--dry_run", "true"]
+    try:
+        args, *rest = setup([*argv, "--output_dir", str(tmp_path / "out")])
+        said = next(line for line in capsys.readouterr().out.splitlines() if "CPU thread(s)" in line)
+        torch.set_num_threads(len(device.usable_cores()) + 1)  # a count the run cannot have said
+        build_trainer(args, *rest).train()
+        assert said.startswith(f"mid_train: {torch.get_num_threads()} CPU thread(s) ("), said
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("requested", ["0", "10000"])
+def test_mid_train_refuses_a_count_outside_one_to_the_cores_in_one_line(requested, capsys, tmp_path):
+    from nanochat_hf.training.run import main
+
+    with pytest.raises(SystemExit) as stopped:
+        main(["--num_threads", requested, "--output_dir", str(tmp_path / "out")])
+    cores = len(device.usable_cores())
+    assert stopped.value.code == 2 and capsys.readouterr().err == (
+        f"mid_train: error: num_threads={requested}: expected 1 to {cores} (the CPU cores this process may use)\n"
+    )
+    assert not (tmp_path / "out").exists()
