@@ -103,10 +103,14 @@ def bad(message: str, status: int = 400) -> HTTPException:
     return HTTPException(status_code=status, detail=message)
 
 
-def error_response(status: int, message: str) -> JSONResponse:
-    """OpenAI's error body: the official client shows error.message."""
+def error_response(status: int, message: str, close: bool = False) -> JSONResponse:
+    """OpenAI's error body: the official client shows error.message. `close`: uvicorn closes the connection after
+    it (the rest of a refused body is then not received at all)."""
     kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+    headers = {"Connection": "close"} if close else None
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": status}}, status_code=status, headers=headers
+    )
 
 
 class ReplyText:
@@ -485,7 +489,7 @@ class Guard:
                 return await error_response(401, message)(scope, receive, send)
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_bytes:
-            return await error_response(413, self._too_large())(scope, receive, send)
+            return await error_response(413, self._too_large(), close=True)(scope, receive, send)
         seen = 0
 
         async def counted():
@@ -530,7 +534,7 @@ def build_app(handler: NanoChatCompletionHandler, batcher: Batcher, options: Ser
     async def http_error(_request, e: HTTPException) -> JSONResponse:
         if e.status_code == 404 and e.detail == "Not Found":  # the router's: no such endpoint
             return error_response(404, f"no such endpoint: this server serves {', '.join(ENDPOINTS)}")
-        return error_response(e.status_code, str(e.detail))
+        return error_response(e.status_code, str(e.detail), close=e.status_code in (408, 413))
 
     async def server_error(_request, e: Exception) -> JSONResponse:  # details (paths) go to the log, not the client
         return error_response(500, "internal server error (the server's log says why)")
