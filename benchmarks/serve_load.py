@@ -1,21 +1,28 @@
-"""The chat server under load: 8 concurrent openai clients against ``python -m nanochat_hf.serving`` on loopback,
-next to our generate() loop on the same prompts, in the same run.
+"""The chat server under load and under abuse, against ``python -m nanochat_hf.serving`` on loopback, next to our
+generate() loop on the same requests, in the same run.
 
-    python benchmarks/serve_load.py                      # demo shape (depth 4, vocab 4096), 8 clients, 60 s
-    python benchmarks/serve_load.py --model DIR --clients 8 --seconds 60
+    python benchmarks/serve_load.py                       # G0 and G5, demo shape (depth 4, vocab 4096, context 1024)
+    python benchmarks/serve_load.py --clients 8 32 --max-tokens 32 --abuse-seconds 20
 
-The server runs in its own process (1 thread), once one request at a time (generate() on transformers' generation
-thread) and once with --continuous-batching (greedy, calculator off). Each client streams replies to the prompts in
-turn until --seconds have passed or it has sent --max-requests (bounded; the run stops by itself). Every streamed
-reply must be the text our generate() gives for its prompt (nothing lost or mixed between streams); a failed or
-different reply is counted and makes the run exit 1. Latency: request sent to last chunk. Throughput: completion
-tokens per second of wall time, all clients together; the ratio is against the generate() loop (one prompt after
-another, in this process, 1 thread).
+Throughput (for G0 and for G5): the server in its own process (1 thread) and N concurrent openai clients, each
+streaming replies to the prompts in turn (--requests each), half greedy and half sampled with a seed; every reply
+must be the text our generate() gives that request alone (a different or failed reply is counted and makes the run
+exit 1). Tokens/s is completion tokens per second of wall time, all clients together; the ratio is against the
+generate() loop (the same requests one after another, in this process, 1 thread). Each throughput row is the best
+of --repeats runs (other work on the machine only ever slows a run down); failures count over all of them.
+
+Abuse (G0): one client sends short requests (max_tokens 8) one after another and its latency (request to whole
+reply) is measured, on the idle server, then while an attacker (a process of its own) does the worst it can, then
+idle again: the longest generation the context allows (streamed and not, over and over), 50 MB bodies, slowloris
+connections, and clients that send a long request and hang up at once (100). Bounded: every phase stops after
+--abuse-seconds, loopback only. Idle and attack phases alternate (idle, attack, idle, attack, idle: the machine's
+own load drifts); the ratio is against the p95 of all idle phases together.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import platform
 import signal
@@ -28,6 +35,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from generations import g5_fields
+
 QUESTIONS = [
     "What is the capital of France?",
     "Tell me a story about a dragon.",
@@ -38,20 +47,23 @@ QUESTIONS = [
     "Why is the sky blue?",
     "Say hello in Spanish.",
 ]
+SAMPLING = [{}, {"temperature": 0.8, "seed": 1}]  # request i: SAMPLING[i % 2]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=None, help="model directory (default: a random demo-shaped model)")
-    parser.add_argument("--depth", type=int, default=4, help="depth of the random model")
-    parser.add_argument("--clients", type=int, default=8)
-    parser.add_argument("--seconds", type=float, default=60.0, help="per server mode, at most")
-    parser.add_argument("--max-requests", type=int, default=6, help="per client and server mode, at most")
+    parser.add_argument("--depth", type=int, default=4, help="depth of the random models")
+    parser.add_argument("--clients", type=int, nargs="+", default=[8, 32])
+    parser.add_argument("--requests", type=int, default=3, help="per client")
     parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--abuse-seconds", type=float, default=20.0, help="per abuse phase, at most")
+    parser.add_argument("--disconnects", type=int, default=100)
+    parser.add_argument("--repeats", type=int, default=2, help="each throughput row: the best of this many runs")
+    parser.add_argument("--attack", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the attacker's process
     return parser.parse_args(argv)
 
 
-def random_model_dir(folder: Path, depth: int) -> Path:
+def random_model_dir(folder: Path, depth: int, generation: str) -> Path:
     import torch
 
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
@@ -59,7 +71,8 @@ def random_model_dir(folder: Path, depth: int) -> Path:
     from nanochat_hf.data.demo import DEMO_SEQUENCE_LEN
 
     tokenizer = demo_tokenizer()
-    config = NanoChatGPTConfig.from_depth(depth, vocab_size=len(tokenizer), sequence_len=DEMO_SEQUENCE_LEN)
+    fields = g5_fields(depth, DEMO_SEQUENCE_LEN) if generation == "G5" else {}
+    config = NanoChatGPTConfig.from_depth(depth, vocab_size=len(tokenizer), sequence_len=DEMO_SEQUENCE_LEN, **fields)
     model = NanoChatGPTForCausalLM(config)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():  # random everywhere: a fresh model's zero projections would repeat one token
@@ -75,39 +88,31 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
-def generate_loop(folder: Path, max_tokens: int) -> tuple[dict, dict[bool, list[str]]]:
-    """Our generate() on each prompt in turn, calculator on and off: the row, and each prompt's expected text."""
+def generate_loop(folder: Path, max_tokens: int) -> tuple[dict, dict[tuple[int, int], str]]:
+    """Our generate() on each (prompt, sampling) in turn: the row, and each request's expected text."""
     import torch
     from transformers import AutoTokenizer
 
     from nanochat_hf import NanoChatGPTForCausalLM
     from nanochat_hf.inference import generate_tokens
-    from nanochat_hf.serving.server import TOOL_MARKS, reply_text
+    from nanochat_hf.serving.server import ReplyText
     from nanochat_hf.tokenizer import render_for_completion
-    from nanochat_hf.tokenizer.chat_format import special_token_ids
 
     torch.set_num_threads(1)
     model = NanoChatGPTForCausalLM.from_pretrained(folder).eval()
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    ids = special_token_ids(tokenizer)
-    marks = {ids[name]: mark for name, mark in TOOL_MARKS.items()}
-    prompts = [render_for_completion(tokenizer, {"messages": [{"role": "user", "content": q}]}) for q in QUESTIONS]
-    expected: dict[bool, list[str]] = {}
-    latencies, tokens = [], 0
+    expected, tokens = {}, 0
     start = time.perf_counter()
-    for calculator in (True, False):
-        expected[calculator] = []
-        for prompt in prompts:
-            began = time.perf_counter()
-            (reply,) = generate_tokens(model, tokenizer, [prompt], max_tokens, calculator=calculator)
-            if calculator:
-                latencies.append(time.perf_counter() - began)
-                tokens += len(reply)
-            expected[calculator].append(reply_text(tokenizer, reply, marks))
-        if calculator:
-            wall = time.perf_counter() - start
-    row = {"requests": len(prompts), "failed": 0, "different": 0, "tokens": tokens, "wall": wall}
-    return {**row, "latencies": latencies}, expected
+    for i, question in enumerate(QUESTIONS):
+        for s, sampling in enumerate(SAMPLING):
+            prompt = render_for_completion(tokenizer, {"messages": [{"role": "user", "content": question}]})
+            (reply,) = generate_tokens(model, tokenizer, [prompt], max_tokens, **sampling)
+            tokens += len(reply)
+            text = ReplyText(tokenizer)
+            text.add(reply)
+            expected[i, s] = text.text()
+    wall = time.perf_counter() - start
+    return {"requests": len(expected), "failed": 0, "different": 0, "tokens": tokens, "wall": wall}, expected
 
 
 def free_port() -> int:
@@ -116,99 +121,249 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def serve_and_load(folder: Path, batching: bool, args: argparse.Namespace, expected: list[str]) -> dict:
-    """Start the server, run the clients against it, stop it; the row."""
-    from openai import OpenAI
+class Served:
+    """The server in a process of its own (1 thread), stopped with Ctrl-C (SIGINT) at the end."""
 
-    port = free_port()
-    command = [sys.executable, "-m", "nanochat_hf.serving", str(folder), "--port", str(port), "--name", "bench"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    server = subprocess.Popen(command + (["--continuous-batching"] if batching else []), env=env)
-    try:
+    def __init__(self, folder: Path):
+        self.port = free_port()
+        command = [
+            sys.executable,
+            "-m",
+            "nanochat_hf.serving",
+            str(folder),
+            "--port",
+            str(self.port),
+            "--num-threads",
+            "1",
+        ]
+        self.process = subprocess.Popen(command + ["--name", "bench"], env={**os.environ, "OMP_NUM_THREADS": "1"})
         deadline = time.monotonic() + 300
         while True:
-            if server.poll() is not None:
-                raise SystemExit(f"the server exited with {server.returncode}")
+            if self.process.poll() is not None:
+                raise SystemExit(f"the server exited with {self.process.returncode}")
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5):
+                with urllib.request.urlopen(f"http://127.0.0.1:{self.port}/health", timeout=5):
                     break
             except OSError:
                 if time.monotonic() > deadline:
                     raise SystemExit("the server did not answer within 300 s") from None
                 time.sleep(0.5)
-        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
-        lock = threading.Lock()
-        row = {"requests": 0, "failed": 0, "different": 0, "tokens": 0, "latencies": []}
-        stop_at = time.monotonic() + args.seconds
 
-        def run_client(index: int) -> None:
-            for n in range(args.max_requests):
-                if time.monotonic() > stop_at:
-                    return
-                i = (index + n) % len(QUESTIONS)
-                began = time.perf_counter()
-                try:
-                    stream = client.chat.completions.create(
-                        model="bench",
-                        messages=[{"role": "user", "content": QUESTIONS[i]}],
-                        max_tokens=args.max_tokens,
-                        stream=True,
-                    )
-                    chunks = list(stream)
-                    text = "".join(c.choices[0].delta.content or "" for c in chunks)
-                    used = chunks[-1].usage.completion_tokens
-                    failed = False
-                except Exception as e:  # counted and shown: the benchmark exists to find these
-                    print(f"client {index}: {type(e).__name__}: {e}", file=sys.stderr)
-                    failed, text, used = True, None, 0
-                with lock:
-                    row["requests"] += 1
-                    row["failed"] += failed
-                    row["different"] += not failed and text != expected[i]
-                    row["tokens"] += used
-                    row["latencies"].append(time.perf_counter() - began)
+    def client(self):
+        from openai import OpenAI
 
-        start = time.perf_counter()
-        threads = [threading.Thread(target=run_client, args=(c,)) for c in range(args.clients)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
-        row["wall"] = time.perf_counter() - start
-        return row
-    finally:
-        server.send_signal(signal.SIGINT)
+        return OpenAI(base_url=f"http://127.0.0.1:{self.port}/v1", api_key="none", max_retries=0, timeout=300)
+
+    def stop(self) -> float:
+        """Seconds from Ctrl-C to exit."""
+        began = time.monotonic()
+        self.process.send_signal(signal.SIGINT)
         try:
-            server.wait(timeout=60)
+            self.process.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            server.kill()
+            self.process.kill()
+        return time.monotonic() - began
+
+
+def load(served: Served, clients: int, args: argparse.Namespace, expected: dict) -> dict:
+    """`clients` concurrent clients, --requests each; the row."""
+    client = served.client()
+    lock = threading.Lock()
+    row = {"requests": 0, "failed": 0, "different": 0, "tokens": 0}
+
+    def run_client(index: int) -> None:
+        for n in range(args.requests):
+            i, s = (index + n) % len(QUESTIONS), (index + n) % len(SAMPLING)
+            try:
+                stream = client.chat.completions.create(
+                    model="bench",
+                    messages=[{"role": "user", "content": QUESTIONS[i]}],
+                    max_tokens=args.max_tokens,
+                    stream=True,
+                    **SAMPLING[s],
+                )
+                chunks = list(stream)
+                text = "".join(c.choices[0].delta.content or "" for c in chunks)
+                used, failed = chunks[-1].usage.completion_tokens, False
+            except Exception as e:  # counted and shown: the benchmark exists to find these
+                print(f"client {index}: {type(e).__name__}: {e}", file=sys.stderr)
+                failed, text, used = True, None, 0
+            with lock:
+                row["requests"] += 1
+                row["failed"] += failed
+                row["different"] += not failed and text != expected[i, s]
+                row["tokens"] += used
+
+    start = time.perf_counter()
+    threads = [threading.Thread(target=run_client, args=(c,)) for c in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    row["wall"] = time.perf_counter() - start
+    return row
+
+
+def victim(served: Served, seconds: float) -> list[float]:
+    """Latencies of short requests sent one after another for `seconds`."""
+    client, latencies = served.client(), []
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        began = time.perf_counter()
+        client.chat.completions.create(model="bench", messages=[{"role": "user", "content": "hi"}], max_tokens=8)
+        latencies.append(time.perf_counter() - began)
+    return latencies
+
+
+def raw(port: int, data: bytes) -> None:
+    """Send the bytes and hang up."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            s.sendall(data)
+    except OSError:  # the server refused and closed: what it should do
+        pass
+
+
+def attack(port: int, args: argparse.Namespace) -> dict:
+    """The worst one client can do, for --abuse-seconds, in two threads: the longest generations the context allows (no
+    max_tokens: the rest of the context; streamed and not) one after another; and, a round every 0.2 s, a 50 MB
+    body, a slowloris connection more (20 at most, each sending a header byte a round) and 10 clients that send a
+    long request and hang up at once (--disconnects in all)."""
+    from openai import OpenAI
+
+    stop = threading.Event()
+    counts = dict.fromkeys(["longest generations", "failed", "max_tokens 10**9 refused", "50 MB bodies"], 0)
+    counts |= {"slowloris": 0, "hang-ups": 0}
+    huge = [{"role": "user", "content": "Tell me everything you know. " * 20}]
+    fifty = b"x" * 50_000_000
+    chat = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+    long_body = json.dumps({"messages": huge}).encode()
+
+    def generations() -> None:
+        client = OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=300)
+        while not stop.is_set():
+            for stream in (False, True):
+                try:
+                    reply = client.chat.completions.create(model="bench", messages=huge, stream=stream)
+                    if stream:
+                        list(reply)
+                    counts["longest generations"] += 1
+                except Exception:
+                    counts["failed"] += 1
+                try:
+                    client.chat.completions.create(model="bench", messages=huge, max_tokens=10**9)
+                except Exception:
+                    counts["max_tokens 10**9 refused"] += 1
+
+    def the_rest() -> None:
+        slow = []
+        while not stop.is_set():
+            raw(port, f"{chat}Content-Length: 50000000\r\n\r\n".encode() + fifty)
+            counts["50 MB bodies"] += 1
+            if len(slow) < 20:
+                s = socket.create_connection(("127.0.0.1", port))
+                s.sendall(chat.encode())
+                slow.append(s)
+            for s in slow:
+                try:
+                    s.sendall(b"X")
+                except OSError:
+                    pass
+            counts["slowloris"] = len(slow)
+            for _ in range(min(10, args.disconnects - counts["hang-ups"])):
+                raw(port, f"{chat}Content-Length: {len(long_body)}\r\n\r\n".encode() + long_body)
+                counts["hang-ups"] += 1
+            stop.wait(0.2)
+        for s in slow:
+            s.close()
+
+    threads = [threading.Thread(target=generations), threading.Thread(target=the_rest)]
+    for t in threads:
+        t.start()
+    stop.wait(args.abuse_seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    return counts
+
+
+def abuse(served: Served, args: argparse.Namespace) -> list[tuple[str, list[float], dict]]:
+    """The victim's latencies idle, under attack (the attacker in a process of its own), idle again."""
+    phases = []
+    for name in ("idle", "under attack", "idle again", "under attack again", "idle at the end"):
+        attacker, counts = None, {}
+        if name.startswith("under attack"):
+            command = [
+                sys.executable,
+                __file__,
+                "--attack",
+                str(served.port),
+                "--abuse-seconds",
+                str(args.abuse_seconds),
+            ]
+            attacker = subprocess.Popen([*command, "--disconnects", str(args.disconnects)], stdout=subprocess.PIPE)
+            time.sleep(1)  # the attack under way
+        latencies = victim(served, args.abuse_seconds - (1 if attacker else 0))
+        if attacker:
+            counts = json.loads(attacker.communicate(timeout=600)[0])
+        phases.append((name, latencies, counts))
+    return phases
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     os.environ["OMP_NUM_THREADS"] = "1"
+    if args.attack:
+        print(json.dumps(attack(args.attack, args)))
+        return 0
+    rows, bad = {}, 0
     with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(args.model) if args.model else random_model_dir(Path(tmp), args.depth)
-        baseline, expected = generate_loop(folder, args.max_tokens)
-        rows = {"generate() loop, 1 client": baseline}
-        rows[f"server, {args.clients} clients"] = serve_and_load(folder, False, args, expected[True])
-        rows[f"server --continuous-batching, {args.clients} clients"] = serve_and_load(
-            folder, True, args, expected[False]
-        )
-    base_rate = baseline["tokens"] / baseline["wall"]
+        for generation in ("G0", "G5"):
+            folder = random_model_dir(Path(tmp) / generation, args.depth, generation)
+            baseline, expected = max(
+                (generate_loop(folder, args.max_tokens) for _ in range(args.repeats)),
+                key=lambda r: r[0]["tokens"] / r[0]["wall"],
+            )
+            rows[f"{generation}: generate() loop, one request at a time"] = baseline
+            served = Served(folder)
+            load(served, 2, argparse.Namespace(**{**vars(args), "requests": 1}), expected)  # warm-up, not shown
+            try:
+                for clients in args.clients:
+                    runs = [load(served, clients, args, expected) for _ in range(args.repeats)]
+                    best = max(runs, key=lambda r: r["tokens"] / r["wall"])
+                    best |= {k: sum(r[k] for r in runs) for k in ("requests", "failed", "different")}
+                    rows[f"{generation}: server, {clients} clients"] = {**best, "base": baseline}
+                if generation == "G0":
+                    phases = abuse(served, args)
+            finally:
+                stop_seconds = served.stop()
     print(f"\nmachine: {platform.machine()} {_cpu_name()}, {os.cpu_count()} cores; 1 thread per process")
     print(f"load: {_uptime()}")
-    print(f"model: {args.model or f'random, depth {args.depth}, demo tokenizer'}; max_tokens {args.max_tokens}")
-    print("\n| run | requests | failed | different | tokens/s | x generate() | p50 s | p99 s |")
-    print("|---|---|---|---|---|---|---|---|")
+    print(f"models: random, depth {args.depth}, demo tokenizer, context 1024; max_tokens {args.max_tokens}")
+    print("\n| run | requests | failed | different | tokens/s | x generate() |")
+    print("|---|---|---|---|---|---|")
     for name, r in rows.items():
+        base = r.get("base", r)
         rate = r["tokens"] / r["wall"]
-        p50, p99 = percentile(r["latencies"], 50), percentile(r["latencies"], 99)
-        print(
-            f"| {name} | {r['requests']} | {r['failed']} | {r['different']} | {rate:.1f} | {rate / base_rate:.2f} "
-            f"| {p50:.2f} | {p99:.2f} |"
-        )
-    return 1 if any(r["failed"] or r["different"] for r in rows.values()) else 0
+        ratio = rate / (base["tokens"] / base["wall"])
+        print(f"| {name} | {r['requests']} | {r['failed']} | {r['different']} | {rate:.1f} | {ratio:.2f} |")
+        bad += r["failed"] + r["different"]
+    print("\n| G0, a short request (max_tokens 8) | requests | p50 s | p95 s | p95 / idle p95 |")
+    print("|---|---|---|---|---|")
+    pooled = {}
+    for name, latencies, _ in phases:
+        pooled.setdefault("idle" if name.startswith("idle") else "under attack", []).extend(latencies)
+    idle_p95 = percentile(pooled["idle"], 95)
+    for name, latencies in [(name, latencies) for name, latencies, _ in phases] + [
+        (f"all {k} phases", v) for k, v in pooled.items()
+    ]:
+        p50, p95 = percentile(latencies, 50), percentile(latencies, 95)
+        print(f"| {name} | {len(latencies)} | {p50:.3f} | {p95:.3f} | {p95 / idle_p95:.2f} |")
+    for name, _, counts in phases:
+        if counts:
+            print(f"{name}: {', '.join(f'{k}: {v}' for k, v in counts.items())}")
+    print(f"Ctrl-C to exit: {stop_seconds:.1f} s")
+    return 1 if bad else 0
 
 
 def _cpu_name() -> str:

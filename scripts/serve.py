@@ -1,7 +1,7 @@
 """Serve a nanochat-hf model with an OpenAI-compatible chat endpoint: the same as ``python -m nanochat_hf.serving``
 (see src/nanochat_hf/serving/cli.py and docs/serving.md).
 
-    python scripts/serve.py MODEL_DIR [--port 8000] [--continuous-batching]
+    python scripts/serve.py MODEL_DIR [--port 8000] [--api-key KEY]
 """
 
 import sys

@@ -1,5 +1,7 @@
-"""The real server (transformers' app with our model manager and chat handler, uvicorn on a free loopback port)
-in a thread of the test process, one per model and module, driven with the official openai client.
+"""The real server (uvicorn on a free loopback port) in a thread of the test process, one per model and module,
+driven with the official openai client. What a client should read comes from outside the server: our generate()
+(``inference.generate_tokens``) on a copy of the model loaded in the test, its tokens decoded by the tokenizer
+(``client_text``).
 
 Models: tiny random ones with the demo tokenizer (G0, and G5: sliding windows, value embeddings, smear, backout),
 and a "wired" one (the tiny tokenizer of tests/inference) whose greedy reply calls the calculator."""
@@ -14,13 +16,15 @@ from pathlib import Path
 import openai
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data import demo_tokenizer
-from nanochat_hf.inference import generate_tokens
-from nanochat_hf.serving.server import TOOL_MARKS, ServeOptions, reply_text, start
+from nanochat_hf.inference import format_parts, generate_tokens, parts_from_tokens
+from nanochat_hf.serving.cli import ServeOptions
+from nanochat_hf.serving.server import start
 from nanochat_hf.tokenizer import train_tokenizer
-from nanochat_hf.tokenizer.chat_format import special_token_ids
+from nanochat_hf.tokenizer.chat_format import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START, special_token_ids
 
 G0 = dict(sequence_len=128, n_layer=2, n_head=2, n_kv_head=1, n_embd=64)
 SLIDING = ["sliding_attention", "sliding_attention", "full_attention"]
@@ -120,8 +124,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def client_text(tokenizer, tokens: list[int]) -> str:
+    """What a client must read for these reply tokens: decoded without special tokens (stop and role tokens), or,
+    when the reply calls the calculator, as ``format_parts`` writes its parts (``<<expr=result>>``)."""
+    ids = special_token_ids(tokenizer)
+    if {ids[n] for n in (PYTHON_START, PYTHON_END, OUTPUT_START, OUTPUT_END)} & set(tokens):
+        return format_parts(parts_from_tokens(tokenizer, tokens))
+    return tokenizer.decode(tokens, skip_special_tokens=True)
+
+
 class Running:
-    """A started server: its openai client, its model name, the model and tokenizer it serves (for references)."""
+    """A started server: its openai client, its model name, and the same model and tokenizer loaded again in the
+    test (for references)."""
 
     def __init__(self, folder: Path, **options):
         self.port = free_port()
@@ -134,8 +148,9 @@ class Running:
             time.sleep(0.05)
         self.url = f"http://127.0.0.1:{self.port}/v1"
         self.client = openai.OpenAI(base_url=self.url, api_key="none", max_retries=0, timeout=120)
-        self.name = folder.name
-        self.model, self.tokenizer = self.server.manager.served()
+        self.folder, self.name = folder, folder.name
+        self.model = NanoChatGPTForCausalLM.from_pretrained(folder).eval()
+        self.tokenizer = AutoTokenizer.from_pretrained(folder)
 
     def stop(self) -> None:
         self.server.should_exit = True
@@ -145,13 +160,8 @@ class Running:
     def reference(self, messages: list[dict], max_tokens: int, calculator: bool = True, **sampling) -> str:
         """What our generate() writes for these messages, rendered by the chat template, as the client reads it."""
         prompt = self.tokenizer.apply_chat_template(messages, add_generation_prompt=True, return_dict=True)["input_ids"]
-        # on the server's generation thread, after what it is doing: generate_tokens restores the global RNG when it
-        # ends, which would change the draws of a generation running beside it (a server runs one at a time)
-        thread = self.server.state.get_manager(self.name)
-        run = generate_tokens, self.model, self.tokenizer, [prompt], max_tokens
-        (tokens,) = thread.submit(*run, calculator=calculator, **sampling).result()
-        ids = special_token_ids(self.tokenizer)
-        return reply_text(self.tokenizer, tokens, {ids[name]: mark for name, mark in TOOL_MARKS.items()})
+        (tokens,) = generate_tokens(self.model, self.tokenizer, [prompt], max_tokens, calculator=calculator, **sampling)
+        return client_text(self.tokenizer, tokens)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """nanochat's calculator tool in a served chat (same text as CalculatorToolProcessor through generate(), off on
-request), and bad requests: an HTTP 4xx with one line saying what is wrong, while another client is served."""
+request; a call without a result written as format_parts writes it), and bad requests: an HTTP 4xx with one line
+saying what is wrong, no server path in it, while another client is served."""
 
 from __future__ import annotations
 
@@ -44,15 +45,27 @@ def test_a_client_turns_the_calculator_off(tool_server):
     )
     text = reply.choices[0].message.content
     assert text == tool_server.reference(QUESTION, max_tokens=8, calculator=False)
-    assert text.startswith("<<2+3=") and "5" not in text  # the call is there, no result was inserted
+    assert text.startswith("<<2+3=?>>") and "5" not in text  # the call is there, closed, with no result
 
 
-def post(server, body: bytes) -> tuple[int, dict]:
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_call_cut_by_max_tokens_is_closed_as_format_parts_closes_it(tool_server, stream):
+    reply = tool_server.client.chat.completions.create(
+        model=tool_server.name, messages=QUESTION, max_tokens=3, stream=stream
+    )  # <|python_start|> 2 +
+    text = "".join(c.choices[0].delta.content or "" for c in reply) if stream else reply.choices[0].message.content
+    assert text == tool_server.reference(QUESTION, max_tokens=3) == "<<2+=?>>"
+
+
+def post(server, body: bytes | None, path: str = "/v1/chat/completions", headers: dict | None = None):
+    """(HTTP status, JSON answer) of a request to the server (GET without a body)."""
     request = urllib.request.Request(
-        f"{server.url}/chat/completions", data=body, headers={"Content-Type": "application/json"}
+        f"http://127.0.0.1:{server.port}{path}",
+        data=body,
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
-        with urllib.request.urlopen(request, timeout=60) as response:
+        with urllib.request.urlopen(request, timeout=120) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as e:
         return e.code, json.loads(e.read())
@@ -72,19 +85,55 @@ def chat(server, **fields) -> bytes:
             400,
             "context (sequence_len) is 128",
         ),
-        (lambda s: chat(s, max_tokens=-1), 400, "max_tokens must be a positive integer, got -1"),
-        (lambda s: chat(s, temperature="hot"), 400, "temperature must be a number >= 0.0"),
+        (lambda s: chat(s, max_tokens=-1), 400, "max_tokens must be an integer from 1 to 128, got -1"),
+        (lambda s: chat(s, temperature="hot"), 400, 'temperature must be a number from 0.0 to 2.0, got "hot"'),
         (lambda s: chat(s, messages=[]), 400, "messages must be a non-empty list"),
         (lambda s: chat(s, messages=[{"role": "assistant", "content": "hi"}]), 400, "message 0 has role 'assistant'"),
         (lambda s: chat(s, stop=[""]), 400, "stop must be a string or a list"),
+        (lambda s: chat(s, stop=""), 400, "stop must be a string or a list"),
+        (lambda s: chat(s, stop="x" * 101), 400, "strings of 1 to 100 characters"),
         (lambda s: chat(s, calculator="yes"), 400, "calculator must be true or false"),
         (lambda s: chat(s, colour="blue"), 422, "Unexpected fields in the request: {'colour'}"),
+        (lambda s: b"[1, 2]", 400, "the request body must be a JSON object"),
+        # prompt + max_tokens must fit the context (128): refused, not clipped
+        (lambda s: chat(s, max_tokens=10**9), 400, "max_tokens must be an integer from 1 to 128, got 1000000000"),
+        (lambda s: chat(s, max_tokens=120), 400, "exceed the model's context (sequence_len) 128: ask for at most"),
+        (lambda s: chat(s, temperature=1e9), 400, "temperature must be a number from 0.0 to 2.0, got 1000000000.0"),
+        (lambda s: chat(s, top_k=10**9), 400, "top_k must be an integer from 1 to 4096"),
+        (lambda s: chat(s, seed=-1), 400, "seed must be an integer from 0 to"),
+        (lambda s: chat(s, tools=[{"type": "function", "function": {"name": "f"}}]), 400, "tools is not supported"),
+        (lambda s: chat(s, tool_choice="required"), 400, "tool_choice is not supported"),
+        (lambda s: chat(s, response_format={"type": "json_object"}), 400, "response_format is not supported"),
+        (lambda s: chat(s, logprobs=True), 400, "logprobs is not supported"),
+        (lambda s: chat(s, presence_penalty=0.5), 400, "presence_penalty is not supported"),
+        (lambda s: chat(s, top_p=0.9), 400, "top_p is not supported by this server (nanochat samples with"),
+        (lambda s: chat(s, n=2), 400, "n is not supported"),
     ],
 )
 def test_bad_requests_get_a_4xx_with_one_line(server, body, status, says):
     code, answer = post(server, body(server))
     message = answer["error"]["message"]
     assert (code, says in message, "\n" in message) == (status, True, False), message
+    assert str(server.folder.parent) not in message  # no path of the server's
+
+
+def test_neutral_values_of_unsupported_fields_are_accepted(server):
+    neutral = dict(tools=[], tool_choice="none", logprobs=False, presence_penalty=0, top_p=1, n=1, stop=None)
+    code, answer = post(server, chat(server, max_tokens=3, **neutral))
+    assert code == 200 and answer["usage"]["completion_tokens"] == 3
+
+
+def test_a_conversation_far_over_the_context_is_refused_before_it_is_tokenized(server, monkeypatch):
+    from nanochat_hf.serving import server as module
+
+    def no_rendering(*args, **kwargs):
+        raise AssertionError("tokenized")
+
+    monkeypatch.setattr(module, "render_for_completion", no_rendering)
+    code, answer = post(server, chat(server, messages=[{"role": "user", "content": "word " * 150_000}]))
+    message = answer["error"]["message"]
+    assert code == 400 and message.startswith("the conversation is at least ")
+    assert message.endswith(" tokens, the model's context (sequence_len) is 128")
 
 
 def test_bad_requests_do_not_disturb_another_client(server):

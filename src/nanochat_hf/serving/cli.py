@@ -1,54 +1,101 @@
 """Serve a nanochat-hf model (a directory written by training, the demo or ``convert``) with an OpenAI-compatible
-chat completions endpoint, on transformers' server.
+chat completions endpoint.
 
-    python -m nanochat_hf.serving MODEL_DIR [--port 8000] [--continuous-batching]
+    python -m nanochat_hf.serving MODEL_DIR [--port 8000] [--api-key KEY]
 
-Then any OpenAI client: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key="none").chat.completions.create(
-model=NAME, messages=[...])`` (plain or ``stream=True``; ``max_tokens``, ``temperature``, ``top_k``, ``seed``,
-``stop``; ``extra_body={"calculator": False}`` turns nanochat's calculator tool off for one request). Greedy by
-default (temperature 0). NAME is --name, by default the directory's name. Needs the ``serve`` extra:
-``pip install "nanochat-hf[serve]"``.
+Then any OpenAI client: ``OpenAI(base_url="http://127.0.0.1:8000/v1", api_key=KEY or "none").chat.completions
+.create(model=NAME, messages=[...])`` (plain or ``stream=True``; ``max_tokens``, ``temperature``, ``top_k``,
+``seed``, ``stop``; ``extra_body={"calculator": False}`` turns nanochat's calculator tool off for one request).
+Concurrent requests are decoded together, each with its own settings. Greedy by default (temperature 0). NAME is
+--name, by default the directory's name. The API key can also come from the NANOCHAT_API_KEY environment variable
+(better: a command line is visible to every user of the machine). Needs the ``serve`` extra:
+``pip install "nanochat-hf[serve]"``. docs/serving.md says what a request can ask and what is refused.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+from dataclasses import dataclass, field, fields
 
 from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, run_cli
 
 PROG = "serve"
+API_KEY_VARIABLE = "NANOCHAT_API_KEY"
+
+
+@dataclass
+class ServeOptions:
+    """What the ``serve`` command was given, and every default of the server (one place)."""
+
+    model: str
+    name: str | None = None  # default: the directory's name
+    host: str = "127.0.0.1"  # loopback only
+    port: int = 8000
+    device: str | None = None  # default: cuda if available, else cpu
+    dtype: str = "auto"  # as saved
+    num_threads: int | None = None  # CPU: the cores idle when it starts (training.device, as every command)
+    api_key: str | None = None  # default: $NANOCHAT_API_KEY; none: no authentication
+    cors_origin: list[str] = field(default_factory=list)  # none: no CORS headers (browsers refuse other origins)
+    max_request_bytes: int = 1_000_000  # a body over this is refused (413) before it is read whole
+    max_batch: int = 32  # requests decoded together
+    max_queue: int = 64  # requests waiting for a place in the batch; more get 429
+    body_seconds: float = 30.0  # a body that takes longer to arrive is refused (408): slow clients hold no slot
+    no_calculator: bool = False
+    log_level: str = "warning"
+
+
+DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.name != "model"}
+POSITIVE = ("max_request_bytes", "max_batch", "max_queue", "body_seconds")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineArgumentParser(prog=PROG, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("model", help="model directory (config, weights and tokenizer, as save_pretrained writes)")
-    parser.add_argument("--name", default=None, help="the model name clients send (default: the directory's name)")
-    parser.add_argument("--host", default="127.0.0.1", help="listen address (default: loopback only)")
-    parser.add_argument("--port", type=int, default=8000)
-    parser.add_argument("--device", default=None, help="default: cuda if available, else cpu")
-    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], default="auto", help="default: as saved")
+    parser.add_argument("--name", help="the model name clients send (default: the directory's name)")
+    parser.add_argument("--host", help="listen address (default: %(default)s, loopback only)")
+    parser.add_argument("--port", type=int)
+    parser.add_argument("--device", help="default: cuda if available, else cpu")
+    parser.add_argument("--dtype", choices=["auto", "bfloat16", "float32"], help="default: as saved")
     parser.add_argument(
         "--num-threads",
         "--num_threads",
         type=int,
-        default=None,
         help="CPU threads, 1 to the cores (default: the cores idle when it starts, as mid_train)",
     )
     parser.add_argument(
-        "--continuous-batching",
-        action="store_true",
-        help="serve concurrent requests together with transformers' paged attention (greedy, no calculator)",
+        "--api-key",
+        help=f"every endpoint but /health needs 'Authorization: Bearer KEY' (else 401); default: ${API_KEY_VARIABLE}",
     )
-    parser.add_argument("--cb-num-blocks", type=int, default=None, help="paged cache blocks (default: fit the model)")
-    parser.add_argument("--cb-max-batch-tokens", type=int, default=None, help="tokens per continuous batch")
+    parser.add_argument(
+        "--cors-origin",
+        action="append",
+        help="allow browser pages of this origin (e.g. http://localhost:3000; repeat for more); default: none",
+    )
+    parser.add_argument(
+        "--max-request-bytes", type=int, help="refuse a larger request body with 413 (default: %(default)s)"
+    )
+    parser.add_argument("--max-batch", type=int, help="requests decoded together (default: %(default)s)")
+    parser.add_argument(
+        "--max-queue", type=int, help="requests waiting beyond the batch; more get 429 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--body-seconds", type=float, help="refuse a body slower to arrive with 408 (default: %(default)s)"
+    )
     parser.add_argument("--no-calculator", action="store_true", help="calculator tool off unless a request asks")
-    parser.add_argument("--log-level", default="warning", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     add_version(parser)
+    parser.set_defaults(**{k: v for k, v in DEFAULTS.items() if k != "cors_origin"})
     args = parser.parse_args(argv)
-    for flag in ("port", "cb_num_blocks", "cb_max_batch_tokens"):
+    args.cors_origin = args.cors_origin or []
+    if args.port < 0:
+        parser.error(f"--port must be positive, got {args.port}")
+    for flag in POSITIVE:
         value = getattr(args, flag)
-        if value is not None and value < (0 if flag == "port" else 1):
-            parser.error(f"--{flag.replace('_', '-')} must be positive, got {value}")
+        if not value > 0:
+            parser.error(f"--{flag.replace('_', '-')} must be positive, got {value:g}")
+    if args.api_key is None:
+        args.api_key = os.environ.get(API_KEY_VARIABLE) or None
     return args
 
 
@@ -56,12 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)  # before torch and transformers are imported: --help and bad arguments answer at once
 
     def serve() -> None:
-        from nanochat_hf.serving.server import ServeOptions, start
-
         try:
-            server = start(ServeOptions(**vars(args)))
+            from nanochat_hf.serving.server import start
         except ImportError as e:  # fastapi / uvicorn / openai missing
             raise UserError(f"{e.msg}: install the serve extra (pip install 'nanochat-hf[serve]')") from e
+        server = start(ServeOptions(**vars(args)))
         try:
             server.run()
         except KeyboardInterrupt:  # Ctrl-C (uvicorn re-raises it once it has shut down): how a server is stopped

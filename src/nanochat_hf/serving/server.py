@@ -1,168 +1,238 @@
-"""transformers' server (``transformers serve``: its FastAPI app, model manager, generation thread and continuous
-batching manager) serving a nanochat-hf model.
+"""The OpenAI-compatible server: three endpoints (``POST /v1/chat/completions``, ``GET /v1/models``,
+``GET /health``, the ones docs/serving.md lists) on a FastAPI app run by uvicorn, answering with transformers
+serve's response objects (its chat handler's builders and field check), generating with our ``Batcher``.
 
-``transformers serve DIR --trust-remote-code`` cannot load a remote-code model (its model manager looks the
-architecture up in the transformers namespace), and its chat handler knows nothing of nanochat's chat format, stop
-tokens or calculator tool. So this module builds the same app as ``transformers serve`` with two parts of ours:
-a model manager that loads the directory with our class, and a chat completions handler that renders the
-conversation as nanochat does, generates with ``inference.generate_tokens`` (the calculator tool on, unless the
-request says ``"calculator": false``) on transformers' generation thread, or through transformers' continuous
-batching manager, and turns the reply tokens into the text a client sees (``reply_text``). Everything else
-(routes, request ids, /v1/models, /health, response objects, the other endpoints) is transformers'.
+Why not ``transformers serve``'s app itself (``build_server``): it also serves ``/load_model`` (loads any local
+directory a client names), ``/reset`` (unloads the model), ``/v1/completions``, ``/v1/responses`` and audio, none of
+which knows nanochat's chat format; its routes parse the JSON body on the event loop; and its generation (one
+request at a time, or continuous batching with one greedy config for all and no calculator) cannot serve nanochat's
+calculator, per-request sampling or G5's smear together (see ``batcher``).
+
+What keeps one client from blocking the others: the body is read with a size limit (``Guard``, before it is read
+whole) and a time limit; JSON parsing, the checks and tokenization run in a worker thread, never on the event loop;
+a conversation that cannot fit the context is refused from its length in bytes before it is tokenized; prompt plus
+``max_tokens`` must fit the context (400 otherwise); a full queue answers 429; a client that goes away (streamed or
+not) has its row dropped before the next decoding step.
 """
 
 from __future__ import annotations
 
 import asyncio
+import hmac
+import ipaddress
 import json
-import math
 import sys
 import threading
-from collections.abc import AsyncGenerator, Callable
+import uuid
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 import uvicorn
-from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi import FastAPI, Request
+from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types.completion_usage import CompletionUsage
 from starlette.exceptions import HTTPException
-from transformers import AutoTokenizer, ContinuousBatchingConfig, GenerationConfig
+from starlette.requests import ClientDisconnect
+from transformers import AutoTokenizer
 from transformers.cli.serving.chat_completion import ChatCompletionHandler, TransformersCompletionCreateParamsStreaming
-from transformers.cli.serving.completion import CompletionHandler
-from transformers.cli.serving.model_manager import ModelManager
-from transformers.cli.serving.response import ResponseHandler
-from transformers.cli.serving.server import build_server
-from transformers.cli.serving.systemone import SystemOneHandler
-from transformers.cli.serving.transcription import TranscriptionHandler
-from transformers.cli.serving.utils import CBGenerateManager, GenerationState
-from transformers.generation.streamers import BaseStreamer
 
 from ..errors import UserError
-from ..inference import generate_tokens
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..tokenizer import render_for_completion
-from ..tokenizer.chat_format import (
-    OUTPUT_END,
-    OUTPUT_START,
-    PAD_TOKEN,
-    PYTHON_END,
-    PYTHON_START,
-    STOP_TOKENS,
-    special_token_ids,
-)
+from ..tokenizer.chat_format import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START, STOP_TOKENS, special_token_ids
+from ..tokenizer.tokenizer import token_to_bytes
 from ..training.device import check_num_threads, use_cpu_threads
+from .batcher import Batcher, Job, QueueFull, ShuttingDown
+from .cli import ServeOptions
 
-# a calculator call as the client reads it, GSM8K style (as inference.format_parts): <<expression=result>>
-TOOL_MARKS = {PYTHON_START: "<<", PYTHON_END: "=", OUTPUT_START: "", OUTPUT_END: ">>"}
+ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health")  # docs/serving.md lists these; nothing else is served
+OPEN = "/health"  # the one endpoint an API key does not guard (load balancers probe it)
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
-CB_SEQUENCES = 8  # continuous batching's default paged cache holds this many full-length sequences
+MAX_STOP_CHARS = 100  # each is searched for at every token: long ones would slow everyone's decoding
+MAX_TEMPERATURE = 2.0  # OpenAI's range
+MAX_SEED = 2**63 - 1
+SHUTDOWN_SECONDS = 3  # Ctrl-C: requests in flight get an error at once; connections are closed after this
+# fields of the API this server does not implement: refused (400) unless null or a value that changes nothing
+UNSUPPORTED = {
+    "tools": ([],),
+    "tool_choice": ("none",),
+    "functions": ([],),
+    "function_call": ("none",),
+    "parallel_tool_calls": (),
+    "response_format": ({"type": "text"},),
+    "logprobs": (False,),
+    "top_logprobs": (0,),
+    "logit_bias": ({},),
+    "presence_penalty": (0,),
+    "frequency_penalty": (0,),
+    "n": (1,),
+    "top_p": (1,),
+    "audio": (),
+    "modalities": (["text"],),
+    "prediction": (),
+    "web_search_options": (),
+    "reasoning_effort": (),
+    "generation_config": (),
+    "chat_template_kwargs": (),
+}
+CALCULATOR = "nanochat's one tool is its calculator, on by default (extra_body={'calculator': false} turns it off)"
+WHY = {
+    "tools": CALCULATOR,
+    "tool_choice": CALCULATOR,
+    "top_p": "nanochat samples with temperature and top_k",
+    "n": "one reply per request",
+}
 
 
 class ChatParams(TransformersCompletionCreateParamsStreaming, total=False):
-    """The request fields transformers accepts, plus ours (sent by OpenAI clients through ``extra_body``)."""
+    """The request fields the API has (OpenAI's and transformers'), plus ours (sent through ``extra_body``)."""
 
     calculator: bool
     top_k: int
-
-
-@dataclass
-class ServeOptions:
-    """What the ``serve`` command was given (see ``cli.parse_args`` for each one's meaning)."""
-
-    model: str
-    name: str | None = None
-    host: str = "127.0.0.1"
-    port: int = 8000
-    device: str | None = None
-    dtype: str = "auto"
-    num_threads: int | None = None
-    continuous_batching: bool = False
-    cb_num_blocks: int | None = None
-    cb_max_batch_tokens: int | None = None
-    no_calculator: bool = False
-    log_level: str = "warning"
 
 
 def say(line: str) -> None:
     print(f"serve: {line}", file=sys.stderr, flush=True)
 
 
-def reply_text(tokenizer, tokens: list[int], marks: dict[int, str]) -> str:
-    """The reply as the client reads it: text decoded run by run, a calculator call as ``<<expr=result>>``, every
-    other special token (stop tokens included) left out. A prefix of the tokens gives a prefix of the text (but for
-    a character whose bytes are not all there yet), so streaming sends the growth."""
-    special = set(tokenizer.all_special_ids) | set(marks)
-    out, run = [], []
-    for t in [*tokens, None]:
-        if t is not None and t not in special:
-            run.append(t)
-            continue
-        if run:
-            out.append(tokenizer.decode(run, clean_up_tokenization_spaces=False))
-            run = []
-        out.append(marks.get(t, ""))
-    return "".join(out)
+def bad(message: str, status: int = 400) -> HTTPException:
+    return HTTPException(status_code=status, detail=message)
 
 
-class _Stop(Exception):
-    """Raised from the streamer to end generate(): a stop string was written or the client went away."""
+def error_response(status: int, message: str, close: bool = False) -> JSONResponse:
+    """OpenAI's error body: the official client shows error.message. `close`: uvicorn closes the connection after
+    it (the rest of a refused body is then not received at all)."""
+    kind = "invalid_request_error" if status < 500 else "server_error"
+    headers = {"Connection": "close"} if close else None
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "code": status}}, status_code=status, headers=headers
+    )
 
 
-class ReplyStream(BaseStreamer):
-    """Reply tokens in (from generate() as its streamer, or from continuous batching's outputs), text deltas out on
-    an asyncio queue, then one final dict: ``{"finish_reason", "completion_tokens"}`` or ``{"error": message}``.
+class ReplyText:
+    """One reply's text as the client reads it, built as its tokens arrive: text decoded run by run, every special
+    token left out (stop tokens included), a calculator call as ``inference.format_parts`` writes it:
+    ``<<expr=result>>``, ``<<expr=?>>`` when no result followed, ``<<=output>>`` for an output without a call.
+
+    ``text(final=False)`` (a reply still growing) leaves out a call not yet closed, so the text only grows (but for
+    a last character whose bytes are not all there yet): streaming sends the growth. Decoded text is kept once its
+    characters are whole (byte-level BPE: a decoding that ends on a whole character is never changed by the tokens
+    after it), so each token costs the same however long the reply is."""
+
+    CLOSE = {"call": "=?>>", "called": "?>>", "output": ">>"}  # how a block still open at the end is closed
+
+    def __init__(self, tokenizer):
+        ids = special_token_ids(tokenizer)
+        self.tokenizer = tokenizer
+        self.special = set(tokenizer.all_special_ids) | set(ids.values())
+        self.python_start, self.python_end = ids[PYTHON_START], ids[PYTHON_END]
+        self.output_start, self.output_end = ids[OUTPUT_START], ids[OUTPUT_END]
+        self.settled = ""  # text that no later token changes
+        self.open = ""  # a tool block not closed yet ("<<expr=", ...): held back until it is
+        self.block: str | None = None  # the open block: "call", "called" (after <|python_end|>), "output"
+        self.run: list[int] = []  # text tokens whose characters are not whole yet
+
+    def _decode(self, tokens: list[int]) -> str:
+        return self.tokenizer.decode(tokens, clean_up_tokenization_spaces=False)
+
+    def _put(self, text: str) -> None:
+        if self.block is None:
+            self.settled += text
+        else:
+            self.open += text
+
+    def _close(self, mark: str) -> None:
+        self.settled += self.open + mark
+        self.open, self.block = "", None
+
+    def add(self, tokens: list[int]) -> None:
+        for t in tokens:
+            if t not in self.special:
+                if self.block == "called":  # text after a call with no output: the call had no result
+                    self._close("?>>")
+                self.run.append(t)
+                text = self._decode(self.run)
+                if not text.endswith("\ufffd"):
+                    self._put(text)
+                    self.run = []
+                continue
+            if self.run:  # a special token ends the run, whole characters or not
+                self._put(self._decode(self.run))
+                self.run = []
+            if t == self.python_start:
+                if self.block == "called":
+                    self._close("?>>")
+                self.settled += self.open
+                self.open, self.block = "<<", "call"
+            elif t == self.python_end and self.block == "call":
+                self.open += "="
+                self.block = "called"
+            elif t == self.output_start:
+                if self.block != "called":  # an output without a call
+                    self.settled += self.open
+                    self.open = "<<="
+                self.block = "output"
+            elif t == self.output_end and self.block == "output":
+                self._close(">>")
+            elif self.block == "called":  # another special token after a call: no result either
+                self._close("?>>")
+
+    def text(self, final: bool = True) -> str:
+        tail = self._decode(self.run) if self.run else ""
+        if self.block is None:
+            return self.settled + tail
+        return self.settled + self.open + tail + self.CLOSE[self.block] if final else self.settled
+
+
+class ReplyStream:
+    """The batcher's sink for one request: reply tokens in, text deltas out on an asyncio queue, then one final
+    dict: ``{"finish_reason", "completion_tokens"}`` or ``{"error": message, "status": code}``.
 
     Stop strings: the text ends before the first one, generation is stopped there; text that may be the start of
     a stop string is held back until it cannot be."""
 
-    def __init__(self, tokenizer, marks: dict[int, str], stops: set[int], stop_strings: list[str], loop, queue):
-        self.tokenizer, self.marks, self.stops, self.stop_strings = tokenizer, marks, stops, stop_strings
+    def __init__(self, text: ReplyText, stops: set[int], stop_strings: list[str], loop, queue: asyncio.Queue):
+        self.text, self.stops, self.stop_strings = text, stops, stop_strings
         self.loop, self.queue = loop, queue
         self.tokens: list[int] = []
         self.sent = ""
         self.finished = False
         self.stopped_by_string = False
-        self.cancelled = threading.Event()
-        self._prompt_seen = False
+        self.cancelled = threading.Event()  # set from the event loop when the client has gone
 
     def _emit(self, item: Any) -> None:
         self.loop.call_soon_threadsafe(self.queue.put_nowait, item)
-
-    def put(self, value: torch.Tensor) -> None:  # generate(): the prompt first, then each new token
-        if not self._prompt_seen:
-            self._prompt_seen = True
-            return
-        self.add(value.reshape(-1).tolist())
-        if self.finished or self.cancelled.is_set():
-            raise _Stop
-
-    def end(self) -> None:  # generate() is done (max_new_tokens or a stop token)
-        self._finish()
 
     def add(self, new_tokens: list[int]) -> None:
         if self.finished:
             return
         for t in new_tokens:
             self.tokens.append(t)
+            self.text.add([t])
             if t in self.stops:
                 break
-        text = reply_text(self.tokenizer, self.tokens, self.marks)
+        stopped = bool(self.tokens) and self.tokens[-1] in self.stops
+        text = self.text.text(final=stopped)
         cut = min((i for i in (text.find(s) for s in self.stop_strings) if i >= 0), default=-1)
         if cut >= 0:
             self.stopped_by_string = True
             self._send(text[:cut])
             self._finish()
             return
-        if self.tokens and self.tokens[-1] in self.stops:
+        if stopped:
             self._finish()
             return
         hold = len(text) - len(text.rstrip("\ufffd"))  # an incomplete character
         for s in self.stop_strings:  # the longest end of the text that begins a stop string
             hold = max(hold, next((n for n in range(min(len(s) - 1, len(text)), 0, -1) if s.startswith(text[-n:])), 0))
         self._send(text[: len(text) - hold])
+
+    def end(self) -> None:  # max_tokens reached
+        self._finish()
 
     def _send(self, text: str) -> None:
         if len(text) > len(self.sent):
@@ -173,29 +243,29 @@ class ReplyStream(BaseStreamer):
         if self.finished:
             return
         if not self.stopped_by_string:
-            self._send(reply_text(self.tokenizer, self.tokens, self.marks))
+            self._send(self.text.text())
         self.finished = True
         stop = self.stopped_by_string or (self.tokens and self.tokens[-1] in self.stops)
         self._emit({"finish_reason": "stop" if stop else "length", "completion_tokens": len(self.tokens)})
 
-    def fail(self, message: str) -> None:
+    def fail(self, message: str, status: int = 500) -> None:
         if not self.finished:
             self.finished = True
-            self._emit({"error": message})
+            self._emit({"error": message, "status": status})
 
 
-def _bad(message: str, status: int = 400) -> HTTPException:
-    return HTTPException(status_code=status, detail=message)
-
-
-def _number(body: dict, field: str, kind: type, low: float, default: Any = None) -> Any:
-    """body[field] as `kind`, at least `low`; a 400 naming the field otherwise."""
-    value = body.get(field)
+def _number(body: dict, name: str, kind: type, low: float, high: float, default: Any = None) -> Any:
+    """body[name] as `kind`, from `low` to `high`; a 400 naming the field otherwise."""
+    value = body.get(name)
     if value is None:
         return default
-    if isinstance(value, bool) or not isinstance(value, (int, float) if kind is float else int) or value < low:
-        word = "a positive integer" if kind is int else f"a number >= {low}"
-        raise _bad(f"{field} must be {word}, got {json.dumps(value)}")
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float) if kind is float else int)
+        or not low <= value <= high
+    ):
+        word = "an integer" if kind is int else "a number"
+        raise bad(f"{name} must be {word} from {low} to {high}, got {json.dumps(value)[:40]}")
     return kind(value)
 
 
@@ -211,219 +281,276 @@ class ChatRequest:
     stream: bool
 
     @classmethod
-    def parse(cls, body: dict, calculator_default: bool) -> ChatRequest:
+    def parse(cls, body: dict, calculator_default: bool, vocab_size: int, context: int) -> ChatRequest:
         """The request's generation settings, each checked (HTTP 400 with one line naming the field)."""
+        for name, neutral in UNSUPPORTED.items():
+            value = body.get(name)
+            if value is not None and not any(
+                value == v and isinstance(value, bool) == isinstance(v, bool) for v in neutral
+            ):
+                why = WHY.get(name, "see docs/serving.md")
+                raise bad(f"{name} is not supported by this server ({why}), got {json.dumps(value)[:40]}")
         messages = body.get("messages")
         if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
-            raise _bad("messages must be a non-empty list of {role, content} objects")
-        max_tokens = _number(body, "max_completion_tokens", int, 1)
+            raise bad("messages must be a non-empty list of {role, content} objects")
+        max_tokens = _number(body, "max_completion_tokens", int, 1, context)
         if max_tokens is None:
-            max_tokens = _number(body, "max_tokens", int, 1)
-        if body.get("n") not in (None, 1):
-            raise _bad(f"n must be 1 (one reply per request), got {json.dumps(body['n'])}")
-        if body.get("top_p") not in (None, 1):
-            raise _bad("top_p is not supported: nanochat samples with temperature and top_k")
-        stop = body.get("stop") or []
-        stop = [stop] if isinstance(stop, str) else stop
+            max_tokens = _number(body, "max_tokens", int, 1, context)
+        stop = body.get("stop")
+        stop = [] if stop is None else [stop] if isinstance(stop, str) else stop
         if (
             not isinstance(stop, list)
             or len(stop) > MAX_STOP_STRINGS
-            or not all(isinstance(s, str) and s for s in stop)
+            or not all(isinstance(s, str) and 0 < len(s) <= MAX_STOP_CHARS for s in stop)
         ):
-            raise _bad(f"stop must be a string or a list of at most {MAX_STOP_STRINGS} non-empty strings")
-        calculator = body.get("calculator", calculator_default)
-        if not isinstance(calculator, bool):
-            raise _bad(f"calculator must be true or false, got {json.dumps(calculator)}")
+            raise bad(
+                f"stop must be a string or a list of at most {MAX_STOP_STRINGS} strings of 1 to {MAX_STOP_CHARS} "
+                "characters"
+            )
+        for flag in ("calculator", "stream"):
+            if not isinstance(body.get(flag, False), bool):
+                raise bad(f"{flag} must be true or false, got {json.dumps(body[flag])[:40]}")
         return cls(
             messages=[{"role": m.get("role"), "content": m.get("content")} for m in messages],
             max_tokens=max_tokens,
-            temperature=_number(body, "temperature", float, 0.0, default=0.0),
-            top_k=_number(body, "top_k", int, 1),
-            seed=_number(body, "seed", int, 0),
+            temperature=_number(body, "temperature", float, 0.0, MAX_TEMPERATURE, default=0.0),
+            top_k=_number(body, "top_k", int, 1, vocab_size),
+            seed=_number(body, "seed", int, 0, MAX_SEED),
             stop=stop,
-            calculator=calculator,
-            stream=bool(body.get("stream")),
+            calculator=body.get("calculator", calculator_default),
+            stream=body.get("stream", False),
         )
 
 
-class NanoChatModelManager(ModelManager):
-    """transformers' model manager, loading the served directory with our class (transformers' own looks the
-    architecture up by name in its namespace, where a remote-code model is not) and listing it under its name."""
-
-    def __init__(self, name: str, **kwargs):
-        self.name = name
-        super().__init__(**kwargs)
-
-    def _load_processor(self, model_id_and_revision: str, gguf_file: str | None = None):
-        return AutoTokenizer.from_pretrained(model_id_and_revision)
-
-    def _load_model(self, model_id_and_revision: str, **kwargs) -> NanoChatGPTForCausalLM:
-        model = NanoChatGPTForCausalLM.from_pretrained(
-            model_id_and_revision,
-            dtype=self.dtype,
-            device_map=self.device,
-            attn_implementation=self.attn_implementation,
-        )
-        return model.eval()
-
-    def served(self) -> tuple[NanoChatGPTForCausalLM, Any]:
-        return self.load_model_and_processor(self.process_model_name(self.force_model))
-
-    def list_models(self, cache_dir: str | None = None) -> list[dict]:
-        return [{"id": self.name, "object": "model", "created": 0, "owned_by": "local", "status": {"value": "loaded"}}]
+def _text_bytes(messages: list[dict]) -> int:
+    """Bytes of the conversation's text (string contents and text parts; what is not a string is the renderer's
+    to refuse)."""
+    total = 0
+    for m in messages:
+        content = m["content"]
+        parts = [content] if isinstance(content, str) else [p.get("text") for p in content if isinstance(p, dict)]
+        total += sum(len(p.encode()) for p in parts if isinstance(p, str))
+    return total
 
 
 class NanoChatCompletionHandler(ChatCompletionHandler):
-    """/v1/chat/completions for a nanochat model: nanochat's rendering, stop tokens and calculator tool, through
-    transformers' generation thread or continuous batching manager."""
+    """/v1/chat/completions for a nanochat model: the request's checks, nanochat's rendering and stop tokens, the
+    reply from the batcher. Of transformers' handler it uses the response builders and the field check only."""
 
     _valid_params_class = ChatParams
 
-    def __init__(self, *args, calculator: bool, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.calculator = calculator
-
-    async def handle_request(self, body: dict, request_id: str) -> StreamingResponse | JSONResponse:
-        self._validate_request(body)  # transformers': unknown fields -> 422
-        request = ChatRequest.parse(body, self.calculator)
-        manager: NanoChatModelManager = self.model_manager
-        if body.get("model") not in (None, manager.name):
-            raise _bad(f"model {body['model']!r} is not served here: this server serves {manager.name!r}", 404)
-        model, tokenizer = manager.served()
-        try:
-            prompt = render_for_completion(tokenizer, {"messages": request.messages}, max_tokens=None)
-        except UserError as e:
-            raise _bad(str(e)) from e
-        context = model.config.sequence_len
-        if len(prompt) >= context:
-            raise _bad(f"the conversation is {len(prompt)} tokens, the model's context (sequence_len) is {context}")
-        max_new = request.max_tokens or context - len(prompt)
+    def __init__(self, name: str, model, tokenizer, batcher: Batcher, calculator: bool):
+        super().__init__(model_manager=None, generation_state=None)
+        self.name, self.tokenizer, self.batcher, self.calculator = name, tokenizer, batcher, calculator
+        self.context, self.vocab_size = model.config.sequence_len, model.config.vocab_size
         ids = special_token_ids(tokenizer)
-        marks = {ids[name]: mark for name, mark in TOOL_MARKS.items()}
-        stops = {ids[name] for name in STOP_TOKENS}
-        queue: asyncio.Queue = asyncio.Queue()
-        stream = ReplyStream(tokenizer, marks, stops, request.stop, asyncio.get_running_loop(), queue)
-        use_cb = self.generation_state._continuous_batching
-        if use_cb:
-            cancel = self._start_batched(model, tokenizer, prompt, max_new, stops, request, stream, request_id)
-        else:
-            cancel = self._start_sequential(model, tokenizer, prompt, max_new, request, stream)
-        usage = {"prompt_tokens": len(prompt)}
-        if request.stream:
-            return StreamingResponse(self._sse(queue, cancel, request_id, usage), media_type="text/event-stream")
-        content, final = "", None
-        while final is None:
-            item = await queue.get()
-            if isinstance(item, str):
-                content += item
-            else:
-                final = item
-        if "error" in final:
-            raise _bad(f"generation failed: {final['error']}", 500)
-        return JSONResponse(
-            self._build_completion(
-                request_id, content, manager.name, final["finish_reason"], usage=self._usage(usage, final)
+        self.stops = {ids[name] for name in STOP_TOKENS}
+        # the longest token's bytes: a text of N bytes is at least N / this many tokens (refused untokenized)
+        special = set(tokenizer.all_special_tokens)
+        self.token_bytes = max(len(token_to_bytes(t)) for t in tokenizer.get_vocab() if t not in special)
+
+    def prepare(self, raw: bytes) -> tuple[ChatRequest, list[int]]:
+        """The request and its prompt ids, or a 4xx. Runs in a worker thread (parsing and tokenizing a large body
+        would hold the event loop)."""
+        try:
+            body = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise bad(f"the request body is not valid JSON ({e})") from None
+        if not isinstance(body, dict):
+            raise bad("the request body must be a JSON object")
+        self._validate_request(body)  # transformers': a field the API does not have -> 422
+        if body.get("model") not in (None, self.name):
+            raise bad(f"model {str(body['model'])[:80]!r} is not served here: this server serves {self.name!r}", 404)
+        request = ChatRequest.parse(body, self.calculator, self.vocab_size, self.context)
+        try:
+            least = _text_bytes(request.messages) // self.token_bytes
+        except (AttributeError, TypeError):  # a malformed message: the renderer says which
+            least = 0
+        if least >= self.context:
+            raise bad(
+                f"the conversation is at least {least} tokens, the model's context (sequence_len) is {self.context}"
             )
+        try:
+            prompt = render_for_completion(self.tokenizer, {"messages": request.messages}, max_tokens=None)
+        except UserError as e:
+            raise bad(str(e)) from None
+        if len(prompt) >= self.context:
+            raise bad(f"the conversation is {len(prompt)} tokens, the model's context (sequence_len) is {self.context}")
+        room = self.context - len(prompt)
+        if request.max_tokens is not None and request.max_tokens > room:
+            raise bad(
+                f"max_tokens {request.max_tokens} and the conversation's {len(prompt)} tokens exceed the model's "
+                f"context (sequence_len) {self.context}: ask for at most {room}"
+            )
+        return request, prompt
+
+    async def handle(self, request: Request, raw: bytes) -> StreamingResponse | JSONResponse:
+        chat, prompt = await asyncio.to_thread(self.prepare, raw)
+        queue: asyncio.Queue = asyncio.Queue()
+        stream = ReplyStream(ReplyText(self.tokenizer), self.stops, chat.stop, asyncio.get_running_loop(), queue)
+        job = Job(
+            prompt=prompt,
+            max_new=chat.max_tokens or self.context - len(prompt),
+            temperature=chat.temperature,
+            top_k=chat.top_k,
+            seed=chat.seed,
+            calculator=chat.calculator,
+            sink=stream,
         )
-
-    def _start_sequential(self, model, tokenizer, prompt, max_new, request: ChatRequest, stream) -> Callable:
-        """generate_tokens on transformers' generation thread (one request at a time)."""
-
-        def run() -> None:
-            try:
-                generate_tokens(
-                    model,
-                    tokenizer,
-                    [prompt],
-                    max_new,
-                    request.temperature,
-                    request.top_k,
-                    request.seed,
-                    streamer=stream,
-                    calculator=request.calculator,
-                )
-            except _Stop:
-                pass
-            except Exception as e:  # the client gets it; the server goes on
-                stream.fail(f"{type(e).__name__}: {e}")
-                return
-            stream.end()
-
-        self.generation_state.get_manager(self.model_manager.name).submit(run)
-        return stream.cancelled.set
-
-    def _start_batched(self, model, tokenizer, prompt, max_new, stops, request, stream, request_id) -> Callable:
-        """A request to transformers' continuous batching manager (greedy, no calculator: see `start`)."""
-        if request.temperature > 0 or request.calculator:
-            what = "sampling (temperature > 0)" if request.temperature > 0 else "the calculator tool"
-            raise _bad(f"{what} is not available with continuous batching: send temperature 0 and calculator false")
-        manager: CBGenerateManager = self.generation_state.get_manager(self.model_manager.name, use_cb=True)
-        pad = special_token_ids(tokenizer)[PAD_TOKEN]
-        config = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=sorted(stops), pad_token_id=pad)
-        config.use_cache = False  # the paged cache is continuous batching's own
-        manager.init_cb(model, config)
-        manager._check_alive(request_id)  # a dead worker: transformers' 503 (CBWorkerDeadError) at once
-        cb = manager._cb
-
-        def on_output(output) -> None:
-            stream.add(output.generated_tokens[len(stream.tokens) :])
-            if output.error is not None:
-                stream.fail(output.error)
-            elif output.is_finished():
-                stream.end()
-            elif stream.finished:  # a stop string
-                cb.cancel_request(request_id)
-
-        cb.register_result_handler(request_id, on_output)
-        accepted = cb.add_request(
-            prompt, request_id=request_id, max_new_tokens=max_new, streaming=True, eos_token_id=sorted(stops)
+        if await request.is_disconnected():  # gone while it was checked (sent, then hung up): no prefill for it
+            return Response(status_code=499)
+        try:
+            self.batcher.submit(job)
+        except QueueFull:
+            raise bad(
+                f"the server is busy (its queue of {self.batcher.max_queue} is full): try again later", 429
+            ) from None
+        except ShuttingDown:
+            raise bad("the server is shutting down", 503) from None
+        request_id = f"chatcmpl-{uuid.uuid4().hex}"
+        usage = {"prompt_tokens": len(prompt)}
+        if chat.stream:
+            return StreamingResponse(self._sse(queue, stream, request_id, usage), media_type="text/event-stream")
+        content, final = await self._collect(request, queue, stream)
+        if "error" in final:
+            raise bad(final["error"], final["status"])
+        completion = self._build_completion(
+            request_id, content, self.name, final["finish_reason"], usage=self._usage(usage, final)
         )
-        if accepted is None:  # the manager is stopping
-            raise _bad("the server is shutting down: no new requests", 503)
-        return lambda: cb.cancel_request(request_id)
+        return JSONResponse(completion)
+
+    async def _collect(self, request: Request, queue: asyncio.Queue, stream: ReplyStream) -> tuple[str, dict]:
+        """The whole reply; if the client goes away first, its generation is cancelled."""
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            content = ""
+            while True:
+                item = asyncio.ensure_future(queue.get())
+                await asyncio.wait({item, gone}, return_when=asyncio.FIRST_COMPLETED)
+                if not item.done():
+                    item.cancel()
+                    stream.cancelled.set()
+                    return content, {"error": "the client went away", "status": 499}
+                if isinstance(item.result(), str):
+                    content += item.result()
+                else:
+                    return content, item.result()
+        finally:
+            gone.cancel()
 
     def _usage(self, usage: dict, final: dict) -> CompletionUsage:
         done = final["completion_tokens"]
         return CompletionUsage(
-            prompt_tokens=usage["prompt_tokens"], completion_tokens=done, total_tokens=sum(usage.values()) + done
+            prompt_tokens=usage["prompt_tokens"], completion_tokens=done, total_tokens=usage["prompt_tokens"] + done
         )
 
-    async def _sse(self, queue, cancel: Callable, request_id: str, usage: dict) -> AsyncGenerator[str, None]:
-        name = self.model_manager.name
+    async def _sse(self, queue, stream: ReplyStream, request_id: str, usage: dict) -> AsyncGenerator[str, None]:
         try:
-            yield self._build_chunk_sse(request_id, role="assistant", model=name)
+            yield self._build_chunk_sse(request_id, role="assistant", model=self.name)
             while True:
                 item = await queue.get()
                 if isinstance(item, str):
-                    yield self._build_chunk_sse(request_id, content=item, model=name)
+                    yield self._build_chunk_sse(request_id, content=item, model=self.name)
                 elif "error" in item:
-                    yield f"data: {json.dumps({'error': {'message': item['error']}})}\n\n"
+                    yield f"data: {json.dumps({'error': {'message': item['error'], 'code': item['status']}})}\n\n"
                     return
                 else:
+                    final_usage = self._usage(usage, item)
                     yield self._build_chunk_sse(
-                        request_id, finish_reason=item["finish_reason"], model=name, usage=self._usage(usage, item)
+                        request_id, finish_reason=item["finish_reason"], model=self.name, usage=final_usage
                     )
                     yield "data: [DONE]\n\n"
                     return
-        except (GeneratorExit, asyncio.CancelledError):  # the client went away: stop generating for it
-            cancel()
-            raise
+        finally:  # done, or the client went away (the generator is closed or cancelled): stop generating for it
+            stream.cancelled.set()
 
 
-def _error(status: int, message: str) -> JSONResponse:
-    """OpenAI's error body: the official client shows error.message."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "code": status}}, status_code=status)
+async def _disconnected(request: Request) -> None:
+    """Returns when the client has closed its connection (the body has been read: nothing else arrives)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
-def _one_line(exc: RequestValidationError) -> str:
-    parts = []
-    for e in exc.errors():
-        if e.get("type") == "json_invalid":
-            return f"the request body is not valid JSON ({e.get('ctx', {}).get('error', e.get('msg'))})"
-        where = ".".join(str(p) for p in e.get("loc", ()) if p != "body") or "body"
-        parts.append(f"{where}: {e.get('msg')}")
-    return "; ".join(parts)
+class Guard:
+    """ASGI middleware in front of everything: the API key (401, before anything is read), then the body's size
+    (413 from Content-Length before a byte of it is read, or as soon as a chunked body passes the limit)."""
+
+    def __init__(self, app, api_key: str | None, max_bytes: int):
+        self.app, self.max_bytes = app, max_bytes
+        self.expected = f"Bearer {api_key}".encode() if api_key else None
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = dict(scope["headers"])
+        if self.expected and scope["path"] != OPEN:
+            if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
+                message = "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
+                return await error_response(401, message)(scope, receive, send)
+        length = headers.get(b"content-length", b"0")
+        if not length.isdigit() or int(length) > self.max_bytes:
+            return await error_response(413, self._too_large(), close=True)(scope, receive, send)
+        seen = 0
+
+        async def counted():
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.max_bytes:
+                raise bad(self._too_large(), 413)
+            return message
+
+        return await self.app(scope, counted, send)
+
+    def _too_large(self) -> str:
+        return f"the request body is larger than this server takes ({self.max_bytes} bytes, --max-request-bytes)"
+
+
+def build_app(handler: NanoChatCompletionHandler, batcher: Batcher, options: ServeOptions) -> Any:
+    """The endpoints of docs/serving.md and nothing else (no /docs or /openapi.json either)."""
+    app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request):
+        try:
+            raw = await asyncio.wait_for(request.body(), options.body_seconds)
+        except asyncio.TimeoutError:
+            raise bad(f"the request body did not arrive within {options.body_seconds:g} s", 408) from None
+        except ClientDisconnect:  # gone before its body was in: nobody to answer
+            return Response(status_code=499)
+        return await handler.handle(request, raw)
+
+    @app.get("/v1/models")
+    def list_models():
+        model = {"id": handler.name, "object": "model", "created": 0, "owned_by": "local"}
+        return JSONResponse({"object": "list", "data": [model]})
+
+    @app.get(OPEN)
+    def health():
+        if not batcher.thread.is_alive():
+            return error_response(503, "the generation thread has stopped")
+        return JSONResponse({"status": "ok"})
+
+    async def http_error(_request, e: HTTPException) -> JSONResponse:
+        if e.status_code == 404 and e.detail == "Not Found":  # the router's: no such endpoint
+            return error_response(404, f"no such endpoint: this server serves {', '.join(ENDPOINTS)}")
+        return error_response(e.status_code, str(e.detail), close=e.status_code in (408, 413))
+
+    async def server_error(_request, e: Exception) -> JSONResponse:  # details (paths) go to the log, not the client
+        return error_response(500, "internal server error (the server's log says why)")
+
+    app.add_exception_handler(HTTPException, http_error)
+    app.add_exception_handler(Exception, server_error)
+    guarded = Guard(app, options.api_key, options.max_request_bytes)
+    if not options.cors_origin:
+        return guarded
+    # outside the guard: a browser's preflight request carries no API key
+    return CORSMiddleware(
+        guarded,
+        allow_origins=options.cors_origin,
+        allow_methods=["GET", "POST"],
+        allow_headers=["Authorization", "Content-Type"],
+    )
 
 
 def _check_model_dir(path: Path) -> NanoChatGPTConfig:
@@ -438,62 +565,51 @@ def _check_model_dir(path: Path) -> NanoChatGPTConfig:
     return config
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server that also stops transformers' continuous batching worker when it shuts down; ``manager``
-    holds the served model."""
+def _loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name
+        return False
 
-    def __init__(self, config: uvicorn.Config, manager: NanoChatModelManager, state: GenerationState):
+
+class Server(uvicorn.Server):
+    """uvicorn's server that stops the batcher first when it shuts down (the requests in flight get an error at
+    once, so the connections close and Ctrl-C ends it within seconds); ``model`` and ``tokenizer`` are what it
+    serves."""
+
+    def __init__(self, config: uvicorn.Config, model, tokenizer, batcher: Batcher):
         super().__init__(config)
-        self.manager, self.state = manager, state
+        self.model, self.tokenizer, self.batcher = model, tokenizer, batcher
 
     async def shutdown(self, sockets=None) -> None:
+        await asyncio.to_thread(self.batcher.stop)
         await super().shutdown(sockets)
-        self.state.shutdown()
 
 
 def start(options: ServeOptions) -> Server:
-    """Load the model and build transformers' server around it; returns the uvicorn server (``.run()`` serves)."""
+    """Load the model and build the server around it; returns the uvicorn server (``.run()`` serves)."""
     path = Path(options.model)
-    config = _check_model_dir(path)
+    _check_model_dir(path)
     name = options.name or path.resolve().name
     check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    batching = options.continuous_batching
-    if batching and config.smear:
-        say(
-            "continuous batching off: this model's smear (nanochat G5) needs each sequence's previous token, "
-            "which transformers' paged cache does not keep; serving one request at a time with generate()"
-        )
-        batching = False
-    elif batching:
-        say("continuous batching: greedy decoding only, calculator tool off (a request asking for either gets 400)")
-    manager = NanoChatModelManager(
-        name, device=device, dtype=options.dtype, continuous_batching=batching, force_model=str(path)
-    )
-    cb_config = None
-    if batching:
-        # transformers sizes the paged cache from free GPU memory; on a CPU that takes long and much memory:
-        # room for CB_SEQUENCES full-length sequences unless told otherwise
-        cb_config = ContinuousBatchingConfig(max_batch_tokens=options.cb_max_batch_tokens or config.sequence_len)
-        per_sequence = math.ceil(config.sequence_len / cb_config.page_size) + 1  # num_blocks counts pages
-        cb_config.num_blocks = options.cb_num_blocks or CB_SEQUENCES * per_sequence
-    state = GenerationState(continuous_batching=batching, cb_config=cb_config)
-    chat = NanoChatCompletionHandler(
-        model_manager=manager, generation_state=state, calculator=not options.no_calculator and not batching
-    )
-    app = build_server(
-        manager,
-        chat,
-        completion_handler=CompletionHandler(model_manager=manager, generation_state=state),
-        response_handler=ResponseHandler(model_manager=manager, generation_state=state),
-        transcription_handler=TranscriptionHandler(manager, state),
-        systemone_handler=SystemOneHandler(model_manager=manager, generation_state=state),
-        generation_state=state,
-    )
-    app.add_exception_handler(HTTPException, lambda _request, e: _error(e.status_code, str(e.detail)))
-    app.add_exception_handler(RequestValidationError, lambda _request, e: _error(400, _one_line(e)))
+    model = NanoChatGPTForCausalLM.from_pretrained(path, dtype=options.dtype, device_map=device).eval()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    batcher = Batcher(model, tokenizer, options.max_batch, options.max_queue)
+    handler = NanoChatCompletionHandler(name, model, tokenizer, batcher, calculator=not options.no_calculator)
+    app = build_app(handler, batcher, options)
     if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
         say(use_cpu_threads(options.num_threads, flag="--num-threads"))
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
-    config = uvicorn.Config(app, host=options.host, port=options.port, log_level=options.log_level)
-    return Server(config, manager, state)
+    if not options.api_key and not _loopback(options.host):
+        say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")
+    config = uvicorn.Config(
+        app,
+        host=options.host,
+        port=options.port,
+        log_level=options.log_level,
+        timeout_graceful_shutdown=SHUTDOWN_SECONDS,
+    )
+    return Server(config, model, tokenizer, batcher)
