@@ -435,8 +435,8 @@ def archs_dist_worker(rank, world, port, steps, out_dir):
     wrapped in DDP, whose averaging is then silenced); rank 0 compares with one process stepping on the average."""
     import torch.distributed as dist
 
+    from nanochat_hf.integration.gradients import silence_ddp
     from nanochat_hf.optim import build_optimizer
-    from nanochat_hf.training.gradients import silence_ddp
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from nanochat_hf.training.checkpoint.files import load_optimizer_state
+from nanochat_hf.integration.optimizer_state import load_optimizer_state
 from nanochat_hf.training.run import main
 
 pytestmark = pytest.mark.slow

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from ..atomic import staged_dir, write_text
 from ..errors import UserError, one_line
+from ..integration.optimizer_state import checkpoint_shards
 from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..paths import nanochat_base_dir
@@ -36,7 +37,7 @@ from .generations import (
     window_pattern_of,
 )
 from .native import read_hf_model
-from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
+from .optimizer_files import write_nanochat_optimizer
 
 # nanochat's load_model(source): base_train, chat_sft and chat_rl write these folders in every generation; mid_train
 # wrote mid_checkpoints until mid-training went (1ddaad1, 2026-01-31; the loader forgot the name at 72b9064): G0-G2

@@ -466,19 +466,3 @@ def write_nanochat_optimizer(
         paths.append(directory / f"optim_{step:06d}_rank{r}.pt")
         torch.save(obj, paths[-1])
     return paths
-
-
-def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
-    """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
-    # imported here: nanochat_hf.training imports this module
-    from ..training.checkpoint.check import load_fingerprint
-    from ..training.checkpoint.files import load_optimizer_state
-    from ..training.checkpoint.layout import OPTIMIZER_FILE
-
-    paths = []
-    while (model_dir / OPTIMIZER_FILE.format(rank=len(paths))).is_file():
-        paths.append(model_dir / OPTIMIZER_FILE.format(rank=len(paths)))
-    if not paths:
-        return None
-    recipe = load_fingerprint(model_dir)["optimizer_recipe"]
-    return recipe, [load_optimizer_state(p) for p in paths]

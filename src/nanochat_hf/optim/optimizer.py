@@ -11,7 +11,7 @@ torch.distributed initialised with world size W > 1: the optimizer does all grad
   owns in the bucket), then every chunk of W parameters is all-gathered.
 Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
 gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
-Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
+Trainer glue in integration/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
 rank (not ZeRO-3).
 """
 

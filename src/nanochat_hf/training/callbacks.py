@@ -1,4 +1,4 @@
-"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics, console lines, step-end JIT checkpoints,
+"""Trainer callbacks: nanochat's per-step metrics, console lines, step-end JIT checkpoints,
 hub pushes of checkpoints."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from .checkpoint.layout import (
     TRAINING_ARGS_FILE,
     checkpoint_name,
 )
-from .schedule import muon_momentum
 
 # bf16 dense peak per device, for MFU (nanochat uses the H100 number)
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
@@ -43,15 +42,6 @@ def device_peak_flops(device: torch.device, override: float | None = None) -> fl
         name = torch.cuda.get_device_name(device)
         return next((v for k, v in PEAK_FLOPS.items() if k in name), None)
     return None  # CPU/MPS: MFU is "n/a" unless --peak_flops is given
-
-
-class MuonMomentumCallback(TrainerCallback):
-    """Sets Muon's momentum before each optimizer step from the global step (so resume restores it too)."""
-
-    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
-        opt = getattr(optimizer, "optimizer", optimizer)  # unwrap Accelerate's AcceleratedOptimizer
-        if opt is not None and hasattr(opt, "set_muon_momentum"):
-            opt.set_muon_momentum(muon_momentum(state.global_step))
 
 
 class StepEndJITCheckpoint(JITCheckpointCallback):

@@ -11,8 +11,8 @@ wanted: `super()`.
   bf16, as nanochat), before the optimizer exists.
 - optimizer / schedule (`NanoChatOptimizerMixin`, the glue every Trainer can use: `create_optimizer` builds
   `build_optimizer` (Muon + AdamW, sharded step) with this run's rates, Muon momentum warm-up in a callback; the
-  gradient contract of `gradients.py` with its `_clip_grad_norm`, `_get_grad_norm`; `create_scheduler`: a `LambdaLR`
-  applying nanochat's multiplier to the schedule's progress.
+  gradient contract of integration/gradients.py with its `_clip_grad_norm`, `_get_grad_norm`; `create_scheduler`: a
+  `LambdaLR` applying nanochat's multiplier to the schedule's progress.
 - loss (`compute_loss`): the stock loss, plus the last micro-batch's loss handed to nanochat's logger.
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
@@ -41,8 +41,9 @@ from ..conversion.optimizer_files import apply_settings, check_world_size, load_
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
+from ..integration.mixin import NanoChatOptimizerMixin
+from ..integration.optimizer_state import load_optimizer_state, save_optimizer_state
 from ..jsonfile import read_json, write_json
-from ..optim.trainer_mixin import NanoChatOptimizerMixin
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
 from ..tokenizer import token_bytes as compute_token_bytes
@@ -56,9 +57,7 @@ from .callbacks import (
 from .checkpoint.check import check_checkpoint_world_size, save_fingerprint
 from .checkpoint.files import (
     disk_full_as_one_line,
-    load_optimizer_state,
     load_rng_state,
-    save_optimizer_state,
     save_rng_state,
     tensor_bytes,
     usual_modes,
@@ -310,7 +309,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
         out, rank = Path(output_dir), self.accelerator.process_index
         out.mkdir(parents=True, exist_ok=True)
-        save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
+        save_optimizer_state(self.optimizer, out / OPTIMIZER_FILE.format(rank=rank))
         write_json(out / DATA_STATE_FILE.format(rank=rank), self._train_loader.stream.state_dict())
         if self.args.should_save:
             if self.run_fingerprint is not None:

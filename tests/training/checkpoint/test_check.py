@@ -16,6 +16,7 @@ import torch
 from transformers import TrainerState
 
 from nanochat_hf.errors import UserError
+from nanochat_hf.integration.optimizer_state import save_optimizer_state
 from nanochat_hf.jsonfile import write_json
 from nanochat_hf.model.configuration_nanochat_gpt import NanoChatGPTConfig
 from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
@@ -32,7 +33,7 @@ from nanochat_hf.training.checkpoint.check import (
     save_fingerprint,
     verify_checkpoint,
 )
-from nanochat_hf.training.checkpoint.files import save_optimizer_state, save_rng_state
+from nanochat_hf.training.checkpoint.files import save_rng_state
 
 
 def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
@@ -45,7 +46,7 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
     model(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).loss.backward()
     optimizer.step()
     for rank in range(world_size):
-        save_optimizer_state(optimizer.state_dict(), ckpt / f"optimizer.rank{rank}.safetensors")
+        save_optimizer_state(optimizer, ckpt / f"optimizer.rank{rank}.safetensors")
         write_json(ckpt / f"data_state.rank{rank}.json", {"position": step * 10 + rank})
         save_rng_state(ckpt, rank)
     write_json(ckpt / "scheduler.json", {"last_epoch": step})

@@ -20,6 +20,8 @@ import re
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ...integration.optimizer_state import OPTIMIZER_FILE, SCHEDULER_FILE  # their owner: the optimizer's format
+
 # checkpoint-<step>: the stock `Trainer._save_checkpoint` names the folders
 CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -32,9 +34,7 @@ TRAINER_STATE_FILE = "trainer_state.json"
 
 # our pieces of a checkpoint; {rank}: one file per process
 STATE_FILE = "nanochat_state.json"  # world size, the logger's state, the best val bpb
-SCHEDULER_FILE = "scheduler.json"
 FINGERPRINT_FILE = "run_fingerprint.json"  # what must not change when resuming (check.run_fingerprint)
-OPTIMIZER_FILE = "optimizer.rank{rank}.safetensors"  # this rank's optimizer shard
 DATA_STATE_FILE = "data_state.rank{rank}.json"  # this rank's position in the data
 RNG_TENSORS_FILE = "rng_state.rank{rank}.safetensors"
 RNG_STATE_FILE = "rng_state.rank{rank}.json"

@@ -1,6 +1,6 @@
 """nanochat's optimizer in any `transformers.Trainer` (TRL's SFTTrainer, DPOTrainer, GRPOTrainer, ...): one mixin.
 
-    from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+    from nanochat_hf.integration import NanoChatOptimizerMixin
 
     class MySFT(NanoChatOptimizerMixin, SFTTrainer):
         pass
@@ -12,9 +12,9 @@ What the mixin changes, and nothing else:
   printed once as a table by the main process. The rates are build_optimizer's (``args.learning_rate`` is not
   read); the Trainer's LR schedule (``lr_scheduler_type``, warm-up) multiplies every group's rate in proportion.
 - Muon's momentum warm-up 0.85 -> 0.95 over 300 steps (nanochat's), as a callback
-  (`nanochat_hf.training.callbacks.MuonMomentumCallback`, usable on its own);
+  (`nanochat_hf.integration.MuonMomentumCallback`, usable on its own);
   ``muon_momentum_warmup=False`` leaves momentum at the optimizer's.
-- gradients with several processes (the contract of training/gradients.py, `LocalGradients`): the optimizer
+- gradients with several processes (the contract of integration/gradients.py, `LocalGradients`): the optimizer
   reduces each gradient onto the rank that owns it while backward runs (ZeRO-2), so DDP is told to leave them
   alone; a DDP that manages every parameter and already has a communication hook averages them instead, and the
   optimizer is told so (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the
@@ -35,10 +35,10 @@ import torch
 
 from ..errors import UserError
 from ..jsonfile import read_json, write_json
-from .routing import build_optimizer
-
-# nanochat_hf.training imports this module (MidTrainer is built on the mixin), so its modules are imported where used:
-# training.callbacks (MuonMomentumCallback), training.gradients (the gradient contract), training.checkpoint.
+from ..optim.routing import build_optimizer
+from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
+from .momentum import MuonMomentumCallback
+from .optimizer_state import OPTIMIZER_FILE, SCHEDULER_FILE, load_optimizer_state, save_optimizer_state
 
 
 def _inner_optimizer(optimizer: Any) -> Any:
@@ -81,11 +81,7 @@ class NanoChatOptimizerMixin:
         super().__init__(*args, **kwargs)
         check_distributed_setup(self)
         if muon_momentum_warmup:
-            from ..training.callbacks import MuonMomentumCallback
-
             self.add_callback(MuonMomentumCallback())
-        from ..training.gradients import LocalGradients
-
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
 
     def optimizer_settings(self) -> dict[str, Any]:
@@ -94,8 +90,6 @@ class NanoChatOptimizerMixin:
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            from ..training.gradients import clip_in_optimizer
-
             self.optimizer = build_optimizer(self.model, **self.optimizer_settings())
             clip_in_optimizer(self.optimizer, self.args.max_grad_norm)
             if self.is_world_process_zero():
@@ -104,14 +98,12 @@ class NanoChatOptimizerMixin:
 
     # private hook: the stock step clips each rank's local gradients; ours clips the averaged one, in the optimizer
     def _clip_grad_norm(self, model: torch.nn.Module) -> None:
-        """The optimizer clips in its step (see training/gradients.py): the same norm at every world size."""
+        """The optimizer clips in its step (see integration/gradients.py): the same norm at every world size."""
         return None
 
     # private hook: with several processes the stock norm of the local gradients is a wasted pass and meaningless
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
         """The stock norm with one process; with several the logged norm is the optimizer's (when it clips)."""
-        from ..training.gradients import reduces_gradients
-
         if reduces_gradients(self.optimizer):
             return None
         return super()._get_grad_norm(model, grad_norm)
@@ -124,22 +116,16 @@ class NanoChatOptimizerMixin:
     # private hook: the stock one pickles rank 0's optimizer state only; ours is sharded across ranks
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
         """Each rank writes its optimizer shard as safetensors; the main process the scheduler as JSON."""
-        from ..training.checkpoint.files import save_optimizer_state
-        from ..training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
-
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         rank = self.accelerator.process_index
-        save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
+        save_optimizer_state(self.optimizer, out / OPTIMIZER_FILE.format(rank=rank))
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
         """This rank's optimizer shard and the schedule; a checkpoint of another world size or model in one line."""
-        from ..training.checkpoint.files import load_optimizer_state
-        from ..training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
-
         if checkpoint is None:
             return
         ckpt, world = Path(checkpoint), self.accelerator.num_processes

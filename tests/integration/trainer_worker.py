@@ -16,7 +16,7 @@ from datasets import Dataset
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
-from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+from nanochat_hf.integration import NanoChatOptimizerMixin
 
 
 class NanoTrainer(NanoChatOptimizerMixin, Trainer):

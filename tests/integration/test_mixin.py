@@ -11,8 +11,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
 from nanochat_hf.errors import UserError
+from nanochat_hf.integration import NanoChatOptimizerMixin
 from nanochat_hf.optim import MuonAdamW, NorMuonAdamW
-from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
 from nanochat_hf.tokenizer import train_tokenizer
 
 trl = pytest.importorskip("trl")
@@ -209,7 +209,7 @@ def test_deepspeed_and_fsdp_refused_in_one_line(setup, words):
     ignores FSDP on CPU and DeepSpeed is not installed), refused before any training."""
     from types import SimpleNamespace
 
-    from nanochat_hf.optim.trainer_mixin import check_distributed_setup
+    from nanochat_hf.integration import check_distributed_setup
 
     trainer = SimpleNamespace(is_deepspeed_enabled=False, is_fsdp_enabled=False)
     check_distributed_setup(trainer)
