@@ -19,8 +19,9 @@ What the mixin changes, and nothing else:
   alone; a DDP that manages every parameter and already has a communication hook averages them instead, and the
   optimizer is told so (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the
   optimizer, on the averaged gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
-- checkpoints: each rank writes its optimizer shard as safetensors (the stock hook pickles rank 0's only), the
-  scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's.
+- checkpoints: each rank writes its part of the optimizer state as safetensors (the stock hook pickles rank 0's
+  only), the scheduler as JSON; a resume on any number of processes reads every rank's file and keeps its part
+  (integration/optimizer_state.py), after checking that they are one complete set of this model and grouping.
 Refused in one line when the Trainer is built: DeepSpeed (its ZeRO optimizers flatten the parameters, which leaves
 no matrices for Muon) and FSDP (sharded parameters); the sharded step already keeps 1/W of the optimizer state.
 """
@@ -38,11 +39,13 @@ from ..jsonfile import read_json, write_json
 from ..optim.routing import build_optimizer
 from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
 from .momentum import MuonMomentumCallback
-from .optimizer_state import OPTIMIZER_FILE, SCHEDULER_FILE, load_optimizer_state, save_optimizer_state
-
-
-def _inner_optimizer(optimizer: Any) -> Any:
-    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps ours
+from .optimizer_state import (
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
+    inner_optimizer,
+    load_optimizer_state,
+    save_optimizer_state,
+)
 
 
 def check_distributed_setup(trainer: Any) -> None:
@@ -109,40 +112,27 @@ class NanoChatOptimizerMixin:
         return super()._get_grad_norm(model, grad_norm)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs and (norm := getattr(_inner_optimizer(self.optimizer), "last_grad_norm", None)) is not None:
+        if "loss" in logs and (norm := getattr(inner_optimizer(self.optimizer), "last_grad_norm", None)) is not None:
             logs["grad_norm"] = norm  # the norm of the averaged gradient, measured by the optimizer as it clipped
         super().log(logs, start_time)
 
     # private hook: the stock one pickles rank 0's optimizer state only; ours is sharded across ranks
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """Each rank writes its optimizer shard as safetensors; the main process the scheduler as JSON."""
+        """Each rank writes its part of the optimizer state (optimizer_state.py); the main process the scheduler."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         rank = self.accelerator.process_index
-        save_optimizer_state(self.optimizer, out / OPTIMIZER_FILE.format(rank=rank))
+        save_optimizer_state(self.optimizer, self.model, out / OPTIMIZER_FILE.format(rank=rank))
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """This rank's optimizer shard and the schedule; a checkpoint of another world size or model in one line."""
+        """This rank's part of the optimizer state, whatever the world size that saved it, and the schedule; a
+        checkpoint of another model or grouping, or one with a rank's file missing, in one line."""
         if checkpoint is None:
             return
-        ckpt, world = Path(checkpoint), self.accelerator.num_processes
-        shards = sorted(ckpt.glob(OPTIMIZER_FILE.format(rank="*")))
-        if not shards or not (ckpt / SCHEDULER_FILE).is_file():
-            raise UserError(
-                f"{ckpt}: no {OPTIMIZER_FILE.format(rank='<r>')} / {SCHEDULER_FILE}: not a checkpoint of "
-                "nanochat's optimizer"
-            )
-        if len(shards) != world:
-            raise UserError(
-                f"{ckpt}: optimizer state of {len(shards)} processes, this run has {world}: the state is sharded per "
-                f"rank, resume with {len(shards)} processes"
-            )
-        state = load_optimizer_state(ckpt / OPTIMIZER_FILE.format(rank=self.accelerator.process_index))
-        try:
-            _inner_optimizer(self.optimizer).load_state_dict(state)
-        except UserError as e:
-            raise UserError(f"{ckpt}: {e}") from None
-        self.lr_scheduler.load_state_dict(read_json(ckpt / SCHEDULER_FILE))
+        load_optimizer_state(self.optimizer, self.model, checkpoint)
+        if not (Path(checkpoint) / SCHEDULER_FILE).is_file():
+            raise UserError(f"{Path(checkpoint) / SCHEDULER_FILE}: missing: a partial checkpoint")
+        self.lr_scheduler.load_state_dict(read_json(Path(checkpoint) / SCHEDULER_FILE))

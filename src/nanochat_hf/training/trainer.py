@@ -37,12 +37,12 @@ from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.utils import logging as hf_logging
 
 from ..conversion.nanochat import NANOCHAT_META_FILE
-from ..conversion.optimizer_files import apply_settings, check_world_size, load_full_state, read_warm_start
+from ..conversion.optimizer_files import apply_settings, read_warm_start
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..integration.mixin import NanoChatOptimizerMixin
-from ..integration.optimizer_state import load_optimizer_state, save_optimizer_state
+from ..integration.optimizer_state import load_full_state, load_optimizer_state, save_optimizer_state
 from ..jsonfile import read_json, write_json
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
@@ -134,8 +134,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         # one line), and put into the optimizer when it is built
         self.warm_start = None
         if a.nanochat_optimizer:
-            full, world, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
-            check_world_size(a.nanochat_optimizer, world, self.accelerator.num_processes)
+            full, _, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
             self.warm_start = (full, fmt, settings)
 
     def train(self, *args, **kwargs):
@@ -309,7 +308,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
         out, rank = Path(output_dir), self.accelerator.process_index
         out.mkdir(parents=True, exist_ok=True)
-        save_optimizer_state(self.optimizer, out / OPTIMIZER_FILE.format(rank=rank))
+        save_optimizer_state(self.optimizer, self.model, out / OPTIMIZER_FILE.format(rank=rank))
         write_json(out / DATA_STATE_FILE.format(rank=rank), self._train_loader.stream.state_dict())
         if self.args.should_save:
             if self.run_fingerprint is not None:
@@ -342,7 +341,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         ckpt, rank = Path(checkpoint), self.accelerator.process_index
         meta = check_checkpoint_world_size(ckpt, self.accelerator.num_processes)
         fresh = [g["initial_lr"] for g in self.optimizer.param_groups]  # from this run's arguments
-        self.optimizer.load_state_dict(load_optimizer_state(ckpt / OPTIMIZER_FILE.format(rank=rank)))
+        load_optimizer_state(self.optimizer, self.model, ckpt)
         self.lr_scheduler.load_state_dict(read_json(ckpt / SCHEDULER_FILE))
         if fresh != [g["initial_lr"] for g in self.optimizer.param_groups]:
             # a changed LR (run.setup checked the fingerprint and said so): the new base rates, same multiplier

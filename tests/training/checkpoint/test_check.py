@@ -20,6 +20,7 @@ from nanochat_hf.integration.optimizer_state import save_optimizer_state
 from nanochat_hf.jsonfile import write_json
 from nanochat_hf.model.configuration_nanochat_gpt import NanoChatGPTConfig
 from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
+from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.checkpoint.check import (
     FINGERPRINT_FIELDS,
     CheckpointMismatch,
@@ -42,11 +43,11 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
     torch.manual_seed(step)
     model = NanoChatGPTForCausalLM(NanoChatGPTConfig(sequence_len=16, vocab_size=32, n_layer=1, n_head=2, n_embd=16))
     model.save_pretrained(ckpt)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = build_optimizer(model, sharded=False)
     model(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).loss.backward()
     optimizer.step()
     for rank in range(world_size):
-        save_optimizer_state(optimizer, ckpt / f"optimizer.rank{rank}.safetensors")
+        save_optimizer_state(optimizer, model, ckpt / f"optimizer.rank{rank}.safetensors")
         write_json(ckpt / f"data_state.rank{rank}.json", {"position": step * 10 + rank})
         save_rng_state(ckpt, rank)
     write_json(ckpt / "scheduler.json", {"last_epoch": step})
