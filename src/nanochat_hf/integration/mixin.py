@@ -19,6 +19,8 @@ What the mixin changes, and nothing else:
   alone; a DDP that manages every parameter and already has a communication hook averages them instead, and the
   optimizer is told so (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the
   optimizer, on the averaged gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
+- the saved model is whole: a model FSDP2 shards is gathered before it is written (`save_model`, also inside
+  checkpoints).
 - checkpoints: each rank writes its part of the optimizer state as safetensors (the stock hook pickles rank 0's
   only), the scheduler as JSON; a resume on any number of processes reads every rank's file and keeps its part
   (integration/optimizer_state.py), after checking that they are one complete set of this model and grouping.
@@ -46,6 +48,7 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
+from .saving import whole_state_dict
 
 
 def check_distributed_setup(trainer: Any) -> None:
@@ -115,6 +118,18 @@ class NanoChatOptimizerMixin:
         if "loss" in logs and (norm := getattr(inner_optimizer(self.optimizer), "last_grad_norm", None)) is not None:
             logs["grad_norm"] = norm  # the norm of the averaged gradient, measured by the optimizer as it clipped
         super().log(logs, start_time)
+
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The stock save; a model FSDP2 shards outside Accelerate's FSDP (`fully_shard` under torchrun, e.g. on
+        CPU, where Accelerate enables no FSDP) is first gathered whole (every process takes part) and the main
+        process writes it: one ordinary folder, not each rank's shards."""
+        state = None if self.is_fsdp_enabled else whole_state_dict(self.model)  # Accelerate's FSDP: the stock path
+        if state is None:
+            return super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
     # private hook: the stock one pickles rank 0's optimizer state only; ours is sharded across ranks
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
