@@ -270,7 +270,7 @@ def dist_worker(rank, world, port, steps):
             fresh.step()
             again = flat_params(model)
             assert torch.equal(after, again), f"reload (fallback={fallback}) differs"
-        # a state saved at another world size is refused (the trainer resumes only at the world size that saved)
+        # a per-rank state_dict of another world size is refused (checkpoints re-shard: integration/optimizer_state.py)
         try:
             build_optimizer(model).load_state_dict(copy.deepcopy(full))
         except ValueError as e:

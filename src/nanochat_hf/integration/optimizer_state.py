@@ -82,7 +82,7 @@ def _groups(optimizer: MuonAdamW, names: dict[int, str]) -> list[dict[str, Any]]
     ]
 
 
-def rank_rows(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[dict, dict, dict]:
+def _rank_rows(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tuple[dict, dict, dict]:
     """This rank's state as (tensors, rows, scalars) keyed "<parameter name>/<state key>": each tensor is rows
     [start, end) of a whole tensor of n rows (``rows[key] = [start, end, n]``)."""
     opt, names = inner_optimizer(optimizer), param_names(model)
@@ -124,14 +124,14 @@ def full_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> Full
     """The state of a one-process optimizer by parameter name (whole tensors, float32): what a checkpoint holds."""
     if inner_optimizer(optimizer).world_size != 1:
         raise ValueError("full_state needs the optimizer of one process (read a checkpoint's files instead)")
-    tensors, _, scalars = rank_rows(optimizer, model)
+    tensors, _, scalars = _rank_rows(optimizer, model)
     return _by_name({**{k: v.float() for k, v in tensors.items()}, **scalars})
 
 
 def save_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, path: str | Path) -> None:
     """This rank's optimizer state -> one safetensors file, readable by any world size (module docstring)."""
     opt = inner_optimizer(optimizer)
-    tensors, rows, scalars = rank_rows(opt, model)
+    tensors, rows, scalars = _rank_rows(opt, model)
     meta = {
         "format": FORMAT,
         "recipe": recipe_of(opt),
@@ -212,7 +212,7 @@ def read_optimizer_checkpoint(directory: str | Path) -> SavedOptimizer | None:
     return SavedOptimizer(meta0["recipe"], world, groups, _by_name({**tensors, **scalars}), directory)
 
 
-def check_same_model(saved: SavedOptimizer, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
+def _check_same_model(saved: SavedOptimizer, optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> None:
     """One line unless ``saved`` is the state of this model under this grouping (the recipe, the groups in order
     with the same parameter names, the state of each parameter's size)."""
     opt, names = inner_optimizer(optimizer), param_names(model)
@@ -283,7 +283,7 @@ def load_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
     if saved is None:
         missing = OPTIMIZER_FILE.format(rank="<r>")
         raise UserError(f"{directory}: no {missing}: not a checkpoint of nanochat's optimizer")
-    check_same_model(saved, optimizer, model)
+    _check_same_model(saved, optimizer, model)
     load_full_state(optimizer, model, saved.full)
     for group, settings in zip(inner_optimizer(optimizer).param_groups, saved.groups):
         group.update({k: v for k, v in settings.items() if k not in _NOT_STATE})
