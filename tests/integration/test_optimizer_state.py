@@ -60,15 +60,15 @@ def test_a_checkpoint_of_two_processes_is_the_gathered_state_and_reads_the_same_
         case = f"{arch}-{recipe}"
         saved = read_optimizer_checkpoint(root / "w2" / case)
         assert (saved.world_size, saved.recipe) == (2, recipe)
-        _assert_same(saved.full, torch.load(root / "w2" / case / "consolidated.pt", weights_only=True))
+        _assert_same(saved.whole_state(), torch.load(root / "w2" / case / "consolidated.pt", weights_only=True))
         model, opt = state_worker.build(arch, recipe, sharded=False)
         load_optimizer_state(opt, model, root / "w2" / case)  # one process
-        _assert_same(full_state(opt, model), saved.full)
+        _assert_same(full_state(opt, model), saved.whole_state())
         assert [g["lr"] for g in opt.param_groups] == [g["lr"] for g in saved.groups]  # settings too (step_fixed's)
         for world in (3, 4):
             again = read_optimizer_checkpoint(root / f"w{world}" / case)
             assert again.world_size == world
-            _assert_same(again.full, saved.full)
+            _assert_same(again.whole_state(), saved.whole_state())
 
 
 def test_bad_checkpoints_are_one_line_and_nothing_is_loaded(state_worker, two_process_checkpoint, tmp_path):

@@ -75,7 +75,7 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     assert sorted(p.name for p in nanochat_dir.glob("optim_*")) == [path.name]
     model = NanoChatGPTForCausalLM.from_pretrained(ckpt)
     written, world, fmt = read_nanochat_optimizer(path, model)
-    ours = state.full
+    ours = state.whole_state()
     assert (world, fmt) == (1, "head") and written.keys() == ours.keys()
     assert all(torch.equal(written[n][k], ours[n][k]) for n in ours for k in ours[n] if k != "step")
     # then a fresh run warm-started from it

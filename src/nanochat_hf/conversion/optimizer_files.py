@@ -365,7 +365,7 @@ def write_nanochat_optimizer(
     in ``directory``, one per process of the run that saved it: HEAD format for recipe 2026-07, G0-era format for
     2025-12."""
     fmt = "g0" if saved.recipe == "2025-12" else "head"
-    objects = nanochat_files(model, saved.full, saved.world_size, fmt, dtypes, saved.groups)
+    objects = nanochat_files(model, saved.whole_state(), saved.world_size, fmt, dtypes, saved.groups)
     paths = []
     for r, obj in enumerate(objects):
         paths.append(directory / f"optim_{step:06d}_rank{r}.pt")

@@ -4,9 +4,10 @@ Each rank writes ``optimizer.rank<r>.safetensors``: the state it holds, per para
 rows [start, end) of the parameter's whole state tensor of n rows (the layout rule of optim/: `rows_per_rank` for
 sharded rows, whole tensors on their owner or on every rank; seam.md point 1), plus the groups (names, parameter
 names, settings), the recipe and the world size as JSON metadata. No pickles. A run of W' processes reads every
-rank's file, puts the rows together into whole tensors (`read_optimizer_checkpoint`, which checks that the files
-are one complete set) and keeps its own part (`load_full_state`: the same slicing as a warm start from nanochat's
-files), so a checkpoint of W processes resumes on W' exactly: every number is copied, none recomputed.
+rank's file's header (`read_optimizer_checkpoint`, which checks that the files are one complete set) and reads only
+the rows the layout gives it at W' (`load_full_state`: the same slicing as a warm start from nanochat's files;
+safetensors slices, so no rank holds more than its part), so a checkpoint of W processes resumes on W' exactly:
+every number is copied, none recomputed.
 The scheduler is JSON (SCHEDULER_FILE). The mixin and MidTrainer write and read them; conversion/ turns them into
 nanochat's ``optim_<step>_rank<r>.pt``.
 """
@@ -14,6 +15,7 @@ nanochat's ``optim_<step>_rank<r>.pt``.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,7 +33,7 @@ from ..optim.reduction import rows_per_rank
 OPTIMIZER_FILE = "optimizer.rank{rank}.safetensors"  # this rank's optimizer shard
 SCHEDULER_FILE = "scheduler.json"
 FORMAT = "rows-by-name/1"  # written into every file; another value (or none: an older nanochat-hf) is refused
-FullState = dict[str, dict[str, Any]]  # parameter name -> {"step": int, "exp_avg": whole tensor, ...}
+FullState = dict[str, dict[str, Any]]  # parameter name -> {"step": int, "exp_avg": whole tensor or OnDisk, ...}
 _NOT_STATE = ("params", "polar_dtype")  # group entries that are not saved settings (polar_dtype: this machine's)
 
 
@@ -146,14 +148,47 @@ def save_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Modul
 
 
 @dataclass
+class OnDisk:
+    """A whole state tensor as the rank files hold it, in row pieces; only the rows asked for are read."""
+
+    shape: tuple[int, ...]
+    pieces: list[tuple[int, int, Path, str]]  # (start, end, file, tensor name), covering rows [0, n) in order
+
+    def rows(self, start: int, end: int) -> Tensor:
+        parts = []
+        for s, e, path, name in self.pieces:
+            if max(start, s) < min(end, e):
+                with safe_open(str(path), framework="pt") as f:
+                    parts.append(f.get_slice(name)[max(start, s) - s : min(end, e) - s])
+        if not parts:  # a rank that owns none of the rows (dim 0 shorter than the world)
+            return torch.zeros((0, *self.shape[1:]))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def whole(self) -> Tensor:
+        return self.rows(0, self.shape[0])
+
+
+def _rows(value: Tensor | OnDisk, start: int, end: int) -> Tensor:
+    return value.rows(start, end) if isinstance(value, OnDisk) else value[start:end]
+
+
+def _whole(value: Tensor | OnDisk) -> Tensor:
+    return value.whole() if isinstance(value, OnDisk) else value
+
+
+@dataclass
 class SavedOptimizer:
-    """A checkpoint's optimizer state put together from every rank's file."""
+    """A checkpoint's optimizer state as every rank's file holds it (tensors `OnDisk`, read where needed)."""
 
     recipe: str
     world_size: int
     groups: list[dict[str, Any]]  # settings, with parameter names in "params"
     full: FullState
     where: Path  # the folder, for messages
+
+    def whole_state(self) -> FullState:
+        """Every tensor read whole (what conversion/ writes out as nanochat's files)."""
+        return {name: {k: _whole(v) for k, v in st.items()} for name, st in self.full.items()}
 
 
 def _metadata(path: Path) -> dict[str, str]:
@@ -192,22 +227,25 @@ def read_optimizer_checkpoint(directory: str | Path) -> SavedOptimizer | None:
         metas.append(_metadata(path))
         if (metas[-1]["world_size"], metas[-1]["groups"]) != (meta0["world_size"], meta0["groups"]):
             raise UserError(f"{path}: written by another run than {first.name} (other world size or groups)")
-    pieces: dict[str, list[tuple[int, int, int, Tensor]]] = {}
+    pieces: dict[str, list[tuple[int, int, Path, str]]] = {}
+    shapes: dict[str, tuple[int, ...]] = {}
     scalars: dict[str, Any] = {}
     for r, meta in enumerate(metas):
-        with safe_open(str(directory / OPTIMIZER_FILE.format(rank=r)), framework="pt") as f:
+        path = directory / OPTIMIZER_FILE.format(rank=r)
+        with safe_open(str(path), framework="pt") as f:
             for name, (start, end, n) in json.loads(meta["rows"]).items():
                 if start == 0 and end == n and name in pieces:
                     continue  # a whole tensor every rank holds (replicated): rank 0's
-                pieces.setdefault(name, []).append((start, end, n, f.get_tensor(name)))
+                pieces.setdefault(name, []).append((start, end, path, name))
+                shapes[name] = (n, *f.get_slice(name).get_shape()[1:])
         for name, value in json_decode(json.loads(meta["scalars"])).items():
             scalars.setdefault(name, value)  # (a step count every rank holding the parameter's rows keeps)
     tensors = {}
     for name, parts in pieces.items():
         parts.sort(key=lambda part: part[0])
-        if [s for s, *_ in parts] != [0, *(e for _, e, *_ in parts[:-1])] or parts[-1][1] != parts[-1][2]:
+        if [s for s, *_ in parts] != [0, *(e for _, e, *_ in parts[:-1])] or parts[-1][1] != shapes[name][0]:
             raise UserError(f"{directory}: the ranks' rows of {name} do not cover it: a damaged checkpoint")
-        tensors[name] = torch.cat([t for *_, t in parts]) if len(parts) > 1 else parts[0][3]
+        tensors[name] = OnDisk(shapes[name], parts)
     groups = json_decode(json.loads(meta0["groups"]))
     return SavedOptimizer(meta0["recipe"], world, groups, _by_name({**tensors, **scalars}), directory)
 
@@ -231,7 +269,7 @@ def _check_same_model(saved: SavedOptimizer, optimizer: torch.optim.Optimizer, m
     numel = {names[id(p)]: p.numel() for p in model.parameters()}
     for name, state in saved.full.items():
         for key in ("exp_avg", "momentum_buffer"):
-            if key in state and state[key].numel() != numel[name]:
+            if key in state and math.prod(state[key].shape) != numel[name]:
                 raise UserError(
                     f"{where}: {key} of {name} has {tuple(state[key].shape)}, this model's parameter "
                     f"{numel[name]} elements: a checkpoint of another model"
@@ -257,7 +295,10 @@ def load_full_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, fu
                 _, start, end = (0, 0, p.shape[0]) if whole else optimizer._rows(p)
                 optimizer.state[p] = {
                     "step": st["step"],
-                    **{k: st[k][start:end].to(p.device, torch.float32).clone() for k in ("exp_avg", "exp_avg_sq")},
+                    **{
+                        k: _rows(st[k], start, end).to(p.device, torch.float32, copy=True)
+                        for k in ("exp_avg", "exp_avg_sq")
+                    },
                 }
         elif isinstance(optimizer, NorMuonAdamW):
             if not any(names[id(p)] in full for p in params):
@@ -268,12 +309,12 @@ def load_full_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, fu
                 for j, p in enumerate(params[start:end]):
                     value = full.get(names[id(p)], {}).get(key)
                     if value is not None:  # a G0 file has no second moment: NorMuon starts it at 0
-                        buf[j].copy_(value.reshape(buf[j].shape))
+                        buf[j].copy_(_whole(value).reshape(buf[j].shape))
         else:
             for p in params:
                 value = full.get(names[id(p)], {}).get("momentum_buffer")
                 if value is not None and optimizer._plan(p) == ("owner", optimizer.rank):
-                    optimizer.state[p] = {"momentum_buffer": value.to(p.device, torch.float32).clone()}
+                    optimizer.state[p] = {"momentum_buffer": _whole(value).to(p.device, torch.float32, copy=True)}
 
 
 def load_optimizer_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, directory: str | Path) -> None:
