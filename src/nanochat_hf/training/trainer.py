@@ -110,6 +110,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         self.token_bytes = token_bytes
         self.min_val_bpb = math.inf
         self._train_loader: StreamLoader | None = None
+        self._data_shards: int | None = None  # data_shards(), read once (rotation may remove the checkpoint)
         # nanochat: loss = mean over the micro-batch / grad_accum (all tokens are targets in packed rows), so the
         # Trainer must not renormalise by a token count gathered across ranks.
         self.model_accepts_loss_kwargs = False
@@ -151,7 +152,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         resume = kwargs.get("resume_from_checkpoint")
         if isinstance(resume, str) and resume != self.args.resume_from_checkpoint:
             self.args.resume_from_checkpoint = resume  # where data_shards() reads the run's data shards
-            self._train_loader = None
+            self._train_loader, self._data_shards = None, None
         if self.args.use_cpu or not torch.cuda.is_available():
             torch.set_num_threads(cpu_threads(self.args.num_threads, self.accelerator.num_processes))
         return super().train(*args, **kwargs)
@@ -175,8 +176,11 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
     def data_shards(self) -> int:
         """The run's data shards (data/shards.py): the number of processes it started with, as the checkpoint it
         resumes from says, else this run's."""
-        checkpoint = self.args.resume_from_checkpoint
-        return read_run_state(Path(checkpoint))["data_shards"] if checkpoint else self.accelerator.num_processes
+        if self._data_shards is None:
+            checkpoint = self.args.resume_from_checkpoint
+            world = self.accelerator.num_processes
+            self._data_shards = read_run_state(Path(checkpoint))["data_shards"] if checkpoint else world
+        return self._data_shards
 
     def shard_stream(self, token_ds, micro_batches: int) -> MicroBatchStream:
         """This process's stream: its own (`make_stream`) while the run has as many processes as data shards,
