@@ -147,7 +147,8 @@ class NanoChatOptimizerMixin:
         checkpoint of another model or grouping, or one with a rank's file missing, in one line."""
         if checkpoint is None:
             return
+        schedule = Path(checkpoint) / SCHEDULER_FILE
+        if not schedule.is_file():
+            raise UserError(f"{schedule}: missing: a partial checkpoint")
         load_optimizer_state(self.optimizer, self.model, checkpoint)
-        if not (Path(checkpoint) / SCHEDULER_FILE).is_file():
-            raise UserError(f"{Path(checkpoint) / SCHEDULER_FILE}: missing: a partial checkpoint")
-        self.lr_scheduler.load_state_dict(read_json(Path(checkpoint) / SCHEDULER_FILE))
+        self.lr_scheduler.load_state_dict(read_json(schedule))
