@@ -337,6 +337,7 @@ def test_unknown_chat_eval_task_is_one_line(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
+@pytest.mark.slow
 def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tmp_path):
     """A real `python scripts/mid_train.py` process sent SIGTERM after its 5th step (as a cluster preempts): it
     finishes the running step, saves that step's checkpoint, says in one line where it stopped and the command to
