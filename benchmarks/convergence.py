@@ -56,11 +56,11 @@ import nanochat_hf  # noqa: F401  (registers the Auto classes)
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.atomic import write_text
 from nanochat_hf.data import demo_tokenizer, load_mixture, tokenize_conversations
+from nanochat_hf.integration.gradients import clip_in_optimizer
 from nanochat_hf.optim import RECIPES, build_optimizer
 from nanochat_hf.tokenizer.chat_format import EOS_TOKEN
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import NanoChatConsole
-from nanochat_hf.training.gradients import clip_in_optimizer
 from nanochat_hf.training.run import build_trainer, train
 
 # Half-decade steps from 0.01, the order of nanochat's AdamW rate for a matrix (lm_head: unembedding_lr 0.004,
@@ -290,8 +290,9 @@ def llama_main(a: argparse.Namespace, argv: list[str] | None) -> dict:
     import transformers
     from transformers import AutoModelForCausalLM
 
+    from nanochat_hf.integration.momentum import muon_momentum
     from nanochat_hf.tokenizer import token_bytes as compute_token_bytes
-    from nanochat_hf.training.schedule import lr_multiplier, muon_momentum
+    from nanochat_hf.training.schedule import lr_multiplier
 
     torch.set_num_threads(1)
     tokenizer = demo_tokenizer()

@@ -48,10 +48,10 @@ from transformers import TrainerCallback
 
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data import MicroBatchStream
+from nanochat_hf.integration.momentum import muon_momentum
 from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import PEAK_FLOPS
-from nanochat_hf.training.schedule import muon_momentum
 from nanochat_hf.training.trainer import MidTrainer
 
 LOOPS = {"midtrainer": "MidTrainer", "baseline": "nanochat loop"}

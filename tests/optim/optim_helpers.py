@@ -270,7 +270,7 @@ def dist_worker(rank, world, port, steps):
             fresh.step()
             again = flat_params(model)
             assert torch.equal(after, again), f"reload (fallback={fallback}) differs"
-        # a state saved at another world size is refused (the trainer resumes only at the world size that saved)
+        # a per-rank state_dict of another world size is refused (checkpoints re-shard: integration/optimizer_state.py)
         try:
             build_optimizer(model).load_state_dict(copy.deepcopy(full))
         except ValueError as e:
@@ -464,9 +464,9 @@ def archs_dist_worker(rank, world, port, steps, out_dir):
     wrapped in DDP, whose averaging is then silenced); rank 0 compares with one process stepping on the average."""
     import torch.distributed as dist
 
+    from nanochat_hf.integration.gradients import silence_ddp
     from nanochat_hf.optim import build_optimizer
     from nanochat_hf.optim.reduction import rows_per_rank
-    from nanochat_hf.training.gradients import silence_ddp
 
     torch.set_num_threads(1)
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -55,12 +55,12 @@ class Interleaved(MicroBatchStream):
 
 
 class WorkerTrainer(MidTrainer):
-    def make_stream(self, token_ds):
+    def make_stream(self, token_ds, **where):
         if os.environ.get("INTERLEAVE") == "1" and token_ds is self.train_dataset:
             return Interleaved(
                 token_ds, max_seq_len=self.args.max_seq_len, device_batch_size=self.args.device_batch_size
             )
-        return super().make_stream(token_ds)
+        return super().make_stream(token_ds, **where)
 
 
 class Probe(TrainerCallback):

@@ -128,3 +128,77 @@ def test_clipping_two_processes_clips_as_one(tmp_path):
     p_one = load_file(str(tmp_path / "one" / "params.rank0.safetensors"))
     for name in p_one:
         torch.testing.assert_close(p_two[name], p_one[name], rtol=0, atol=2e-3, msg=f"{name}: clipped 2 != 1")
+
+
+@pytest.fixture(scope="module")
+def two_proc_accum2(tmp_path_factory):
+    """2 processes, 2 micro-batches each per step (global batch 512 tokens), float32 orthogonalisation (the
+    comparisons across world sizes are then float32 summation order, not bfloat16 rounding)."""
+    tmp = tmp_path_factory.mktemp("reshard")
+    _launch(tmp, tmp / "two", 2, RESHARD)
+    return tmp
+
+
+RESHARD = ["--total_batch_size", "512", "--polar_dtype", "float32"]
+
+
+@pytest.mark.parametrize("nproc", [1, 4])
+def test_a_two_process_checkpoint_resumes_on_one_and_four(two_proc_accum2, nproc):
+    """Resumed after step 3 on 1 process (4 micro-batches per step) and on 4 (1 each), with the same global batch:
+    the data keeps the run's 2 shards (data/shards.py), the optimizer state is re-sharded, and the logged losses,
+    validation and final weights are the uninterrupted 2-process run's up to float32 summation order."""
+    tmp = two_proc_accum2
+    full, resumed = tmp / "two", tmp / f"on{nproc}"
+    resumed.mkdir()
+    shutil.copytree(full / "checkpoint-3", resumed / "checkpoint-3")
+    proc = _launch(tmp, resumed, nproc, [*RESHARD, "--resume_from_checkpoint", "true"])
+    assert f"resuming a run of 2 processes on {nproc}: the optimizer state is re-sharded" in proc.stdout
+    got, expected = _losses(resumed / "checkpoint-6"), _losses(full / "checkpoint-6")
+    assert [g[0] for g in got] == [e[0] for e in expected] == list(range(1, 7))
+    assert [g[1:] for g in got] == [pytest.approx(e[1:], rel=1e-5) for e in expected]
+    bpb = [
+        [
+            h["eval_val_bpb"]
+            for h in json.loads((run / "trainer_state.json").read_text())["log_history"]
+            if "eval_val_bpb" in h
+        ]
+        for run in (resumed, full)
+    ]
+    assert bpb[0] == pytest.approx(bpb[1], rel=1e-5) and len(bpb[0]) == 3  # steps 0, 3 and 6
+    a, b = load_file(str(full / "model.safetensors")), load_file(str(resumed / "model.safetensors"))
+    worst = max(((a[k] - b[k]).norm() / a[k].norm()).item() for k in a)
+    print(f"resumed on {nproc}: worst relative weight difference vs the uninterrupted 2-process run {worst:.2e}")
+    assert worst < 1e-5
+
+
+def test_sigterm_to_the_launcher_preempts_both_processes(tmp_path):
+    """SIGTERM to `accelerate launch` (which passes it to its 2 processes, as a cluster preempting a job does): both
+    ranks stop after the same step, its checkpoint is complete (both ranks' files), one line says how to resume, no
+    final model; resumed on 1 process it finishes the run."""
+    import os
+    import signal
+    import subprocess
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    out = tmp_path / "run"
+    args = [*RUN, "--num_iterations", "300", "--save_steps", "0", "--eval_every", "1000", "--output_dir", str(out)]
+    proc = subprocess.Popen([*launch_command(2, str(SCRIPT)), *args], cwd=tmp_path, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("step 00005/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, stderr = proc.communicate(timeout=600)
+    ours = [line for line in stderr.splitlines() if line.startswith("mid_train: preempted (SIGTERM) at step ")]
+    assert proc.returncode != 0 and len(ours) == 1, stderr[-3000:]
+    step = int(ours[0].split(" at step ")[1].split(" ")[0])
+    (checkpoint,) = out.glob("checkpoint-*")
+    assert checkpoint.name == f"checkpoint-{step}" and (checkpoint / "trainer_state.json").is_file()
+    assert sorted(p.name for p in checkpoint.glob("optimizer.rank*")) == [
+        "optimizer.rank0.safetensors",
+        "optimizer.rank1.safetensors",
+    ]
+    assert not (out / "model.safetensors").exists()
+    _launch(tmp_path, out, 1, ["--num_iterations", "300", "--save_steps", "0", "--eval_every", "1000",
+                               "--resume_from_checkpoint", "true"])  # fmt: skip
+    assert (out / "model.safetensors").is_file()

@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from nanochat_hf.training.checkpoint.files import load_optimizer_state
+from nanochat_hf.integration.optimizer_state import read_optimizer_checkpoint
 from nanochat_hf.training.run import main
 
 pytestmark = pytest.mark.slow
@@ -22,7 +22,7 @@ def _error_line(capsys):
 def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     from nanochat_hf import NanoChatGPTForCausalLM
     from nanochat_hf.conversion import to_nanochat
-    from nanochat_hf.conversion.optimizer_files import full_state_of_shards, read_nanochat_optimizer
+    from nanochat_hf.conversion.optimizer_files import read_nanochat_optimizer
 
     out = tmp_path / "run"
     metrics = main(
@@ -43,8 +43,8 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     assert metrics["steps"] == 2 and metrics["val_bpb"] > 0
     ckpt = out / "checkpoint-2"
     assert json.loads((ckpt / "run_fingerprint.json").read_text())["optimizer_recipe"] == "2026-07"
-    state = load_optimizer_state(ckpt / "optimizer.rank0.safetensors")
-    assert any("second_momentum_buffer" in st for st in state["state"].values())  # NorMuon's state
+    state = read_optimizer_checkpoint(ckpt)
+    assert state.recipe == "2026-07" and any("second_momentum_buffer" in st for st in state.full.values())  # NorMuon
 
     # the same run resumed with the December recipe: refused before training, nothing changed
     before = sorted(p.name for p in out.rglob("*"))
@@ -75,7 +75,7 @@ def test_head_recipe_run_resume_and_warm_start(tmp_path, tiny_args, capsys):
     assert sorted(p.name for p in nanochat_dir.glob("optim_*")) == [path.name]
     model = NanoChatGPTForCausalLM.from_pretrained(ckpt)
     written, world, fmt = read_nanochat_optimizer(path, model)
-    ours = full_state_of_shards(model, "2026-07", [state])
+    ours = state.whole_state()
     assert (world, fmt) == (1, "head") and written.keys() == ours.keys()
     assert all(torch.equal(written[n][k], ours[n][k]) for n in ours for k in ours[n] if k != "step")
     # then a fresh run warm-started from it

@@ -111,7 +111,7 @@ def test_the_run_writes_exactly_the_files_the_layout_declares(run, tmp_path):
     AutoTokenizer.from_pretrained(out).save_pretrained(tmp_path / "hf")
     transformers_own = {p.name for p in (tmp_path / "hf").iterdir()}
     model = transformers_own | {layout.TRAINING_ARGS_FILE}
-    ours = {*layout.SHARED_FILES, *(f.format(rank=0) for f in layout.PER_RANK_FILES)}
+    ours = {*layout.SHARED_FILES, *(f.format(rank=0) for f in (*layout.PER_PROCESS_FILES, *layout.PER_SHARD_FILES))}
     for step in (2, 4):
         assert {p.name for p in (out / layout.checkpoint_name(step)).iterdir()} == model | ours
     run_files = {layout.TRAINER_STATE_FILE, layout.REPORT_FILE, layout.CURVES_FILE, layout.MODEL_CARD_FILE}
@@ -312,8 +312,10 @@ def test_jit_checkpoint_on_sigterm_resumes_with_the_same_logged_losses(run, monk
 
     original = run_module.build_trainer
     monkeypatch.setattr(run_module, "build_trainer", build_trainer)
-    _run([*args, "--enable_jit_checkpoint", "true", "--save_steps", "100", "--output_dir", str(jit)])
+    with pytest.raises(SystemExit) as e:  # preempted: exit 143, no final model
+        _run([*args, "--enable_jit_checkpoint", "true", "--save_steps", "100", "--output_dir", str(jit)])
     monkeypatch.undo()
+    assert e.value.code == 143 and not (jit / "model.safetensors").exists()
     assert sorted(p.name for p in jit.glob("checkpoint-*")) == ["checkpoint-2"]  # at the end of step 2, then stop
     assert _losses(jit / "checkpoint-2") == _losses(out / "checkpoint-2")  # its log line and EMA are in it
     _run([*args, "--output_dir", str(jit), "--resume_from_checkpoint", "true"])
@@ -333,3 +335,44 @@ def test_unknown_chat_eval_task_is_one_line(tmp_path, capsys):
     line = _fail([*TINY_ARGS, "--chat_eval_tasks", "SpellingBee,Trivia", "--output_dir", str(tmp_path / "o")], capsys)
     assert "'Trivia'" in line and "SpellingBee" in line
     assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.slow
+def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tmp_path):
+    """A real `python scripts/mid_train.py` process sent SIGTERM after its 5th step (as a cluster preempts): it
+    finishes the running step, saves that step's checkpoint, says in one line where it stopped and the command to
+    resume, exits 143, and writes no final model. That command continues the run to the uninterrupted run's
+    logged losses."""
+    import shlex
+    import signal
+    import subprocess
+
+    from .conftest import TINY_ARGS
+
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    args = [*TINY_ARGS, "--num_iterations", "300", "--eval_every", "1000", "--spelling_eval_rows", "0"]
+    full, out = tmp_path / "full", tmp_path / "run"
+    subprocess.run([sys.executable, script, *args, "--output_dir", str(full)], env=env, check=True, timeout=900,
+                   capture_output=True)  # fmt: skip
+    proc = subprocess.Popen([sys.executable, script, *args, "--output_dir", str(out)], env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
+    for line in proc.stdout:
+        if line.startswith("step 00005/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    stdout, stderr = proc.communicate(timeout=600)
+    ours = [line for line in stderr.splitlines() if line.startswith("mid_train: ")]
+    assert proc.returncode == 143 and len(ours) == 1, stderr[-3000:]
+    step = int(ours[0].split("preempted (SIGTERM) at step ")[1].split(" ")[0])
+    assert 5 <= step < 300
+    assert ours[0].startswith(f"mid_train: preempted (SIGTERM) at step {step} of 300: {out / f'checkpoint-{step}'} is")
+    assert [p.name for p in out.glob("checkpoint-*")] == [f"checkpoint-{step}"]
+    assert not (out / "model.safetensors").exists() and not (out / "report.md").exists()
+    assert "model written to" not in stdout
+    command = shlex.split(ours[0].split("with any number of processes: ")[1])
+    assert command[0] == "python" and command[-2:] == ["--resume_from_checkpoint", "true"]
+    subprocess.run([sys.executable, *command[1:]], env=env, check=True, timeout=900, capture_output=True)
+    history = [json.loads((run / "trainer_state.json").read_text())["log_history"] for run in (out, full)]
+    losses = [[(h["step"], h["loss"]) for h in run if "lrm" in h] for run in history]
+    assert len(losses[0]) == 300 and losses[0] == losses[1]

@@ -12,7 +12,7 @@ import pytest
 import transformers.trainer
 from transformers import Trainer, TrainingArguments
 
-from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+from nanochat_hf.integration import NanoChatOptimizerMixin
 from nanochat_hf.training.arguments import MidTrainingArguments
 from nanochat_hf.training.ddp_timeout import DDPTimeoutOnEveryBackendMixin
 from nanochat_hf.training.trainer import MidTrainer

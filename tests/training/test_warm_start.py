@@ -1,6 +1,7 @@
 """An SFT on a nanochat base folder as chat_sft.py does it, by default: the base run's optimizer files are loaded,
-with the base run's group settings (its last Muon weight decay) and only the LRs reset; files of another model or
-world size stop the run in one line naming the file, with nothing written. The result goes back to nanochat with
+with the base run's group settings (its last Muon weight decay) and only the LRs reset, from the files of any number
+of processes; files of another model, or a set with a rank's file missing, stop the run in one line naming the file,
+with nothing written. The result goes back to nanochat with
 the base meta as it came in and what training changed."""
 
 import json
@@ -52,7 +53,8 @@ def base_with_optimizer(tmp_path_factory) -> Path:
     """A G5 base folder as nanochat HEAD's base_train leaves it, optim_000010_rank0.pt included (HEAD's format,
     after one step, Muon weight decay 0.125: what base_train's cosine schedule had reached)."""
     from nanochat_hf.conversion import load_from_nanochat
-    from nanochat_hf.conversion.optimizer_files import full_state_of_shards, nanochat_files
+    from nanochat_hf.conversion.optimizer_files import nanochat_files
+    from nanochat_hf.integration.optimizer_state import full_state
     from nanochat_hf.optim import build_optimizer
 
     base = tmp_path_factory.mktemp("warm") / "nanochat"
@@ -68,7 +70,7 @@ def base_with_optimizer(tmp_path_factory) -> Path:
     for p in model.parameters():
         p.grad = torch.randn_like(p)
     opt.step()
-    full = full_state_of_shards(model, "2026-07", [opt.state_dict()])
+    full = full_state(opt, model)
     dtypes = {n: torch.float32 for n, _ in model.named_parameters()}
     [one] = nanochat_files(model, full, 1, "head", dtypes, opt.param_groups)
     torch.save(one, checkpoint / "optim_000010_rank0.pt")
@@ -98,7 +100,24 @@ def test_the_base_runs_optimizer_is_loaded_and_the_meta_goes_back_out(base_with_
     assert meta == {**base_meta, "step": 1, "val_bpb": pytest.approx(val_bpb, abs=1e-4)}
 
 
-@pytest.mark.parametrize("case", ["another model", "another world size"])
+def test_a_file_set_of_two_processes_warm_starts_one_process(base_with_optimizer, tmp_path):
+    """nanochat's files of a 2-process run (the same state, sharded) warm-start a 1-process run exactly as the
+    1-process file does: the trained weights are bit-identical."""
+    from safetensors.torch import load_file
+
+    two = tmp_path / "nanochat"
+    shutil.copytree(base_with_optimizer, two)
+    for r in range(2):
+        shutil.copy(base_with_optimizer.parent / "two" / f"optim_000010_rank{r}.pt", two / "base_checkpoints" / "d2")
+    weights = []
+    for name, base in (("one", base_with_optimizer), ("two", two)):
+        main([*RUN, "--model_source", str(base), "--output_dir", str(tmp_path / name)])
+        weights.append(load_file(tmp_path / name / "model.safetensors"))
+    assert weights[0].keys() == weights[1].keys()
+    assert all(torch.equal(weights[0][k], weights[1][k]) for k in weights[0])
+
+
+@pytest.mark.parametrize("case", ["another model", "a rank's file missing"])
 def test_foreign_optimizer_files_are_one_line_and_nothing_is_written(base_with_optimizer, tmp_path, capsys, case):
     base = tmp_path / "nanochat"
     shutil.copytree(base_with_optimizer, base)
@@ -106,10 +125,9 @@ def test_foreign_optimizer_files_are_one_line_and_nothing_is_written(base_with_o
     if case == "another model":
         shutil.copy(HEAD_FILE, checkpoint / "optim_000010_rank0.pt")
         expected = "optim_000010_rank0.pt: its optimizer groups"
-    else:
-        for r in range(2):
-            shutil.copy(base_with_optimizer.parent / "two" / f"optim_000010_rank{r}.pt", checkpoint)
-        expected = "optim_000010_rank0.pt: nanochat wrote this optimizer state with 2 process(es), this run has 1"
+    else:  # ranks 0 and 2 of a file set
+        shutil.copy(base_with_optimizer.parent / "two" / "optim_000010_rank1.pt", checkpoint / "optim_000010_rank2.pt")
+        expected = "optim_000010_rank1.pt: missing (found ranks [0, 2]"
     out = tmp_path / "out"
     with pytest.raises(SystemExit) as exc:
         main([*RUN, "--model_source", str(base), "--output_dir", str(out)])

@@ -13,6 +13,7 @@ from transformers import AutoTokenizer, GenerationConfig, PreTrainedTokenizerBas
 
 from ..atomic import staged_dir, write_text
 from ..errors import UserError, one_line
+from ..integration.optimizer_state import read_optimizer_checkpoint
 from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..paths import nanochat_base_dir
@@ -36,7 +37,7 @@ from .generations import (
     window_pattern_of,
 )
 from .native import read_hf_model
-from .optimizer_files import checkpoint_shards, write_nanochat_optimizer
+from .optimizer_files import write_nanochat_optimizer
 
 # nanochat's load_model(source): base_train, chat_sft and chat_rl write these folders in every generation; mid_train
 # wrote mid_checkpoints until mid-training went (1ddaad1, 2026-01-31; the loader forgot the name at 72b9064): G0-G2
@@ -280,7 +281,7 @@ def to_nanochat(
             )
     # The checkpoint names are checked now, before any work; the tokenizer files when they are written (the same
     # tokenizer written again for another step is byte-identical, and left as it is).
-    shards = checkpoint_shards(model_dir)  # a trainer checkpoint: its optimizer as nanochat's optim_*.pt files too
+    saved = read_optimizer_checkpoint(model_dir)  # a trainer checkpoint: its optimizer as nanochat's optim_*.pt too
     existing = [
         p
         for p in (
@@ -298,11 +299,11 @@ def to_nanochat(
     meta = {**source_meta, "step": step, "model_config": meta_model_config(config, pattern)}
     protect = files_in(model_dir)
     with staged_dir(output_dir, overwrite, protect) as tmp:
-        if shards is not None:
+        if saved is not None:
             with torch.device("meta"):
                 model = NanoChatGPTForCausalLM(config)
             ours = hf_names(config)  # the optimizer writer knows parameters by our names
-            write_nanochat_optimizer(model, *shards, tmp, step, {ours[n]: t.dtype for n, t in nanochat_state.items()})
+            write_nanochat_optimizer(model, saved, tmp, step, {ours[n]: t.dtype for n, t in nanochat_state.items()})
         if tokenizer is not None:  # lands first: a refusal there leaves the checkpoint folder untouched too
             with staged_dir(tokenizer_dir, overwrite, protect) as tok_tmp:
                 _write_nanochat_tokenizer(tokenizer, tok_tmp)

@@ -6,11 +6,11 @@ sharded, and `DistMuon`, groups by sorted shape, matrix i owned by rank i % W); 
 `MuonAdamW.state_dict()` (groups of gpt.py setup_optimizer; the layout of `nanochat_hf.optim.head`).
 Both are read into a "full" state by parameter name, {name: {"step", "exp_avg", "exp_avg_sq"}} (AdamW) or
 {name: {"momentum_buffer"[, "second_momentum_buffer"]}} (Muon), float32, whole tensors; that is then sliced into
-either recipe's optimizer for this rank, or written back in either format. A HEAD file's group settings (the
-base run's last scheduled Muon weight decay, betas, eps...) carry over into recipe 2026-07 with `apply_settings`,
-all but the learning rates, as chat_sft.py's ``load_state_dict`` then LR reset does; a G0 file has no settings
-of that recipe, so only its state moves. A file set from another world size, model or generation is refused in one
-line naming the file.
+either recipe's optimizer for this rank (of any world size), or written back in either format. A HEAD file's group
+settings (the base run's last scheduled Muon weight decay, betas, eps...) carry over into recipe 2026-07 with
+`apply_settings`, all but the learning rates, as chat_sft.py's ``load_state_dict`` then LR reset does; a G0 file has
+no settings of that recipe, so only its state moves. A file set with a rank missing, or of another model or
+generation, is refused in one line naming the file.
 """
 
 from __future__ import annotations
@@ -23,22 +23,14 @@ import torch
 from torch import Tensor
 
 from ..errors import UserError
-from ..optim import MuonAdamW, NorMuonAdamW, build_optimizer
+from ..integration.optimizer_state import FullState, SavedOptimizer, load_full_state, param_key, param_names
+from ..optim import MuonAdamW, NorMuonAdamW
 from ..optim.head import SMALL_NUMEL
 from ..optim.routing import ADAMW_GROUPS, head_group_of, nanochat_order
 
 FILE_PATTERN = re.compile(r"optim_(\d+)_rank(\d+)\.pt")
-FullState = dict[str, dict[str, Any]]
 Settings = dict[str, dict[str, Any]]  # parameter name -> the hyperparameters of its group in the file
 _NOT_CARRIED = ("params", "lr", "initial_lr", "kind", "name", "polar_dtype")  # chat_sft.py resets the LRs only
-
-
-def _key(name: str) -> str:
-    return name.removeprefix("module.").removeprefix("_orig_mod.")
-
-
-def _names(model: torch.nn.Module) -> dict[int, str]:
-    return {id(p): _key(n) for n, p in model.named_parameters()}
 
 
 def rank_files(path: str | Path) -> list[Path]:
@@ -74,7 +66,7 @@ def _load(path: Path) -> Any:
 def _head_layout(model: torch.nn.Module) -> list[tuple[str, list[str]]]:
     """(kind, names) per group of nanochat HEAD's MuonAdamW for this model, in its order (all six AdamW groups,
     empty ones too, then one Muon group per sorted shape)."""
-    named = [(_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    named = [(param_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
     by_group: dict[str, list[str]] = {}
     for n, _ in sorted(named, key=lambda item: nanochat_order(item[0])):
         by_group.setdefault(head_group_of(n), []).append(n)
@@ -89,7 +81,7 @@ def _g0_layout(model: torch.nn.Module, world: int) -> tuple[list[str], list[list
     """G0's (AdamW names, Muon groups of names): AdamW [lm_head, wte]; Muon, one process: `Muon` groups by matrix
     size in the iteration order of the Python set nanochat built (ints: the same in every process); several:
     `DistMuon` groups by sorted shape."""
-    named = [(_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
+    named = [(param_key(n), p) for n, p in model.named_parameters() if p.requires_grad]
     unknown = [
         n
         for n, _ in named
@@ -151,7 +143,7 @@ def read_warm_start(path: str | Path, model: torch.nn.Module) -> tuple[FullState
     files = rank_files(path)
     world = len(files)
     data = [_load(f) for f in files]
-    shapes = {_key(n): tuple(p.shape) for n, p in model.named_parameters()}
+    shapes = {param_key(n): tuple(p.shape) for n, p in model.named_parameters()}
     full: FullState = {}
     if all(isinstance(d, dict) and "param_groups" in d for d in data):
         layout = _head_layout(model)
@@ -213,50 +205,13 @@ def read_warm_start(path: str | Path, model: torch.nn.Module) -> tuple[FullState
     return full, world, "g0", {}
 
 
-def load_full_state(optimizer: MuonAdamW, model: torch.nn.Module, full: FullState) -> None:
-    """Put a full state into ``optimizer`` (either recipe, any world size): this rank's part of it, float32."""
-    names = _names(model)
-    optimizer.state.clear()
-    for group in optimizer.param_groups:
-        params = group["params"]
-        if group["kind"] == "adamw":
-            for p in params:
-                st = full.get(names[id(p)])
-                if st is None:
-                    continue
-                whole = isinstance(optimizer, NorMuonAdamW) and optimizer._replicated(p)
-                _, start, end = (0, 0, p.shape[0]) if whole else optimizer._rows(p)
-                optimizer.state[p] = {
-                    "step": st["step"],
-                    **{k: st[k][start:end].to(p.device, torch.float32).clone() for k in ("exp_avg", "exp_avg_sq")},
-                }
-        elif isinstance(optimizer, NorMuonAdamW):
-            if not any(names[id(p)] in full for p in params):
-                continue
-            _, start, end = optimizer._muon_chunk(group)
-            st = optimizer._muon_state(group)
-            for key, buf in st.items():
-                for j, p in enumerate(params[start:end]):
-                    value = full.get(names[id(p)], {}).get(key)
-                    if value is not None:  # a G0 file has no second moment: NorMuon starts it at 0
-                        buf[j].copy_(value.reshape(buf[j].shape))
-        else:
-            counts: dict[tuple[int, ...], int] = {}
-            for p in params:
-                i = counts.get(tuple(p.shape), 0)
-                counts[tuple(p.shape)] = i + 1
-                value = full.get(names[id(p)], {}).get("momentum_buffer")
-                if value is not None and i % optimizer.world_size == optimizer.rank:
-                    optimizer.state[p] = {"momentum_buffer": value.to(p.device, torch.float32).clone()}
-
-
 def apply_settings(optimizer: MuonAdamW, model: torch.nn.Module, settings: Settings, path: str | Path) -> str:
     """Give each group of a recipe-2026-07 optimizer the settings its parameters had in the file (read by
     `read_warm_start`), all but the LRs, as chat_sft.py keeps them; returns what that made of the Muon weight decay
     ("" when nothing carries over: a G0 file, or recipe 2025-12, whose groups are not nanochat HEAD's)."""
     if not settings or not isinstance(optimizer, NorMuonAdamW):
         return ""
-    names = _names(model)
+    names = param_names(model)
     for group in optimizer.param_groups:
         found = [settings[names[id(p)]] for p in group["params"] if names[id(p)] in settings]
         if any(f != found[0] for f in found):
@@ -266,20 +221,12 @@ def apply_settings(optimizer: MuonAdamW, model: torch.nn.Module, settings: Setti
     return f"Muon weight decay {', '.join(f'{d:.6g}' for d in decay)} from the base run"
 
 
-def check_world_size(path: str | Path, world: int, ours: int) -> None:
-    if world != ours:
-        raise UserError(
-            f"{path}: nanochat wrote this optimizer state with {world} process(es), this run has "
-            f"{ours}: warm-start with {world} (its state is sharded per rank)"
-        )
-
-
 def load_nanochat_optimizer(optimizer: MuonAdamW, model: torch.nn.Module, path: str | Path) -> str:
     """Warm-start ``optimizer`` from nanochat's optimizer files of ``path``'s step (every rank reads all of them and
-    keeps its part; a HEAD file's settings but the LRs too, see `apply_settings`). Refused in one line, with nothing
-    loaded, for a file set of another world size, model or generation. Returns a line saying what was loaded."""
-    full, world, fmt, settings = read_warm_start(path, model)
-    check_world_size(path, world, optimizer.world_size)
+    keeps its part, whatever the two world sizes; a HEAD file's settings but the LRs too, see `apply_settings`).
+    Refused in one line, with nothing loaded, for an incomplete file set or one of another model or generation.
+    Returns a line saying what was loaded."""
+    full, _, fmt, settings = read_warm_start(path, model)
     load_full_state(optimizer, model, full)
     carried = apply_settings(optimizer, model, settings, path)
     return (
@@ -289,42 +236,6 @@ def load_nanochat_optimizer(optimizer: MuonAdamW, model: torch.nn.Module, path: 
 
 
 # ---- writing ----------------------------------------------------------------------------------------------------
-def full_state_of_shards(model: torch.nn.Module, recipe: str, shards: list[dict[str, Any]]) -> FullState:
-    """The full state from our per-rank optimizer state dicts (``shards[r]``: rank r's, as the trainer saves them)."""
-    world = len(shards)
-    template = build_optimizer(model, recipe=recipe, sharded=False)  # the parameter numbering of every shard
-    names = _names(model)
-    full: FullState = {}
-    index = 0
-    for group in template.param_groups:
-        params = group["params"]
-        for r, sd in enumerate(shards):
-            if group["kind"] == "muon" and recipe != "2025-12":  # the stack's state on its first parameter
-                st = sd["state"].get(index)
-                k = -(-len(params) // world)
-                for j, q in enumerate(params[r * k : (r + 1) * k] if st is not None else []):
-                    full[names[id(q)]] = {key: st[key][j].float() for key in st}
-                continue
-            for i, p in enumerate(params):
-                st = sd["state"].get(index + i)
-                if st is None:
-                    continue
-                if group["kind"] == "muon":  # December: the owner rank's whole momentum buffer
-                    full[names[id(p)]] = {"momentum_buffer": st["momentum_buffer"].float()}
-                    continue
-                entry = full.setdefault(names[id(p)], {"step": st["step"], "exp_avg": [], "exp_avg_sq": []})
-                replicated = recipe != "2025-12" and (world == 1 or p.numel() < SMALL_NUMEL)
-                if not replicated or r == 0:  # sharded rows, concatenated in rank order
-                    entry["exp_avg"].append(st["exp_avg"].float())
-                    entry["exp_avg_sq"].append(st["exp_avg_sq"].float())
-        index += len(params)
-    for entry in full.values():
-        for key in ("exp_avg", "exp_avg_sq"):
-            if key in entry:
-                entry[key] = torch.cat(entry[key])
-    return full
-
-
 def nanochat_files(
     model: torch.nn.Module,
     full: FullState,
@@ -335,7 +246,7 @@ def nanochat_files(
 ) -> list[Any]:
     """One object per rank as nanochat saves it, in format "head" or "g0"; state tensors in the dtype of the
     parameter in nanochat's model file (``dtypes``); ``groups``: our optimizer's param groups (hyperparameters)."""
-    shapes = {_key(n): tuple(p.shape) for n, p in model.named_parameters()}
+    shapes = {param_key(n): tuple(p.shape) for n, p in model.named_parameters()}
     hyper = {g["name"]: g for g in groups}
 
     def part(n: str, t: Tensor, r: int, whole: bool) -> Tensor:
@@ -448,37 +359,15 @@ def nanochat_files(
 
 
 def write_nanochat_optimizer(
-    model: torch.nn.Module,
-    recipe: str,
-    shards: list[dict[str, Any]],
-    directory: Path,
-    step: int,
-    dtypes: dict[str, torch.dtype],
+    model: torch.nn.Module, saved: SavedOptimizer, directory: Path, step: int, dtypes: dict[str, torch.dtype]
 ) -> list[Path]:
-    """Our per-rank optimizer states (one recipe) as nanochat's ``optim_<step>_rank<r>.pt`` files in ``directory``:
-    HEAD format for recipe 2026-07, G0-era format for 2025-12."""
-    full = full_state_of_shards(model, recipe, shards)
-    objects = nanochat_files(
-        model, full, len(shards), "g0" if recipe == "2025-12" else "head", dtypes, shards[0]["param_groups"]
-    )
+    """A checkpoint's optimizer state (`read_optimizer_checkpoint`) as nanochat's ``optim_<step>_rank<r>.pt`` files
+    in ``directory``, one per process of the run that saved it: HEAD format for recipe 2026-07, G0-era format for
+    2025-12."""
+    fmt = "g0" if saved.recipe == "2025-12" else "head"
+    objects = nanochat_files(model, saved.whole_state(), saved.world_size, fmt, dtypes, saved.groups)
     paths = []
     for r, obj in enumerate(objects):
         paths.append(directory / f"optim_{step:06d}_rank{r}.pt")
         torch.save(obj, paths[-1])
     return paths
-
-
-def checkpoint_shards(model_dir: Path) -> tuple[str, list[dict[str, Any]]] | None:
-    """(recipe, per-rank optimizer states) of a trainer checkpoint folder, or None when it holds no optimizer."""
-    # imported here: nanochat_hf.training imports this module
-    from ..training.checkpoint.check import load_fingerprint
-    from ..training.checkpoint.files import load_optimizer_state
-    from ..training.checkpoint.layout import OPTIMIZER_FILE
-
-    paths = []
-    while (model_dir / OPTIMIZER_FILE.format(rank=len(paths))).is_file():
-        paths.append(model_dir / OPTIMIZER_FILE.format(rank=len(paths)))
-    if not paths:
-        return None
-    recipe = load_fingerprint(model_dir)["optimizer_recipe"]
-    return recipe, [load_optimizer_state(p) for p in paths]

@@ -16,8 +16,8 @@ torch.distributed initialised with world size W > 1: the optimizer does all grad
   matrix of its own (`_blocks`), on the owner's whole matrix, so the ownership above is unchanged.
 Which ZeRO stage, measured (benchmarks/optim_memory.py, docs/distributed.md): optimizer state 1/W per rank (ZeRO-1);
 gradients 1/W per rank after backward when the reduction runs during backward (`reduce_during_backward`, which the
-Trainer glue in training/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on every
-rank (not ZeRO-3). Parameters sharded by FSDP2 (DTensors): the same layout, stepped by optim/fsdp.py.
+Trainer glue in integration/gradients.py turns on: ZeRO-2), else all of them until the step; parameters whole on
+every rank (not ZeRO-3). Parameters sharded by FSDP2 (DTensors): the same layout, stepped by optim/fsdp.py.
 """
 
 from __future__ import annotations

@@ -24,7 +24,7 @@ from trl import GRPOTrainer
 from trl.trainer.utils import split_tensor_dict
 
 from ..errors import UserError
-from ..optim.trainer_mixin import NanoChatOptimizerMixin
+from ..integration import NanoChatOptimizerMixin
 from .rewards import checked_reward, pass_at_k
 from .rollout import NanoChatRollout, render_prompt
 

@@ -275,6 +275,13 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
     max_grad_norm: float = field(default=0.0, metadata={"help": "nanochat does not clip gradients"})
     average_tokens_across_devices: bool = False
     ignore_data_skip: bool = True
+    enable_jit_checkpoint: bool = field(
+        default=True,
+        metadata={
+            "help": "on SIGTERM (a cluster's preemption): checkpoint at the end of the running step, say how to "
+            "resume, exit 143 without writing the final model (false: SIGTERM ends the run at once)"
+        },
+    )
     remove_unused_columns: bool = False
     ddp_find_unused_parameters: bool | None = False
     report_to: None | str | list[str] = field(default="none")

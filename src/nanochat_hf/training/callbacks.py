@@ -1,4 +1,4 @@
-"""Trainer callbacks: Muon momentum warm-up, nanochat's per-step metrics, console lines, step-end JIT checkpoints,
+"""Trainer callbacks: nanochat's per-step metrics, console lines, step-end JIT checkpoints,
 hub pushes of checkpoints."""
 
 from __future__ import annotations
@@ -25,7 +25,6 @@ from .checkpoint.layout import (
     TRAINING_ARGS_FILE,
     checkpoint_name,
 )
-from .schedule import muon_momentum
 
 # bf16 dense peak per device, for MFU (nanochat uses the H100 number)
 PEAK_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L4": 121e12, "A10": 125e12, "4090": 165e12}
@@ -45,25 +44,19 @@ def device_peak_flops(device: torch.device, override: float | None = None) -> fl
     return None  # CPU/MPS: MFU is "n/a" unless --peak_flops is given
 
 
-class MuonMomentumCallback(TrainerCallback):
-    """Sets Muon's momentum before each optimizer step from the global step (so resume restores it too)."""
-
-    def on_step_begin(self, args, state, control, optimizer=None, **kwargs):
-        opt = getattr(optimizer, "optimizer", optimizer)  # unwrap Accelerate's AcceleratedOptimizer
-        if opt is not None and hasattr(opt, "set_muon_momentum"):
-            opt.set_muon_momentum(muon_momentum(state.global_step))
-
-
 class StepEndJITCheckpoint(JITCheckpointCallback):
     """transformers' just-in-time checkpoint (`--enable_jit_checkpoint`: SIGTERM -> save -> stop), taken only at the
     end of an optimizer step and through the normal save path: after `NanoChatLogger` has counted the step and the
     step's log line is written, as every other checkpoint. (The stock callback saves from whichever hook sees the
     request first: mid-step, or at the step's end before nanochat's logger and the log line, so a resumed run
-    logged other losses.) Takes over the stock callback's signal handler (`jit_manager`)."""
+    logged other losses.) Takes over the stock callback's signal handler (`jit_manager`). With several processes
+    the ranks agree at every step's end (one all-reduce of a flag): a signal to any rank stops them all after the
+    same step. `stopped_at`: the step it stopped after (None: not stopped by a signal)."""
 
     def __init__(self, jit_manager) -> None:
         super().__init__()
         self.jit_manager = jit_manager
+        self.stopped_at: int | None = None
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         return  # never mid-step
@@ -72,8 +65,14 @@ class StepEndJITCheckpoint(JITCheckpointCallback):
         return
 
     def on_step_end(self, args, state, control, **kwargs):
-        if self.jit_manager is not None and self.jit_manager.is_checkpoint_requested:
+        if self.jit_manager is None:
+            return
+        requested = torch.tensor(float(self.jit_manager.is_checkpoint_requested), device=args.device)
+        if dist.is_available() and dist.is_initialized():
+            dist.all_reduce(requested, op=dist.ReduceOp.MAX)
+        if requested.item():
             self.jit_manager.is_checkpoint_requested = False
+            self.stopped_at = state.global_step
             control.should_save = True  # Trainer logs, then saves checkpoint-<step>, then stops
             control.should_training_stop = True
 
@@ -83,9 +82,10 @@ class StepEndJITCheckpoint(JITCheckpointCallback):
 class NanoChatLogger(TrainerCallback):
     """nanochat's per-step metrics, updated every optimizer step (whatever logging_steps is).
 
-    - loss: EMA (beta 0.9) of the LAST micro-batch's loss of each step (`MidTrainer.compute_loss` hands it over
-      as `last_loss`), averaged over the processes, debiased by 1 / (1 - 0.9^(n + 1)) after n steps, as
-      nanochat's mid-training does. A non-finite value raises `NonFiniteLossError` on every rank.
+    - loss: EMA (beta 0.9) of the LAST micro-batch's loss of each step (`MidTrainer.compute_loss` hands it over:
+      `micro_batch_loss`), averaged over the processes (with dealt data shards: over the shards), debiased by
+      1 / (1 - 0.9^(n + 1)) after n steps, as nanochat's mid-training does. A non-finite value raises
+      `NonFiniteLossError` on every rank.
     - lrm: the multiplier the optimizer's LR was set to for this step (read from the optimizer right after it
       stepped, i.e. what the scheduler applied), progress: of the run after this step.
     - dt, tok/s, MFU, total time (the first 10 steps are not counted; while they run, the time they took so far
@@ -107,6 +107,8 @@ class NanoChatLogger(TrainerCallback):
         self.dt = 0.0
         self.lrm = float("nan")
         self.last_loss: torch.Tensor | None = None
+        # data dealt from shards (data/shards.py): the number of shards; last_loss sums their last micro-batches
+        self.loss_shards: int | None = None
         self._t0 = 0.0
         self._step_times: list[float] = []  # this process's steps (for the warm-up time and the ETA)
         self.max_steps = 0
@@ -125,6 +127,16 @@ class NanoChatLogger(TrainerCallback):
     def on_step_begin(self, args, state, control, **kwargs):
         self._sync()
         self._t0 = time.perf_counter()
+        if self.loss_shards:
+            self.last_loss = None
+
+    def micro_batch_loss(self, loss: torch.Tensor, shard_last: torch.Tensor | None) -> None:
+        """A micro-batch's loss (detached): the last one of this process's step is nanochat's, or with dealt
+        shards the sum of those that are a shard's last."""
+        if shard_last is None:
+            self.last_loss = loss
+        elif shard_last:
+            self.last_loss = loss if self.last_loss is None else self.last_loss + loss
 
     def on_optimizer_step(self, args, state, control, optimizer=None, lr_scheduler=None, **kwargs):
         group = getattr(optimizer, "optimizer", optimizer).param_groups[0]
@@ -140,10 +152,12 @@ class NanoChatLogger(TrainerCallback):
         self.max_steps = state.max_steps
         if state.global_step > 10:  # nanochat leaves the first 10 steps (warm-up, compilation) out
             self.total_time += self.dt
-        loss = self.last_loss.detach().float().clone()
+        loss = torch.zeros(()) if self.last_loss is None else self.last_loss.detach().float().clone()
         if dist.is_available() and dist.is_initialized():
             dist.all_reduce(loss)
-            loss /= dist.get_world_size()
+            loss /= self.loss_shards or dist.get_world_size()
+        elif self.loss_shards:
+            loss /= self.loss_shards
         value = loss.item()
         if not math.isfinite(value):
             raise NonFiniteLossError(

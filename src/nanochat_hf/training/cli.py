@@ -68,8 +68,8 @@ REFUSED = {
 # transformers' text and meaning).
 HELP = {
     "resume_from_checkpoint": "true: continue from the newest intact checkpoint-<step> in output_dir (a damaged newer "
-    "one is skipped, saying why); or a checkpoint folder. Every file is checked first, the "
-    "same number of processes is needed",
+    "one is skipped, saying why); or a checkpoint folder. Every file is checked first; any number of processes "
+    "may resume it (the same device_batch_size and total_batch_size: the data keeps the run's shards)",
     "torch_compile": "compile the training step with torch.compile (on CPU this needs a C++ compiler; the first steps "
     "take a minute or more longer); false: eager",
     "save_total_limit": "keep at most this many checkpoint-<step> folders (the best one is kept)",

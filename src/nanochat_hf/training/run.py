@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
 import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import datasets
 import torch
@@ -42,7 +43,7 @@ from .checkpoint.check import (
     run_fingerprint,
 )
 from .checkpoint.files import DiskFullError
-from .checkpoint.layout import CHECKPOINT_RE, TRAINER_STATE_FILE
+from .checkpoint.layout import CHECKPOINT_RE, TRAINER_STATE_FILE, checkpoint_name
 from .checkpoint.output_dir import prepare_output_dir, release_output_dir
 from .evaluation import exact_match_accuracy
 from .inherit import find_meta
@@ -97,7 +98,7 @@ def prepare_output(args: MidTrainingArguments) -> None:
                 ),
             )
         )
-    path, messages = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint, args.world_size)
+    path, messages = resolve_resume_checkpoint(args.output_dir, args.resume_from_checkpoint)
     _say(messages)
     # never True: transformers would pick the newest checkpoint itself, unverified
     args.resume_from_checkpoint = str(path) if path else None
@@ -246,6 +247,8 @@ def train(trainer) -> float:
     t0 = time.time()
     trainer.train(resume_from_checkpoint=trainer.args.resume_from_checkpoint)  # a verified path or None
     seconds = time.time() - t0
+    if trainer.preempted_at is not None:
+        preempted(trainer)
     evals = [h for h in trainer.state.log_history if "eval_val_bpb" in h]
     if not evals or evals[-1]["step"] != trainer.state.global_step:  # nanochat evaluates at the last step
         trainer.evaluate()
@@ -333,6 +336,35 @@ def finish(trainer, train_time: float) -> dict:
 RUN: dict[str, Any] = {}
 
 
+def resume_command(argv: list[str]) -> list[str]:
+    """The command line `argv` (sys.argv: the script, then its arguments) with --resume_from_checkpoint true."""
+    kept, skip = [], False
+    for arg in argv:
+        if skip or arg.startswith("--resume_from_checkpoint="):
+            skip = False
+            continue
+        skip = arg == "--resume_from_checkpoint"
+        if not skip:
+            kept.append(arg)
+    return ["python", *kept, "--resume_from_checkpoint", "true"]
+
+
+def preempted(trainer) -> NoReturn:
+    """Training stopped by a SIGTERM (`StepEndJITCheckpoint`): its checkpoint is saved; one line saying at which step
+    and how to resume, exit 143 (128 + SIGTERM), and no final model (a half-trained model is not the result)."""
+    step, args = trainer.preempted_at, trainer.args
+    if first_rank():
+        where = Path(args.output_dir) / checkpoint_name(step)
+        print(
+            f"mid_train: preempted (SIGTERM) at step {step} of {trainer.state.max_steps}: {where} is saved, no final "
+            f"model was written; resume, under the same launcher with any number of processes: "
+            f"{shlex.join(resume_command(sys.argv))}",
+            file=sys.stderr,
+            flush=True,
+        )
+    sys.exit(143)
+
+
 def quiet_libraries(main_process: bool) -> None:
     """Keep our lines and one bar: transformers' per-save "Writing model shards" bar (one shard, at every save) is
     dropped, other processes show no library bars or warnings (they would duplicate rank 0's), and transformers'
@@ -374,7 +406,7 @@ def interrupted() -> None:
         what = "nothing was written"
     else:
         try:
-            path, _ = resolve_resume_checkpoint(out, True, int(os.environ.get("WORLD_SIZE", "1")))
+            path, _ = resolve_resume_checkpoint(out, True)
         except UserError:  # no intact checkpoint
             path = None
         if path is not None and (

@@ -1,4 +1,5 @@
-"""nanochat's schedules: the LR multiplier (as a checkpointable `LambdaLR`) and Muon's momentum warm-up."""
+"""nanochat's schedules: the LR multiplier (as a checkpointable `LambdaLR`); Muon's momentum warm-up is in
+integration/momentum.py."""
 
 from __future__ import annotations
 
@@ -20,12 +21,6 @@ def lr_multiplier(progress: float, warmdown_ratio: float = 0.2, final_lr_frac: f
         return 1.0
     decay = (progress - (1.0 - warmdown_ratio)) / warmdown_ratio
     return (1 - decay) * 1.0 + decay * final_lr_frac
-
-
-def muon_momentum(step: int) -> float:
-    """Linear warm-up 0.85 -> 0.95 over the first 300 optimizer steps."""
-    frac = min(step / 300, 1.0)
-    return (1 - frac) * 0.85 + frac * 0.95
 
 
 def steps_progress(num_steps: int) -> Callable[[int], float]:

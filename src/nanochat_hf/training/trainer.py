@@ -11,8 +11,8 @@ wanted: `super()`.
   bf16, as nanochat), before the optimizer exists.
 - optimizer / schedule (`NanoChatOptimizerMixin`, the glue every Trainer can use: `create_optimizer` builds
   `build_optimizer` (Muon + AdamW, sharded step) with this run's rates, Muon momentum warm-up in a callback; the
-  gradient contract of `gradients.py` with its `_clip_grad_norm`, `_get_grad_norm`; `create_scheduler`: a `LambdaLR`
-  applying nanochat's multiplier to the schedule's progress.
+  gradient contract of integration/gradients.py with its `_clip_grad_norm`, `_get_grad_norm`; `create_scheduler`: a
+  `LambdaLR` applying nanochat's multiplier to the schedule's progress.
 - loss (`compute_loss`): the stock loss, plus the last micro-batch's loss handed to nanochat's logger.
 - evaluation (`evaluate`): validation bits per byte over a fresh, wrapping validation stream.
 - logging (`log`): nanochat's metrics added to each training log.
@@ -37,12 +37,15 @@ from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.utils import logging as hf_logging
 
 from ..conversion.nanochat import NANOCHAT_META_FILE
-from ..conversion.optimizer_files import apply_settings, check_world_size, load_full_state, read_warm_start
+from ..conversion.optimizer_files import apply_settings, read_warm_start
 from ..data import BestFitStream, MicroBatchStream, PackedStream
+from ..data.shards import SHARD_LAST, DealtStream
 from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
+from ..integration.mixin import NanoChatOptimizerMixin
+from ..integration.optimizer_state import load_full_state, load_optimizer_state, save_optimizer_state
+from ..integration.saving import whole_state_dict
 from ..jsonfile import read_json, write_json
-from ..optim.trainer_mixin import NanoChatOptimizerMixin
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
 from ..tokenizer import token_bytes as compute_token_bytes
@@ -53,12 +56,10 @@ from .callbacks import (
     StepEndJITCheckpoint,
     device_peak_flops,
 )
-from .checkpoint.check import check_checkpoint_world_size, save_fingerprint
+from .checkpoint.check import read_run_state, save_fingerprint
 from .checkpoint.files import (
     disk_full_as_one_line,
-    load_optimizer_state,
     load_rng_state,
-    save_optimizer_state,
     save_rng_state,
     tensor_bytes,
     usual_modes,
@@ -109,6 +110,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         self.token_bytes = token_bytes
         self.min_val_bpb = math.inf
         self._train_loader: StreamLoader | None = None
+        self._data_shards: int | None = None  # data_shards(), read once (rotation may remove the checkpoint)
         # nanochat: loss = mean over the micro-batch / grad_accum (all tokens are targets in packed rows), so the
         # Trainer must not renormalise by a token count gathered across ranks.
         self.model_accepts_loss_kwargs = False
@@ -120,8 +122,10 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             world_size=self.accelerator.num_processes,
         )
         self.add_callback(self.nanochat_log)
+        self.preemption: StepEndJITCheckpoint | None = None  # SIGTERM: a checkpoint at a step's end, then stop
         if a.enable_jit_checkpoint:  # checkpoints at a step's end, after nanochat's logger and the log line
-            self.add_callback(StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager))
+            self.preemption = StepEndJITCheckpoint(self.pop_callback(JITCheckpointCallback).jit_manager)
+            self.add_callback(self.preemption)
         self.pop_callback(PrinterCallback)
         self.pop_callback(ProgressCallback)
         self.add_callback(NanoChatConsole(show_bar=not a.disable_tqdm))
@@ -135,21 +139,33 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         # one line), and put into the optimizer when it is built
         self.warm_start = None
         if a.nanochat_optimizer:
-            full, world, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
-            check_world_size(a.nanochat_optimizer, world, self.accelerator.num_processes)
+            full, _, fmt, settings = read_warm_start(a.nanochat_optimizer, self.model)
             self.warm_start = (full, fmt, settings)
+
+    @property
+    def preempted_at(self) -> int | None:
+        """The step after which a SIGTERM stopped training (a checkpoint of it saved), else None."""
+        return self.preemption.stopped_at if self.preemption is not None else None
 
     def train(self, *args, **kwargs):
         """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
+        resume = kwargs.get("resume_from_checkpoint")
+        if isinstance(resume, str) and resume != self.args.resume_from_checkpoint:
+            self.args.resume_from_checkpoint = resume  # where data_shards() reads the run's data shards
+            self._train_loader, self._data_shards = None, None
         if self.args.use_cpu or not torch.cuda.is_available():
             use_cpu_threads(self.args.num_threads, self.accelerator.num_processes)
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
-    def make_stream(self, token_ds) -> MicroBatchStream:
-        """This rank's packed stream over a tokenized dataset (a subclass may feed other data): the December
-        token stream, or nanochat HEAD's best-fit rows (`packing`)."""
-        where = {"rank": self.accelerator.process_index, "world_size": self.accelerator.num_processes}
+    def make_stream(self, token_ds, rank: int | None = None, world_size: int | None = None) -> MicroBatchStream:
+        """The packed stream of rank ``rank`` of ``world_size`` (default: this process of this run) over a
+        tokenized dataset (a subclass may feed other data): the December token stream, or nanochat HEAD's best-fit
+        rows (`packing`)."""
+        where = {
+            "rank": self.accelerator.process_index if rank is None else rank,
+            "world_size": self.accelerator.num_processes if world_size is None else world_size,
+        }
         a = self.args
         if a.packing == "bestfit":
             return BestFitStream(
@@ -157,10 +173,34 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             )
         return PackedStream(token_ds, max_seq_len=a.max_seq_len, device_batch_size=a.device_batch_size, **where)
 
+    def data_shards(self) -> int:
+        """The run's data shards (data/shards.py): the number of processes it started with, as the checkpoint it
+        resumes from says, else this run's."""
+        if self._data_shards is None:
+            checkpoint = self.args.resume_from_checkpoint
+            world = self.accelerator.num_processes
+            self._data_shards = read_run_state(Path(checkpoint))["data_shards"] if checkpoint else world
+        return self._data_shards
+
+    def shard_stream(self, token_ds, micro_batches: int) -> MicroBatchStream:
+        """This process's stream: its own (`make_stream`) while the run has as many processes as data shards,
+        else the shards' micro-batches dealt to the processes (``micro_batches``: this process's per step)."""
+        shards, world = self.data_shards(), self.accelerator.num_processes
+        if shards == world:
+            return self.make_stream(token_ds)
+        if micro_batches * world % shards:
+            raise UserError(
+                f"the run's data is {shards} shards, {micro_batches * world} micro-batches per step do not divide "
+                "among them: resume with the same --device_batch_size and --total_batch_size"
+            )
+        make = lambda s: self.make_stream(token_ds, rank=s, world_size=shards)  # noqa: E731
+        return DealtStream(make, shards, micro_batches * world // shards, self.accelerator.process_index, world)
+
     def get_train_dataloader(self) -> StreamLoader:
         if self._train_loader is None:
-            stream = self.make_stream(self.train_dataset)
             ga = self.args.gradient_accumulation_steps
+            stream = self.shard_stream(self.train_dataset, ga)
+            self.nanochat_log.loss_shards = self.data_shards() if isinstance(stream, DealtStream) else None
             epoch_steps = stream.epoch_steps(ga)
             if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
                 raise UserError(
@@ -225,19 +265,27 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
 
     # ---- loss, evaluation, logging ----------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
+        shard_last = inputs.pop(SHARD_LAST, None)  # dealt shards (data/shards.py): a shard's last of the step?
         result = super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
-        self.nanochat_log.last_loss = (result[0] if return_outputs else result).detach()
+        self.nanochat_log.micro_batch_loss((result[0] if return_outputs else result).detach(), shard_last)
         return result
 
     def evaluate(self, eval_dataset=None, ignore_keys=None, metric_key_prefix: str = "eval") -> dict[str, float]:
         """Validation bits per byte over eval_tokens // (device_batch_size * max_seq_len * processes)
-        micro-batches of a fresh validation stream, which wraps around when the mixture is shorter."""
-        stream = self.make_stream(self.eval_dataset if eval_dataset is None else eval_dataset)
-        a = self.args
-        steps = max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * self.accelerator.num_processes))
+        micro-batches of a fresh validation stream, which wraps around when the mixture is shorter; on a resumed
+        run of another number of processes, the data shards' micro-batches dealt as in training (where they
+        divide evenly), so it measures the same rows."""
+        a, world, shards = self.args, self.accelerator.num_processes, self.data_shards()
+        per_shard = max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * shards))
+        if per_shard * shards % world:  # the shards' micro-batches do not deal evenly: this run's own streams
+            shards, per_shard = world, max(1, a.eval_tokens // (a.device_batch_size * a.max_seq_len * world))
+        steps = per_shard * shards // world
+        ds = self.eval_dataset if eval_dataset is None else eval_dataset
+        stream = self.make_stream(ds) if shards == world else self.shard_stream(ds, steps)
+        batches = ({k: v for k, v in b.items() if k != SHARD_LAST} for b in stream.read(steps))
         progress = Progress("validation", steps, "micro-batches", enabled=self.is_world_process_zero(), announce=False)
         with progress, self.accelerator.autocast():  # also before train() has wrapped the model's forward in it
-            bpb = evaluate_bpb(self.model, progress.wrap(stream.read(steps)), self.token_bytes, a.device)
+            bpb = evaluate_bpb(self.model, progress.wrap(batches), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
         step, every = self.state.global_step, a.chatcore_every
@@ -310,8 +358,11 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         """Each rank writes its own optimizer shard as safetensors (the stock hook pickles one full state)."""
         out, rank = Path(output_dir), self.accelerator.process_index
         out.mkdir(parents=True, exist_ok=True)
-        save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
-        write_json(out / DATA_STATE_FILE.format(rank=rank), self._train_loader.stream.state_dict())
+        save_optimizer_state(self.optimizer, self.model, out / OPTIMIZER_FILE.format(rank=rank))
+        stream = self._train_loader.stream
+        shards = stream.shard_states() if isinstance(stream, DealtStream) else {rank: stream.state_dict()}
+        for shard, state in shards.items():
+            write_json(out / DATA_STATE_FILE.format(rank=shard), state)
         if self.args.should_save:
             if self.run_fingerprint is not None:
                 save_fingerprint(out, self.run_fingerprint)
@@ -322,6 +373,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
                     "logger": self.nanochat_log.state_dict(),
                     "min_val_bpb": self.min_val_bpb,
                     "world_size": self.accelerator.num_processes,
+                    "data_shards": self.data_shards(),
                 },
             )
 
@@ -336,14 +388,14 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
 
     # private hook: reads our pieces where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """Each rank reads its own shard (checked against this run's world size), the schedule, the data position
-        and the logger's state."""
+        """Each rank reads its part of the optimizer state (any world size), the schedule, the data positions of its
+        data shards and the logger's state."""
         if checkpoint is None:
             return
         ckpt, rank = Path(checkpoint), self.accelerator.process_index
-        meta = check_checkpoint_world_size(ckpt, self.accelerator.num_processes)
+        meta = read_run_state(ckpt)
         fresh = [g["initial_lr"] for g in self.optimizer.param_groups]  # from this run's arguments
-        self.optimizer.load_state_dict(load_optimizer_state(ckpt / OPTIMIZER_FILE.format(rank=rank)))
+        load_optimizer_state(self.optimizer, self.model, ckpt)
         self.lr_scheduler.load_state_dict(read_json(ckpt / SCHEDULER_FILE))
         if fresh != [g["initial_lr"] for g in self.optimizer.param_groups]:
             # a changed LR (run.setup checked the fingerprint and said so): the new base rates, same multiplier
@@ -352,15 +404,21 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             for group, lr in zip(self.optimizer.param_groups, fresh):
                 group["initial_lr"], group["lr"] = lr, lr * multiplier
             self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reports
-        self.get_train_dataloader().stream.load_state_dict(read_json(ckpt / DATA_STATE_FILE.format(rank=rank)))
+        stream = self.get_train_dataloader().stream
+        if isinstance(stream, DealtStream):
+            stream.load_shard_states(lambda shard: read_json(ckpt / DATA_STATE_FILE.format(rank=shard)))
+        else:
+            stream.load_state_dict(read_json(ckpt / DATA_STATE_FILE.format(rank=rank)))
         self.nanochat_log.load_state_dict(meta["logger"])
         self.min_val_bpb = meta["min_val_bpb"]
 
     # private hook: restores our RNG state where the stock resume restores its pickle (at the epoch's start)
     def _load_rng_state(self, checkpoint: str | None) -> None:
-        """This rank's RNG state from safetensors + JSON (the stock hook unpickles rng_state.pth)."""
+        """This rank's RNG state from safetensors + JSON (the stock hook unpickles rng_state.pth); on another number
+        of processes rank r's of the W that saved it, r mod W (the training step draws no random numbers)."""
         if checkpoint is not None:
-            load_rng_state(checkpoint, self.accelerator.process_index)
+            saved = read_run_state(Path(checkpoint))["world_size"]
+            load_rng_state(checkpoint, self.accelerator.process_index % saved)
 
     # ---- model files --------------------------------------------------------------------------------------
     def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
@@ -373,17 +431,19 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         """save_pretrained (safetensors, config + auto_map + code, generation config), tokenizer, args as JSON
         (never the stock training_args.bin pickle); staged INSIDE the target (its parent may not be writable) and
         moved in file by file (each move atomic), with the umask-derived file modes."""
+        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        whole = whole_state_dict(model)  # FSDP2: gathered (every process takes part), else None: the model's own
         if not self.args.should_save:
             return
         out = Path(output_dir or self.args.output_dir)
-        model = self.accelerator.unwrap_model(self.model, keep_torch_compile=False)
+        needed = tensor_bytes(whole or model.state_dict())
         # a full disk: staged_final_save has removed its staging folder by the time the error is reworded
-        with disk_full_as_one_line("the model", out, tensor_bytes(model.state_dict())), staged_final_save(out) as tmp:
+        with disk_full_as_one_line("the model", out, needed), staged_final_save(out) as tmp:
             bars = hf_logging.is_progress_bar_enabled()
             if self.args.disable_tqdm:  # transformers' "Writing model shards" bar follows --disable_tqdm too
                 hf_logging.disable_progress_bar()
             try:
-                model.save_pretrained(tmp)
+                model.save_pretrained(tmp, state_dict=whole)
             finally:
                 if bars:
                     hf_logging.enable_progress_bar()

@@ -16,23 +16,25 @@ import torch
 from transformers import TrainerState
 
 from nanochat_hf.errors import UserError
+from nanochat_hf.integration.optimizer_state import save_optimizer_state
 from nanochat_hf.jsonfile import write_json
 from nanochat_hf.model.configuration_nanochat_gpt import NanoChatGPTConfig
 from nanochat_hf.model.modeling_nanochat_gpt import NanoChatGPTForCausalLM
+from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.checkpoint.check import (
     FINGERPRINT_FIELDS,
-    CheckpointMismatch,
     check_fingerprint,
     code_version,
     data_format,
     load_fingerprint,
     model_config_fields,
+    read_run_state,
     resolve_resume_checkpoint,
     run_fingerprint,
     save_fingerprint,
     verify_checkpoint,
 )
-from nanochat_hf.training.checkpoint.files import save_optimizer_state, save_rng_state
+from nanochat_hf.training.checkpoint.files import save_rng_state
 
 
 def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
@@ -41,11 +43,11 @@ def write_checkpoint(run_dir: Path, step: int, world_size: int = 2) -> Path:
     torch.manual_seed(step)
     model = NanoChatGPTForCausalLM(NanoChatGPTConfig(sequence_len=16, vocab_size=32, n_layer=1, n_head=2, n_embd=16))
     model.save_pretrained(ckpt)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    optimizer = build_optimizer(model, sharded=False)
     model(torch.zeros(1, 4, dtype=torch.long), labels=torch.zeros(1, 4, dtype=torch.long)).loss.backward()
     optimizer.step()
     for rank in range(world_size):
-        save_optimizer_state(optimizer.state_dict(), ckpt / f"optimizer.rank{rank}.safetensors")
+        save_optimizer_state(optimizer, model, ckpt / f"optimizer.rank{rank}.safetensors")
         write_json(ckpt / f"data_state.rank{rank}.json", {"position": step * 10 + rank})
         save_rng_state(ckpt, rank)
     write_json(ckpt / "scheduler.json", {"last_epoch": step})
@@ -109,9 +111,9 @@ DAMAGE = {
 
 
 def test_intact_checkpoint_passes(run_dir):
-    verify_checkpoint(run_dir / "checkpoint-20", world_size=2)
-    assert resolve_resume_checkpoint(run_dir, "latest", 2) == (run_dir / "checkpoint-20", [])
-    assert resolve_resume_checkpoint(run_dir, None, 2) == (None, [])
+    verify_checkpoint(run_dir / "checkpoint-20")
+    assert resolve_resume_checkpoint(run_dir, "latest") == (run_dir / "checkpoint-20", [])
+    assert resolve_resume_checkpoint(run_dir, None) == (None, [])
 
 
 @pytest.mark.parametrize("damage", DAMAGE)
@@ -121,12 +123,12 @@ def test_damaged_newest_falls_back_and_explicit_path_fails_in_one_line(run_dir, 
     before = snapshot(run_dir)
 
     with pytest.raises(UserError) as err:
-        resolve_resume_checkpoint(run_dir, str(run_dir / "checkpoint-20"), 2)
+        resolve_resume_checkpoint(run_dir, str(run_dir / "checkpoint-20"))
     message = str(err.value)
     assert "\n" not in message and f"checkpoint-20/{bad_file}" in message
 
     for flag in (True, "true", "last", "latest"):
-        path, messages = resolve_resume_checkpoint(run_dir, flag, 2)
+        path, messages = resolve_resume_checkpoint(run_dir, flag)
         assert path == run_dir / "checkpoint-10"
         assert len(messages) == 1 and messages[0].startswith("skipping checkpoint-20:") and bad_file in messages[0]
     assert snapshot(run_dir) == before  # nothing repaired or deleted behind the user's back
@@ -135,7 +137,7 @@ def test_damaged_newest_falls_back_and_explicit_path_fails_in_one_line(run_dir, 
 def test_newest_by_step_number(run_dir):
     write_checkpoint(run_dir, 100)  # "checkpoint-100" sorts before "checkpoint-20" as text
     (run_dir / "checkpoint-notastep").mkdir()
-    path, messages = resolve_resume_checkpoint(run_dir, "latest", 2)
+    path, messages = resolve_resume_checkpoint(run_dir, "latest")
     assert path == run_dir / "checkpoint-100"
     assert messages == []
 
@@ -144,20 +146,26 @@ def test_no_intact_checkpoint_is_one_line(run_dir, tmp_path):
     truncate(run_dir / "checkpoint-20" / "model.safetensors")
     (run_dir / "checkpoint-10" / "scheduler.json").unlink()
     with pytest.raises(UserError, match=r"no intact checkpoint-<step> folder") as err:
-        resolve_resume_checkpoint(run_dir, "latest", 2)
+        resolve_resume_checkpoint(run_dir, "latest")
     assert "\n" not in str(err.value) and "checkpoint-10" in str(err.value) and "checkpoint-20" in str(err.value)
     with pytest.raises(UserError, match="no intact"):
-        resolve_resume_checkpoint(tmp_path / "empty", True, 1)
+        resolve_resume_checkpoint(tmp_path / "empty", True)
     with pytest.raises(UserError, match="checkpoint folder not found"):
-        resolve_resume_checkpoint(run_dir, str(tmp_path / "nope"), 2)
+        resolve_resume_checkpoint(run_dir, str(tmp_path / "nope"))
 
 
-def test_world_size_mismatch_is_refused_not_skipped(run_dir):
-    with pytest.raises(CheckpointMismatch, match=r"world_size=2 processes, resuming with 1") as err:
-        resolve_resume_checkpoint(run_dir, "latest", 1)
-    assert "checkpoint-20" in str(err.value)  # the newest is named; no silent fall back to an older step
-    with pytest.raises(UserError, match=r"optimizer.rank2.safetensors: missing"):
-        verify_checkpoint(run_dir / "checkpoint-20", 3)
+def test_another_world_size_resumes_and_every_file_it_names_is_required(run_dir):
+    """Any number of processes may resume a checkpoint (the newest intact one is picked whatever wrote it); the
+    files required are those of the processes and data shards nanochat_state.json names."""
+    ckpt = run_dir / "checkpoint-20"
+    assert resolve_resume_checkpoint(run_dir, "latest") == (ckpt, [])
+    assert read_run_state(ckpt)["data_shards"] == 2  # absent: the world size
+    write_json(ckpt / "nanochat_state.json", {"logger": {}, "min_val_bpb": 1.5, "world_size": 2, "data_shards": 3})
+    with pytest.raises(UserError, match=r"checkpoint-20/data_state.rank2.json: missing"):
+        verify_checkpoint(ckpt)
+    write_json(ckpt / "nanochat_state.json", {"logger": {}, "min_val_bpb": 1.5, "world_size": 3, "data_shards": 2})
+    with pytest.raises(UserError, match=r"checkpoint-20/optimizer.rank2.safetensors: missing"):
+        verify_checkpoint(ckpt)
 
 
 def test_sharded_model_index_lists_required_shards(run_dir):
@@ -172,7 +180,7 @@ def test_sharded_model_index_lists_required_shards(run_dir):
         },
     )
     with pytest.raises(UserError, match=r"model-00002-of-00002.safetensors: missing"):
-        verify_checkpoint(ckpt, 2)
+        verify_checkpoint(ckpt)
 
 
 # ---- fingerprint --------------------------------------------------------------------------------------------------
@@ -243,7 +251,7 @@ def test_changed_data_or_optimizer_field_is_refused_naming_it(tmp_path, field, n
     assert f"is {new!r} now" in str(err.value)
 
 
-def test_changed_mixture_content_dataset_or_world_size_is_refused(tmp_path):
+def test_changed_mixture_content_or_dataset_is_refused_another_world_size_said(tmp_path):
     saved = fingerprint(make_args(tmp_path), "abc", "def", 1)
     (tmp_path / "mix.yaml").write_text("train:\n  - gsm8k\n")  # same path, other content
     with pytest.raises(UserError, match=r"cannot resume: train_mixture was 'sha256:"):
@@ -251,8 +259,8 @@ def test_changed_mixture_content_dataset_or_world_size_is_refused(tmp_path):
     (tmp_path / "mix.yaml").write_text("train:\n  - smoltalk\n")
     with pytest.raises(UserError, match=r"cannot resume: train_dataset was 'abc' in the checkpoint and is 'xyz'"):
         check_fingerprint(saved, fingerprint(make_args(tmp_path), "xyz", "def", 1), 20)
-    with pytest.raises(UserError, match=r"cannot resume: world_size was 1"):
-        check_fingerprint(saved, fingerprint(make_args(tmp_path), "abc", "def", 2), 20)
+    notices = check_fingerprint(saved, fingerprint(make_args(tmp_path), "abc", "def", 2), 20)  # a notice
+    assert any("resuming a run of 1 processes on 2: the optimizer state is re-sharded" in n for n in notices)
 
 
 def test_changed_lr_is_a_notice_to_apply(tmp_path):

@@ -24,7 +24,8 @@ from .layout import (
     FINGERPRINT_FILE,
     MODEL_FILE,
     MODEL_INDEX,
-    PER_RANK_FILES,
+    PER_PROCESS_FILES,
+    PER_SHARD_FILES,
     SHARED_FILES,
     STATE_FILE,
 )
@@ -33,6 +34,8 @@ AUTO_RESUME = ("true", "last", "latest")  # --resume_from_checkpoint values mean
 
 # Changing these on resume is allowed: the caller applies the new value and prints the notice.
 LR_FIELDS = ("matrix_lr", "embedding_lr", "unembedding_lr", "init_lr_frac")
+# ... and this one: the optimizer state is read by any number of processes, the data keeps its shards (data/shards.py)
+WORLD_SIZE_FIELD = "world_size"
 # Fields copied from the arguments: what fixes the data stream, then the optimizer setup.
 FINGERPRINT_ARGS = (
     "seed",
@@ -115,10 +118,6 @@ def data_format(tokenizer: Any) -> str:
     return "sha256:" + hashlib.sha256(json.dumps([ids, masks]).encode()).hexdigest()
 
 
-class CheckpointMismatch(UserError):
-    """The checkpoint is intact but belongs to a different setup (world size): an older one would not fit either."""
-
-
 def _check_safetensors(path: Path) -> None:
     try:
         with safe_open(str(path), framework="pt") as f:
@@ -128,15 +127,21 @@ def _check_safetensors(path: Path) -> None:
         raise UserError(f"{path}: not a readable safetensors file ({one_line(e)})") from None
 
 
-def verify_checkpoint(path: str | Path, world_size: int) -> None:
-    """Raise UserError (one line naming the file) unless `path` is a complete checkpoint written by `world_size` ranks.
-
-    Raises `CheckpointMismatch` (a UserError) when the files are intact but the world size differs.
-    """
+def verify_checkpoint(path: str | Path) -> None:
+    """Raise UserError (one line naming the file) unless `path` is a complete checkpoint: every file of each of the
+    processes that wrote it and of each data shard (numbers in nanochat_state.json; any number of processes may
+    resume it)."""
     ckpt = Path(path)
     if not ckpt.is_dir():
         raise UserError(f"{ckpt}: checkpoint folder not found")
-    required = [*SHARED_FILES, *(f.format(rank=r) for f in PER_RANK_FILES for r in range(world_size))]
+    if not (ckpt / STATE_FILE).is_file():
+        raise UserError(f"{ckpt / STATE_FILE}: missing (the checkpoint is incomplete)")
+    state = read_run_state(ckpt)
+    required = [
+        *SHARED_FILES,
+        *(f.format(rank=r) for f in PER_PROCESS_FILES for r in range(state["world_size"])),
+        *(f.format(rank=s) for f in PER_SHARD_FILES for s in range(state["data_shards"])),
+    ]
     if (ckpt / MODEL_INDEX).is_file():
         index = read_json(ckpt / MODEL_INDEX, expect_object=False)
         if not isinstance(index, dict) or not isinstance(index.get("weight_map"), dict):
@@ -154,27 +159,22 @@ def verify_checkpoint(path: str | Path, world_size: int) -> None:
         elif file.suffix == ".json":
             read_json(file, expect_object=False)
     load_fingerprint(ckpt)
-    check_checkpoint_world_size(ckpt, world_size)
 
 
-def check_checkpoint_world_size(ckpt: Path, world_size: int) -> dict:
-    """The checkpoint's nanochat state, or CheckpointMismatch if another number of processes wrote it."""
+def read_run_state(ckpt: Path) -> dict:
+    """The checkpoint's nanochat state: the logger's, the best val bpb, ``world_size`` (the processes that wrote it)
+    and ``data_shards`` (the processes of the run's start, whose data streams it keeps; = world_size if absent)."""
     saved = read_json(ckpt / STATE_FILE)
     if "world_size" not in saved:
         raise UserError(
             f"{ckpt / STATE_FILE}: no 'world_size' field (the file is damaged or was not written by nanochat-hf)"
         )
-    saved_ws = saved["world_size"]
-    if saved_ws != world_size:
-        raise CheckpointMismatch(
-            f"{ckpt / STATE_FILE}: written by world_size={saved_ws} processes, resuming with "
-            f"{world_size}; the optimizer shards and data positions are per rank, resume with {saved_ws} processes"
-        )
+    saved.setdefault("data_shards", saved["world_size"])
     return saved
 
 
 def resolve_resume_checkpoint(
-    output_dir: str | Path, resume_from_checkpoint: str | bool | None, world_size: int
+    output_dir: str | Path, resume_from_checkpoint: str | bool | None
 ) -> tuple[Path | None, list[str]]:
     """Map `--resume_from_checkpoint` to a verified checkpoint folder and messages for the user.
 
@@ -185,13 +185,13 @@ def resolve_resume_checkpoint(
     if resume_from_checkpoint in (None, False, ""):
         return None, []
     if resume_from_checkpoint is True or str(resume_from_checkpoint).lower() in AUTO_RESUME:
-        return _newest_intact(Path(output_dir), world_size)
+        return _newest_intact(Path(output_dir))
     path = Path(resume_from_checkpoint)
-    verify_checkpoint(path, world_size)
+    verify_checkpoint(path)
     return path, []
 
 
-def _newest_intact(output_dir: Path, world_size: int) -> tuple[Path, list[str]]:
+def _newest_intact(output_dir: Path) -> tuple[Path, list[str]]:
     entries = list(output_dir.iterdir()) if output_dir.is_dir() else []
     messages = []
     steps = sorted(
@@ -199,9 +199,7 @@ def _newest_intact(output_dir: Path, world_size: int) -> tuple[Path, list[str]]:
     )
     for _, path in steps:
         try:
-            verify_checkpoint(path, world_size)
-        except CheckpointMismatch:
-            raise
+            verify_checkpoint(path)
         except ValueError as e:
             messages.append(f"skipping {path.name}: {e}")
             continue
@@ -281,6 +279,11 @@ def check_fingerprint(saved: dict[str, Any], current: dict[str, Any], resume_ste
             )
         elif saved[name] != value and name in LR_FIELDS:
             notices.append(f"{name} changed {saved[name]} -> {value}: applied from step {resume_step}")
+        elif saved[name] != value and name == WORLD_SIZE_FIELD:
+            notices.append(
+                f"resuming a run of {saved[name]} processes on {value}: the optimizer state is re-sharded, the data "
+                "keeps its shards (the same micro-batches, docs/distributed.md)"
+            )
         elif saved[name] != value:
             what = (
                 "the chat rendering or tokenizer changed the token ids"

@@ -1,10 +1,9 @@
-"""Writing and reading the pieces of a checkpoint in safetensors + JSON (no pickles): optimizer shards, RNG states;
-the usual file modes; a full disk during a save as one line. File names: layout.py."""
+"""Writing and reading the pieces of a checkpoint in safetensors + JSON (no pickles): RNG states (the optimizer's:
+integration/optimizer_state.py); the usual file modes; a full disk during a save as one line. File names: layout.py."""
 
 from __future__ import annotations
 
 import errno
-import json
 import os
 import random
 import shutil
@@ -15,10 +14,10 @@ from typing import Any
 
 import numpy as np
 import torch
-from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from ...atomic import current_umask, replacing
+from ...atomic import current_umask
+from ...integration.optimizer_state import json_decode, json_encode
 from ...jsonfile import read_json, write_json
 from .layout import RNG_STATE_FILE, RNG_TENSORS_FILE
 
@@ -34,53 +33,6 @@ def usual_modes(directory: str | Path) -> None:
         os.chmod(path, (0o777 if path.is_dir() else 0o666) & ~mask)
 
 
-def _encode(obj: Any) -> Any:
-    """JSON-encode python values, keeping tuples distinguishable from lists."""
-    if isinstance(obj, tuple):
-        return {"__tuple__": [_encode(x) for x in obj]}
-    if isinstance(obj, list):
-        return [_encode(x) for x in obj]
-    if isinstance(obj, dict):
-        return {str(k): _encode(v) for k, v in obj.items()}
-    return obj
-
-
-def _decode(obj: Any) -> Any:
-    if isinstance(obj, dict):
-        if set(obj) == {"__tuple__"}:
-            return tuple(_decode(x) for x in obj["__tuple__"])
-        return {k: _decode(v) for k, v in obj.items()}
-    if isinstance(obj, list):
-        return [_decode(x) for x in obj]
-    return obj
-
-
-def save_optimizer_state(state_dict: dict, path: str | Path) -> None:
-    """torch optimizer state_dict -> one safetensors file (state tensors) with everything else as JSON metadata."""
-    tensors, scalars = {}, {}
-    for pid, pstate in state_dict["state"].items():
-        for key, value in pstate.items():
-            if torch.is_tensor(value):
-                tensors[f"{pid}/{key}"] = value.detach().contiguous().cpu()
-            else:
-                scalars[f"{pid}/{key}"] = value
-    rest = {k: v for k, v in state_dict.items() if k != "state"}  # param_groups, plus e.g. the sharding layout
-    meta = {"rest": json.dumps(_encode(rest)), "scalars": json.dumps(_encode(scalars))}
-    with replacing(path) as tmp:
-        save_file(tensors, str(tmp), metadata=meta)
-
-
-def load_optimizer_state(path: str | Path) -> dict:
-    with safe_open(str(path), framework="pt") as f:
-        meta = f.metadata()
-    tensors = load_file(str(path))
-    state: dict[int, dict] = {}
-    for name, value in list(tensors.items()) + list(_decode(json.loads(meta["scalars"])).items()):
-        pid, key = name.split("/", 1)
-        state.setdefault(int(pid), {})[key] = value
-    return {"state": state, **_decode(json.loads(meta["rest"]))}
-
-
 def save_rng_state(directory: str | Path, rank: int) -> None:
     directory = Path(directory)
     tensors = {"cpu": torch.random.get_rng_state()}
@@ -91,7 +43,7 @@ def save_rng_state(directory: str | Path, rank: int) -> None:
     np_state = np.random.get_state()
     write_json(
         directory / RNG_STATE_FILE.format(rank=rank),
-        {"python": _encode(random.getstate()), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
+        {"python": json_encode(random.getstate()), "numpy": [np_state[0], np_state[1].tolist(), *np_state[2:]]},
     )
 
 
@@ -102,7 +54,7 @@ def load_rng_state(directory: str | Path, rank: int) -> None:
     if torch.cuda.is_available() and "cuda0" in tensors:
         torch.cuda.random.set_rng_state_all([tensors[f"cuda{i}"] for i in range(torch.cuda.device_count())])
     other = read_json(directory / RNG_STATE_FILE.format(rank=rank))
-    random.setstate(_decode(other["python"]))
+    random.setstate(json_decode(other["python"]))
     kind, keys, *rest = other["numpy"]
     np.random.set_state((kind, np.array(keys, dtype=np.uint32), *rest))
 

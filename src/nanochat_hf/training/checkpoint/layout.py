@@ -6,8 +6,10 @@ output_dir/
     model files               config.json, model.safetensors (or an index and the shards it lists),
                               generation_config.json, tokenizer files, training_args.json
     scheduler.json, nanochat_state.json, run_fingerprint.json
-    per rank r                optimizer.rank<r>.safetensors, data_state.rank<r>.json,
+    per process r             optimizer.rank<r>.safetensors (read by a run of any size: integration/optimizer_state.py),
                               rng_state.rank<r>.safetensors + rng_state.rank<r>.json
+    per data shard s          data_state.rank<s>.json (the shards: the processes the run started with,
+                              data/shards.py; nanochat_state.json says how many)
     trainer_state.json        written last, once every rank is done: a folder with it is complete
   model files                 the final save (staged inside output_dir, then moved in file by file)
   trainer_state.json, README.md (model card), report.md
@@ -20,6 +22,8 @@ import re
 
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
+from ...integration.optimizer_state import OPTIMIZER_FILE, SCHEDULER_FILE  # their owner: the optimizer's format
+
 # checkpoint-<step>: the stock `Trainer._save_checkpoint` names the folders
 CHECKPOINT_RE = re.compile(rf"^{PREFIX_CHECKPOINT_DIR}-(\d+)$")
 
@@ -31,17 +35,16 @@ TRAINING_ARGS_FILE = "training_args.json"  # the arguments as JSON (the stock tr
 TRAINER_STATE_FILE = "trainer_state.json"
 
 # our pieces of a checkpoint; {rank}: one file per process
-STATE_FILE = "nanochat_state.json"  # world size, the logger's state, the best val bpb
-SCHEDULER_FILE = "scheduler.json"
+STATE_FILE = "nanochat_state.json"  # world size, data shards, the logger's state, the best val bpb
 FINGERPRINT_FILE = "run_fingerprint.json"  # what must not change when resuming (check.run_fingerprint)
-OPTIMIZER_FILE = "optimizer.rank{rank}.safetensors"  # this rank's optimizer shard
-DATA_STATE_FILE = "data_state.rank{rank}.json"  # this rank's position in the data
+DATA_STATE_FILE = "data_state.rank{rank}.json"  # a data shard's position
 RNG_TENSORS_FILE = "rng_state.rank{rank}.safetensors"
 RNG_STATE_FILE = "rng_state.rank{rank}.json"
 
 # what a resumable checkpoint must hold besides the model weights
 SHARED_FILES = (CONFIG_FILE, SCHEDULER_FILE, STATE_FILE, FINGERPRINT_FILE, TRAINER_STATE_FILE)
-PER_RANK_FILES = (OPTIMIZER_FILE, DATA_STATE_FILE, RNG_TENSORS_FILE, RNG_STATE_FILE)
+PER_PROCESS_FILES = (OPTIMIZER_FILE, RNG_TENSORS_FILE, RNG_STATE_FILE)
+PER_SHARD_FILES = (DATA_STATE_FILE,)
 
 # the run's own files in output_dir
 REPORT_FILE = "report.md"

@@ -1,7 +1,8 @@
 """`NanoChatOptimizerMixin` in transformers' Trainer and TRL's SFTTrainer, DPOTrainer and GRPOTrainer on a tiny
 random Llama (no downloads): the optimizer is ours, the routing printed once, the schedule scales every group in
 proportion, Muon's momentum warms up; an SFT epoch lowers the loss in both recipes, its checkpoint resumes with
-identical losses and the model reloads with AutoModelForCausalLM; a resume from another layout is refused."""
+identical losses and the model reloads with AutoModelForCausalLM; a resume with another recipe or grouping is
+refused."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from datasets import Dataset
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainingArguments
 
 from nanochat_hf.errors import UserError
+from nanochat_hf.integration import NanoChatOptimizerMixin
 from nanochat_hf.optim import MuonAdamW, NorMuonAdamW
-from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
 from nanochat_hf.tokenizer import train_tokenizer
 
 trl = pytest.importorskip("trl")
@@ -139,16 +140,17 @@ def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, tmp_pa
         assert torch.equal(p.detach(), q.detach()), name
 
 
-def test_resume_from_another_layout_or_world_size_is_refused(tokenizer, tmp_path):
+def test_resume_with_another_recipe_or_grouping_is_refused(tokenizer, tmp_path):
     trainer = _sft(tokenizer, tmp_path, "2025-12", max_steps=3)
     trainer.train()
     ckpt = tmp_path / "checkpoint-3"
-    other = _sft(tokenizer, tmp_path, "2026-07", max_steps=4)  # other groups
-    with pytest.raises(UserError, match="checkpoint-3: optimizer state_dict has 4 param groups"):
+    other = _sft(tokenizer, tmp_path, "2026-07", max_steps=4)
+    with pytest.raises(UserError, match="optimizer state of recipe 2025-12, this run's is 2026-07"):
         other.train(resume_from_checkpoint=str(ckpt))
-    (ckpt / "optimizer.rank1.safetensors").write_bytes((ckpt / "optimizer.rank0.safetensors").read_bytes())
-    with pytest.raises(UserError, match="optimizer state of 2 processes, this run has 1"):
-        _sft(tokenizer, tmp_path, "2025-12", max_steps=4).train(resume_from_checkpoint=str(ckpt))
+    regrouped = _sft(tokenizer, tmp_path, "2025-12", max_steps=4)
+    regrouped.nanochat_optimizer_kwargs["roles"] = {"lm_head.weight": "matrix"}  # lm_head to Muon
+    with pytest.raises(UserError, match="checkpoint-3/optimizer.rank0.safetensors: a checkpoint of another model or"):
+        regrouped.train(resume_from_checkpoint=str(ckpt))
 
 
 def test_dpo_trainer(tokenizer, tmp_path):
@@ -208,7 +210,7 @@ def test_deepspeed_refused_in_one_line_saying_why_its_muon_is_not_nanochats():
     FSDP1 and FSDP2 shardings are refused by a real Trainer in test_fsdp_trainer.py)."""
     from types import SimpleNamespace
 
-    from nanochat_hf.optim.trainer_mixin import check_distributed_setup
+    from nanochat_hf.integration import check_distributed_setup
 
     with pytest.raises(UserError, match="DeepSpeed is not supported") as e:
         check_distributed_setup(SimpleNamespace(is_deepspeed_enabled=True))
@@ -266,7 +268,7 @@ def test_resume_whose_weights_do_not_load_is_refused(tokenizer, tmp_path):
     line naming the keys, and the checkpoint is left as it was. A tied head saved once is not missing."""
     from transformers import GPTNeoXConfig
 
-    from nanochat_hf.optim.trainer_mixin import check_checkpoint_weights
+    from nanochat_hf.integration.mixin import check_checkpoint_weights
 
     def neox():
         torch.manual_seed(0)

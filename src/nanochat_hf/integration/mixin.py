@@ -1,6 +1,6 @@
 """nanochat's optimizer in any `transformers.Trainer` (TRL's SFTTrainer, DPOTrainer, GRPOTrainer, ...): one mixin.
 
-    from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+    from nanochat_hf.integration import NanoChatOptimizerMixin
 
     class MySFT(NanoChatOptimizerMixin, SFTTrainer):
         pass
@@ -12,16 +12,20 @@ What the mixin changes, and nothing else:
   printed once as a table by the main process. The rates are build_optimizer's (``args.learning_rate`` is not
   read); the Trainer's LR schedule (``lr_scheduler_type``, warm-up) multiplies every group's rate in proportion.
 - Muon's momentum warm-up 0.85 -> 0.95 over 300 steps (nanochat's), as a callback
-  (`nanochat_hf.training.callbacks.MuonMomentumCallback`, usable on its own);
+  (`nanochat_hf.integration.MuonMomentumCallback`, usable on its own);
   ``muon_momentum_warmup=False`` leaves momentum at the optimizer's.
-- gradients with several processes (the contract of training/gradients.py, `LocalGradients`): the optimizer
+- gradients with several processes (the contract of integration/gradients.py, `LocalGradients`): the optimizer
   reduces each gradient onto the rank that owns it while backward runs (ZeRO-2), so DDP is told to leave them
   alone; a DDP that manages every parameter and already has a communication hook averages them instead, and the
   optimizer is told so (``grads_averaged = True``: it skips its own reduction). Clipping happens inside the
   optimizer, on the averaged gradient (``max_grad_norm``); the logged grad_norm is the optimizer's.
-- checkpoints: each rank writes its optimizer shard as safetensors (the stock hook pickles rank 0's only), the
-  scheduler as JSON; a resume checks that the checkpoint's world size and groups are this run's, and that its
-  weights are the model's (`check_checkpoint_weights`: the stock resume only warns, and trains on restarted ones).
+- the saved model is whole: a model FSDP2 shards is gathered before it is written (`save_model`, also inside
+  checkpoints).
+- checkpoints: each rank writes its part of the optimizer state as safetensors (the stock hook pickles rank 0's
+  only), the scheduler as JSON; a resume on any number of processes reads every rank's file and keeps its part
+  (integration/optimizer_state.py), after checking that they are one complete set of this model and grouping, and
+  that the checkpoint's weights are the model's (`check_checkpoint_weights`: the stock resume only warns, and trains
+  on restarted ones).
 - every optimizer setting and the routing are checked when the Trainer is built (`check_optimizer_settings`).
 - FSDP2 (Accelerate's ``fsdp_version: 2``, configs/accelerate_fsdp2.yaml, or a model the caller sharded with
   ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients.
@@ -38,15 +42,18 @@ import torch
 
 from ..errors import UserError
 from ..jsonfile import read_json, write_json
-from .fsdp import fsdp_mesh
-from .routing import build_optimizer, check_optimizer_settings
-
-# nanochat_hf.training imports this module (MidTrainer is built on the mixin), so its modules are imported where used:
-# training.callbacks (MuonMomentumCallback), training.gradients (the gradient contract), training.checkpoint.
-
-
-def _inner_optimizer(optimizer: Any) -> Any:
-    return getattr(optimizer, "optimizer", optimizer)  # Accelerate's AcceleratedOptimizer wraps ours
+from ..optim.fsdp import fsdp_mesh
+from ..optim.routing import build_optimizer, check_optimizer_settings
+from .gradients import LocalGradients, clip_in_optimizer, reduces_gradients
+from .momentum import MuonMomentumCallback
+from .optimizer_state import (
+    OPTIMIZER_FILE,
+    SCHEDULER_FILE,
+    inner_optimizer,
+    load_optimizer_state,
+    save_optimizer_state,
+)
+from .saving import whole_state_dict
 
 
 def _few(names: list[str]) -> str:
@@ -128,11 +135,7 @@ class NanoChatOptimizerMixin:
             # route for a model sharded at load time, which wraps nothing in DDP (DDP refuses DTensor parameters)
             self.is_distributed_loading_by_transformers = True
         if muon_momentum_warmup:
-            from ..training.callbacks import MuonMomentumCallback
-
             self.add_callback(MuonMomentumCallback())
-        from ..training.gradients import LocalGradients
-
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
 
     # The Trainer's own check of its arguments runs once the model is final (PEFT-wrapped, say) and before anything
@@ -148,8 +151,6 @@ class NanoChatOptimizerMixin:
 
     def create_optimizer(self, model: torch.nn.Module | None = None) -> torch.optim.Optimizer:
         if self.optimizer is None:
-            from ..training.gradients import clip_in_optimizer
-
             self.optimizer = build_optimizer(self.model, **self.optimizer_settings())
             clip_in_optimizer(self.optimizer, self.args.max_grad_norm)
             if self.is_world_process_zero():
@@ -158,33 +159,40 @@ class NanoChatOptimizerMixin:
 
     # private hook: the stock step clips each rank's local gradients; ours clips the averaged one, in the optimizer
     def _clip_grad_norm(self, model: torch.nn.Module) -> None:
-        """The optimizer clips in its step (see training/gradients.py): the same norm at every world size."""
+        """The optimizer clips in its step (see integration/gradients.py): the same norm at every world size."""
         return None
 
     # private hook: with several processes the stock norm of the local gradients is a wasted pass and meaningless
     def _get_grad_norm(self, model: torch.nn.Module, grad_norm: Any = None) -> Any:
         """The stock norm with one process; with several the logged norm is the optimizer's (when it clips)."""
-        from ..training.gradients import reduces_gradients
-
         if reduces_gradients(self.optimizer):
             return None
         return super()._get_grad_norm(model, grad_norm)
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
-        if "loss" in logs and (norm := getattr(_inner_optimizer(self.optimizer), "last_grad_norm", None)) is not None:
+        if "loss" in logs and (norm := getattr(inner_optimizer(self.optimizer), "last_grad_norm", None)) is not None:
             logs["grad_norm"] = norm  # the norm of the averaged gradient, measured by the optimizer as it clipped
         super().log(logs, start_time)
 
+    def save_model(self, output_dir: str | None = None, _internal_call: bool = False) -> None:
+        """The stock save; a model FSDP2 shards outside Accelerate's FSDP (`fully_shard` under torchrun, e.g. on
+        CPU, where Accelerate enables no FSDP) is first gathered whole (every process takes part) and the main
+        process writes it: one ordinary folder, not each rank's shards."""
+        state = None if self.is_fsdp_enabled else whole_state_dict(self.model)  # Accelerate's FSDP: the stock path
+        if state is None:
+            return super().save_model(output_dir, _internal_call)
+        if self.args.should_save:
+            self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
+        if self.args.push_to_hub and not _internal_call:
+            self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
+
     # private hook: the stock one pickles rank 0's optimizer state only; ours is sharded across ranks
     def _save_optimizer_and_scheduler(self, output_dir: str) -> None:
-        """Each rank writes its optimizer shard as safetensors; the main process the scheduler as JSON."""
-        from ..training.checkpoint.files import save_optimizer_state
-        from ..training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
-
+        """Each rank writes its part of the optimizer state (optimizer_state.py); the main process the scheduler."""
         out = Path(output_dir)
         out.mkdir(parents=True, exist_ok=True)
         rank = self.accelerator.process_index
-        save_optimizer_state(self.optimizer.state_dict(), out / OPTIMIZER_FILE.format(rank=rank))
+        save_optimizer_state(self.optimizer, self.model, out / OPTIMIZER_FILE.format(rank=rank))
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
 
@@ -195,27 +203,12 @@ class NanoChatOptimizerMixin:
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
-        """This rank's optimizer shard and the schedule; a checkpoint of another world size or model in one line."""
-        from ..training.checkpoint.files import load_optimizer_state
-        from ..training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
-
+        """This rank's part of the optimizer state, whatever the world size that saved it, and the schedule; a
+        checkpoint of another model or grouping, or one with a rank's file missing, in one line."""
         if checkpoint is None:
             return
-        ckpt, world = Path(checkpoint), self.accelerator.num_processes
-        shards = sorted(ckpt.glob(OPTIMIZER_FILE.format(rank="*")))
-        if not shards or not (ckpt / SCHEDULER_FILE).is_file():
-            raise UserError(
-                f"{ckpt}: no {OPTIMIZER_FILE.format(rank='<r>')} / {SCHEDULER_FILE}: not a checkpoint of "
-                "nanochat's optimizer"
-            )
-        if len(shards) != world:
-            raise UserError(
-                f"{ckpt}: optimizer state of {len(shards)} processes, this run has {world}: the state is sharded per "
-                f"rank, resume with {len(shards)} processes"
-            )
-        state = load_optimizer_state(ckpt / OPTIMIZER_FILE.format(rank=self.accelerator.process_index))
-        try:
-            _inner_optimizer(self.optimizer).load_state_dict(state)
-        except UserError as e:
-            raise UserError(f"{ckpt}: {e}") from None
-        self.lr_scheduler.load_state_dict(read_json(ckpt / SCHEDULER_FILE))
+        schedule = Path(checkpoint) / SCHEDULER_FILE
+        if not schedule.is_file():
+            raise UserError(f"{schedule}: missing: a partial checkpoint")
+        load_optimizer_state(self.optimizer, self.model, checkpoint)
+        self.lr_scheduler.load_state_dict(read_json(schedule))

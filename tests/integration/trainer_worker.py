@@ -1,9 +1,13 @@
-"""A transformers Trainer with NanoChatOptimizerMixin on a tiny random Llama, for test_trainer_distributed.py (run by
- `accelerate launch` in 2 processes, or plainly in 1). Global batch 4 in every layout. Writes rank 0's final
-parameters and, per rank, how many ranks held a Muon matrix's gradient before each optimizer step (ZeRO-2: its
-owner only) and the optimizer's grads_averaged flag.
+"""A transformers Trainer with NanoChatOptimizerMixin on a tiny random Llama, for test_trainer_distributed.py and
+test_trainer_checkpoints.py (run by `accelerate launch` in 2 or 4 processes, or plainly in 1). Global batch 4 in
+every layout. Writes rank 0's final parameters and, per rank, how many ranks held a Muon matrix's gradient before
+each optimizer step (ZeRO-2: its owner only), the optimizer's grads_averaged flag and the logged losses.
 
-    python trainer_worker.py OUT_DIR [--ddp_hook]   (--ddp_hook: DDP keeps a communication hook, so it averages)
+    python trainer_worker.py OUT_DIR [--ddp_hook] [--save_steps N] [--resume CHECKPOINT] [--clip NORM] [--stock_clip]
+
+--ddp_hook: DDP keeps a communication hook, so it averages; --save_steps: checkpoints in OUT_DIR/run; --clip: the
+max_grad_norm (default 1.0); --stock_clip: the stock Trainer's clipping of each rank's local gradients instead of
+the mixin's (what the mixin must not do: the tests show that it gives other numbers).
 """
 
 import json
@@ -16,11 +20,20 @@ from datasets import Dataset
 from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, LlamaConfig, Trainer, TrainerCallback, TrainingArguments
 
-from nanochat_hf.optim.trainer_mixin import NanoChatOptimizerMixin
+from nanochat_hf.integration import NanoChatOptimizerMixin
 
 
 class NanoTrainer(NanoChatOptimizerMixin, Trainer):
     pass
+
+
+class StockClipTrainer(NanoTrainer):
+    _clip_grad_norm = Trainer._clip_grad_norm  # clips the local gradients, each rank by its own norm
+
+    def create_optimizer(self, model=None):
+        super().create_optimizer(model)
+        self.optimizer.max_grad_norm = 0.0  # no clipping in the optimizer
+        return self.optimizer
 
 
 class DDPHook(TrainerCallback):
@@ -54,8 +67,13 @@ class GradCheck(TrainerCallback):
             self.same.append(torch.equal(everyone[0], everyone[1]))
 
 
-def tiny_run(out: Path, max_grad_norm: float = 1.0):
-    """(model, dataset, args): the tiny Llama, 16 rows of 8 tokens, 4 steps of global batch 4 at any world size."""
+def _option(name: str, default: str | None = None) -> str | None:
+    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+
+
+def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0):
+    """(model, dataset, args): the tiny Llama, 16 rows of 8 tokens, 4 steps of global batch 4 at any world size;
+    checkpoints in out/run every ``save_steps`` (0: none)."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
@@ -65,24 +83,25 @@ def tiny_run(out: Path, max_grad_norm: float = 1.0):
     data = Dataset.from_list([{"input_ids": r, "labels": r} for r in rows])
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
     args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, per_device_train_batch_size=4 // world,
-                             logging_steps=1, save_strategy="no", report_to=[], use_cpu=True, seed=0,
-                             disable_tqdm=True, dataloader_num_workers=0, max_grad_norm=max_grad_norm,
-                             ddp_backend="gloo" if world > 1 else None)  # fmt: skip
+                             logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps,
+                             report_to=[], use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+                             max_grad_norm=max_grad_norm, ddp_backend="gloo" if world > 1 else None)  # fmt: skip
     return model, data, args
 
 
 def main():
     out, ddp_hook = Path(sys.argv[1]), "--ddp_hook" in sys.argv
-    model, data, args = tiny_run(out)
+    save_steps, resume = int(_option("--save_steps", "0")), _option("--resume")
+    model, data, args = tiny_run(out, float(_option("--clip", "1.0")), save_steps)
     check, hook = GradCheck(), DDPHook()
     callbacks = [hook, check] if ddp_hook else [check]
-    trainer = NanoTrainer(
+    trainer = (StockClipTrainer if "--stock_clip" in sys.argv else NanoTrainer)(
         model=model, args=args, train_dataset=data, callbacks=callbacks, nanochat_optimizer={"polar_dtype": "float32"}
     )
     hook.trainer = trainer
     if ddp_hook:  # a DDP that manages every parameter (as if the model were wrapped without the mixin's help)
         model._ddp_params_and_buffers_to_ignore = []
-    trainer.train()
+    trainer.train(resume_from_checkpoint=resume)
     opt = trainer.optimizer.optimizer
     rank = trainer.accelerator.process_index
     report = {
