@@ -8,6 +8,8 @@ ZeRO-2 step's (`MuonAdamW._plan`), so a state file does not say which path wrote
   (group, shape) bucket two ``all_to_all`` in total, whatever the number of matrices: one brings every rank's rows of
   the gradient and of the parameter (cautious weight decay reads it) to each matrix's owner, one sends the new rows
   back. The inbound ones of every bucket are launched first, the outbound ones as each bucket is done.
+- ``("rows",)`` Muon stack of MoE experts (E, out, in): the local shard IS this rank's experts, each updated whole
+  where it is, no communication.
 - ``("whole",)`` small AdamW parameter (recipe 2026-07): every rank updates all of it; one all_gather for all of them.
 Clipping: the squares of every rank's (disjoint) local gradient shards, one all_reduce, before anything moves.
 microsoft/dion (megabatch_base.py, as issue 38 describes it) batches W matrices per pair of all_to_all and normalises
@@ -75,7 +77,7 @@ def adopt_fsdp(opt: Any) -> None:
 
 def fsdp_step(opt: Any) -> None:
     """One step of ``opt`` (`MuonAdamW` or `NorMuonAdamW`, built on FSDP2 parameters): module docstring."""
-    from .optimizer import _adamw_update, _shape_buckets  # here: optimizer.py imports this module
+    from .optimizer import _adamw_update, _matrices_2d, _shape_buckets  # here: optimizer.py imports this module
 
     world, rank, pg = opt.world_size, opt.rank, opt.process_group
     params = [p for group in opt.param_groups for p in group["params"]]
@@ -91,9 +93,13 @@ def fsdp_step(opt: Any) -> None:
         (group, bucket)
         for group in opt.param_groups
         if group["kind"] == "muon"
-        for bucket in _shape_buckets(group["params"])
+        for bucket in _shape_buckets(_matrices_2d(group))
     ]
     inbound = [_gather_to_owners(opt, bucket, grads) for _, bucket in muon]  # every bucket's gather in flight
+    for group in opt.param_groups:  # MoE expert stacks: the local shard IS this rank's experts, no communication
+        stacks = [p for p in group["params"] if group["kind"] == "muon" and p.ndim == 3]
+        if stacks:
+            opt._update_local_experts(group, stacks, [p.to_local() for p in stacks], [grads[p] for p in stacks])
     adamw = [(group, p) for group in opt.param_groups if group["kind"] == "adamw" for p in group["params"]]
     _step_whole(opt, [(group, p) for group, p in adamw if opt._plan(p)[0] == "whole"], grads)
     for group, p in adamw:

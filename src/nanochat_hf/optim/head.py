@@ -152,10 +152,10 @@ class NorMuonAdamW(MuonAdamW):
         seconds = [st[key][:n] for key in self._second_moments(group)]
         self._normuon_stack(group, owned, grads[:n], st["momentum_buffer"][:n], seconds)
 
-    def _normuon_experts(self, group: dict[str, Any], grads: list[Tensor]) -> None:
+    def _normuon_experts(self, group: dict[str, Any], grads: list[Tensor], views: list[Tensor] | None = None) -> None:
         """nanochat HEAD's Muon step on this rank's experts of every stack of the group (rows [start, end) of dim
         0; ``grads``: their gradients, stack by stack), all of them as one stack of matrices; each stack keeps the
-        state of its experts."""
+        state of its experts. ``views``: those experts' tensors (FSDP2's local shards), else slices of the stacks."""
         params = group["params"]
         rows = [self._rows(p)[1:] for p in params]
         states = []
@@ -163,7 +163,7 @@ class NorMuonAdamW(MuonAdamW):
             if not self.state[p]:
                 self.state[p].update(self._new_state(group, p, end - start))
             states.append(self.state[p])
-        views = [p[start:end] for p, (start, end) in zip(params, rows)]
+        views = views or [p[start:end] for p, (start, end) in zip(params, rows)]
         stacked = torch.cat([g[: end - start] for g, (start, end) in zip(grads, rows)])
         if group.get("transposed"):  # the (out, in) views, as `_normuon` steps Conv1D weights
             views, stacked = [v.mT for v in views], stacked.mT
@@ -175,6 +175,12 @@ class NorMuonAdamW(MuonAdamW):
         for key in keys:
             for st, part in zip(states, joined[key].split(sizes)):
                 st[key].copy_(part)
+
+    def _update_local_experts(
+        self, group: dict[str, Any], stacks: list[Tensor], experts: list[Tensor], grads: list[Tensor]
+    ) -> None:
+        """NorMuon on this rank's experts of the group's stacks (optim/fsdp.py: their local shards)."""
+        self._normuon_experts(group, grads, views=experts)
 
     def _update_owned(
         self, group: dict[str, Any], owned: list[Tensor], values: list[Tensor], grads: list[Tensor]

@@ -325,7 +325,15 @@ class MuonAdamW(torch.optim.Optimizer):
     ) -> None:
         """Muon on the whole matrices this rank owns in one bucket (optim/fsdp.py): ``values`` and ``grads`` are
         their gathered values (updated in place) and gradients; the state is ``owned``'s."""
-        muon_update(values, grads, [self._muon_buf(p) for p in owned], **_muon_options(group))
+        _muon_per_matrix(group, values, grads, [self._muon_buf(p) for p in owned])
+
+    def _update_local_experts(
+        self, group: dict[str, Any], stacks: list[Tensor], experts: list[Tensor], grads: list[Tensor]
+    ) -> None:
+        """Muon on this rank's experts of each 3-D stack (optim/fsdp.py): ``experts`` are the stacks' local rows
+        (updated in place), ``grads`` their gradients; the state is ``stacks``'."""
+        bufs = [self._muon_buf(p, e.shape[0]) for p, e in zip(stacks, experts)]
+        _muon_per_matrix(group, experts, grads, bufs)
 
     def _probe_reduce_scatter(self) -> bool:
         """Whether the backend implements reduce_scatter_single (older gloo builds do not)."""
