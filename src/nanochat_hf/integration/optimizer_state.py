@@ -91,7 +91,9 @@ def _rank_rows(optimizer: torch.optim.Optimizer, model: torch.nn.Module) -> tupl
     tensors, rows, scalars = {}, {}, {}
     for group in opt.param_groups:
         params = group["params"]
-        if group["kind"] == "muon" and isinstance(opt, NorMuonAdamW):  # the stack's state on its first parameter
+        # a NorMuon stack of matrices keeps its state on its first parameter; MoE expert stacks (3-D), like every
+        # other parameter, keep their own (this rank's experts' rows)
+        if group["kind"] == "muon" and isinstance(opt, NorMuonAdamW) and params[0].ndim == 2:
             _, start, end = opt._muon_chunk(group)
             for key, buf in opt.state.get(params[0], {}).items():
                 for j, p in enumerate(params[start:end]):  # matrix j of this rank's chunk: a whole matrix
@@ -286,7 +288,15 @@ def load_full_state(optimizer: torch.optim.Optimizer, model: torch.nn.Module, fu
     optimizer.state.clear()
     for group in optimizer.param_groups:
         params = group["params"]
-        if group["kind"] == "adamw":
+        if group["kind"] == "muon" and params[0].ndim == 3:  # MoE expert stacks: this rank's experts, every buffer
+            for p in params:
+                st = full.get(names[id(p)])
+                if st is not None:
+                    _, start, end = optimizer._rows(p)
+                    optimizer.state[p] = {
+                        k: _rows(v, start, end).to(p.device, torch.float32, copy=True) for k, v in st.items()
+                    }
+        elif group["kind"] == "adamw":
             for p in params:
                 st = full.get(names[id(p)])
                 if st is None:
