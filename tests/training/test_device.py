@@ -111,40 +111,39 @@ def test_a_count_outside_one_to_the_cores_is_refused_in_one_line(requested):
 
 
 # ---- the commands: mid_train's first lines and refusal (chat, chat_eval and serve: in their own tests) ----------
-def _first_lines(argv, capsys, tmp_path) -> list[str]:
-    """mid_train's lines up to its stop on a model source that does not exist (nothing trained or written)."""
-    from nanochat_hf.training.run import main
+def _built(argv, tiny_args, capsys, out):
+    """mid_train's lines once its trainer is built (the Muon dtype and threads lines come after every check: a
+    refusal prints neither), and the trainer (a one-step dry run)."""
+    from nanochat_hf.training.run import build_trainer, setup
 
-    with pytest.raises(SystemExit) as stopped:
-        main([*argv, "--model_source", str(tmp_path / "nowhere"), "--output_dir", str(tmp_path / "out")])
-    assert stopped.value.code == 2
-    return capsys.readouterr().out.splitlines()
+    dry = ["--num_iterations", "1", "--eval_every", "0", "--spelling_eval_rows", "0", "--dry_run", "true"]
+    args, *rest = setup([*tiny_args, *dry, *argv, "--output_dir", str(out)])
+    trainer = build_trainer(args, *rest)
+    return capsys.readouterr().out.splitlines(), trainer
 
 
-def test_the_run_says_how_many_threads_and_why_next_to_the_muon_dtype(capsys, tmp_path):
+def test_the_run_says_how_many_threads_and_why_next_to_the_muon_dtype(capsys, tmp_path, tiny_args):
     cores = len(device.usable_cores())
-    lines = _first_lines([], capsys, tmp_path)
+    lines, _ = _built([], tiny_args, capsys, tmp_path / "measured")
     at = next(i for i, line in enumerate(lines) if line.startswith("mid_train: Muon orthogonalises in "))
     threads = lines[at + 1]
     count = int(threads.removeprefix("mid_train: ").split()[0])
     assert 1 <= count <= cores
     assert threads.startswith(f"mid_train: {count} CPU thread(s) ({cores} cores, "), threads
     assert threads.endswith(" of them idle now (/proc/stat over 0.2 s); --num_threads sets it)"), threads
-    assert "mid_train: 1 CPU thread(s) (--num_threads 1)" in _first_lines(["--num_threads", "1"], capsys, tmp_path)
+    pinned, _ = _built(["--num_threads", "1"], tiny_args, capsys, tmp_path / "pinned")
+    assert "mid_train: 1 CPU thread(s) (--num_threads 1)" in pinned
 
 
 def test_the_trainer_runs_on_the_count_the_run_said(tmp_path, tiny_args, capsys):
     import torch
 
-    from nanochat_hf.training.run import build_trainer, setup
-
     threads = torch.get_num_threads()
-    argv = [*tiny_args, "--num_iterations", "1", "--eval_every", "0", "--spelling_eval_rows", "0", "--dry_run", "true"]
     try:
-        args, *rest = setup([*argv, "--output_dir", str(tmp_path / "out")])
-        said = next(line for line in capsys.readouterr().out.splitlines() if "CPU thread(s)" in line)
+        lines, trainer = _built([], tiny_args, capsys, tmp_path / "out")
+        said = next(line for line in lines if "CPU thread(s)" in line)
         torch.set_num_threads(len(device.usable_cores()) + 1)  # a count the run cannot have said
-        build_trainer(args, *rest).train()
+        trainer.train()
         assert said.startswith(f"mid_train: {torch.get_num_threads()} CPU thread(s) ("), said
     finally:
         torch.set_num_threads(threads)

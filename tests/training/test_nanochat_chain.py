@@ -65,8 +65,9 @@ def test_export_equals_chat_sft_weights(our_sft, tmp_path):
     ours = torch.load(out / f"model_{REFERENCE['sft_step']:06d}.pt", weights_only=True)
     theirs = load_file(str(CHAIN / "nanochat_sft.safetensors"))
     assert ours.keys() == theirs.keys()  # (safetensors keeps them sorted; the order is checked in tests/conversion)
-    for name, tensor in theirs.items():
-        assert ((ours[name].float() - tensor).norm() / tensor.norm()).item() < 1e-4, name
+    for name, tensor in theirs.items():  # 2e-4: the reference was made on an AMD Zen 5, whose float32 products round
+        # otherwise than an Intel Xeon's with AMX: there the worst tensor (value_embeds.1) ends 1.05e-4-1.28e-4 away
+        assert ((ours[name].float() - tensor).norm() / tensor.norm()).item() < 2e-4, name
     meta = json.loads((out / f"meta_{REFERENCE['sft_step']:06d}.json").read_text())
     assert meta["model_config"]["window_pattern"] == "SSSL" and meta["user_config"]["depth"] == 4
 

@@ -129,7 +129,6 @@ class NanoChatOptimizerMixin:
     ) -> None:
         self.nanochat_optimizer_kwargs = dict(nanochat_optimizer or {})
         super().__init__(*args, **kwargs)
-        check_distributed_setup(self)
         if fsdp_mesh(self.model.named_parameters()) is not None and not self.is_fsdp_enabled:
             # sharded by the caller (fully_shard, as on CPU where Accelerate enables no FSDP): take the Trainer's
             # route for a model sharded at load time, which wraps nothing in DDP (DDP refuses DTensor parameters)
@@ -143,6 +142,7 @@ class NanoChatOptimizerMixin:
     # private hook: the stock check of the constructor's arguments, where ours belongs (nothing written yet)
     def _validate_args(self) -> None:
         super()._validate_args()
+        check_distributed_setup(self)  # first: FSDP1's flat parameters would read as "nothing for Muon" below
         check_optimizer_settings(self.model, **self.optimizer_settings())  # every mistake now, not at train()
 
     def optimizer_settings(self) -> dict[str, Any]:
