@@ -24,14 +24,11 @@ import torch
 import torch.distributed as dist
 from transformers import TrainerCallback
 
-
-def _inner(optimizer):
-    """The optimizer itself (Accelerate wraps it in an AcceleratedOptimizer)."""
-    return getattr(optimizer, "optimizer", optimizer)
+from .optimizer_state import inner_optimizer
 
 
 def reduces_gradients(optimizer) -> bool:
-    return bool(getattr(_inner(optimizer), "reduces_gradients", False))
+    return bool(getattr(inner_optimizer(optimizer), "reduces_gradients", False))
 
 
 def _local_gradients_hook(state, bucket):  # no annotations: DDP checks them against the real (not string) types
@@ -66,7 +63,7 @@ def silence_ddp(model: torch.nn.Module, optimizer) -> list[torch.nn.Parameter]:
 
 def clip_in_optimizer(optimizer, max_grad_norm: float) -> None:
     """Ask the sharded optimizer to clip the AVERAGED gradient to `max_grad_norm` (0: no clipping) in its step."""
-    _inner(optimizer).max_grad_norm = max_grad_norm
+    inner_optimizer(optimizer).max_grad_norm = max_grad_norm
 
 
 class LocalGradients(TrainerCallback):
@@ -91,7 +88,7 @@ class LocalGradients(TrainerCallback):
         for p in self.trainer.model.parameters():  # DDP broadcast only the parameter it kept
             dist.broadcast(p.data, 0)
         accelerator = self.trainer.accelerator
-        _inner(optimizer).reduce_during_backward(
+        inner_optimizer(optimizer).reduce_during_backward(
             lambda: accelerator.sync_gradients, skip=tuple(kept), model_order=tuple(self.trainer.model.parameters())
         )
 
@@ -104,7 +101,7 @@ class LocalGradients(TrainerCallback):
         kept = [p for n, p in ddp.module.named_parameters() if n not in ddp.parameters_to_ignore]
         trainable = [p for p in ddp.module.parameters() if p.requires_grad]
         if len(kept) == len(trainable):
-            _inner(optimizer).grads_averaged = True
+            inner_optimizer(optimizer).grads_averaged = True
             said = "DDP averages the gradients (its communication hook is set already); the optimizer skips its own"
         else:
             said = (
