@@ -1,6 +1,6 @@
 """Training throughput, compile time, memory: MidTrainer against nanochat's loop, eager and compiled, 1 and 2 processes.
 
-    python benchmarks/throughput.py                                   # the demo shape on CPU, every arm, 3 rounds (~20 min)
+    python benchmarks/throughput.py                                   # demo shape, CPU, every arm, 3 rounds (~20 min)
     python benchmarks/throughput.py --compile eager --processes 2     # a subset of the arms (~4 min)
     python benchmarks/throughput.py --depth 20 --vocab 65536 --seq 2048 --batch 32 --grad_accum 1 --processes 1
                                                                       # d20 on one GPU (bf16 autocast)
