@@ -53,7 +53,7 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
-from .saving import whole_state_dict
+from .saving import load_whole_state_dict, safetensors_files, whole_state_dict
 
 
 def _few(names: list[str]) -> str:
@@ -67,15 +67,13 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
     restarted weights. A tied weight saved once (the head of a tied embedding) is present; other formats (adapters,
     pickles) are left to the stock loader."""
     from safetensors import safe_open
-    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
     folder = Path(checkpoint)
-    if (folder / SAFE_WEIGHTS_NAME).is_file():
-        with safe_open(folder / SAFE_WEIGHTS_NAME, framework="pt") as f:
-            saved = set(f.keys())
-    elif (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
-        saved = set(read_json(folder / SAFE_WEIGHTS_INDEX_NAME)["weight_map"])
-    else:
+    saved = set()
+    for file in safetensors_files(folder):
+        with safe_open(file, framework="pt") as f:  # the header only
+            saved.update(f.keys())
+    if not saved:
         return
     model = getattr(model, "module", model)  # DDP's wrapper names every weight module.<name>
     tensors = model.state_dict(keep_vars=True)
@@ -196,10 +194,13 @@ class NanoChatOptimizerMixin:
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
 
-    # private hook: the stock resume loads weights whose names do not fit with a warning; we stop before loading
+    # private hook: the stock resume loads weights whose names do not fit with a warning (we stop before loading),
+    # and copies whole tensors into a model FSDP2 shards outside Accelerate's FSDP (DTensor refuses: we load them)
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
-        check_checkpoint_weights(self.model if model is None else model, resume_from_checkpoint)
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        model = self.model if model is None else model
+        check_checkpoint_weights(model, resume_from_checkpoint)
+        if self.is_fsdp_enabled or not load_whole_state_dict(model, Path(resume_from_checkpoint)):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:
