@@ -5,9 +5,12 @@ for test_fsdp_trl.py.
 
 3 steps of global batch 4 at any world size, clipping at 0.1 (every step clips), float32 orthogonalisation;
 --fsdp applies `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP
-on GPUs only), to DPO's reference model too. A checkpoint at step 2 (OUT_DIR/run/checkpoint-2), the final model
-saved with save_model (OUT_DIR/final). Writes rank 0's whole parameters (params.safetensors) and, per rank, the
-logged losses and grad norms (rank<r>.json).
+on GPUs only); the reference models (DPO's passed whole, GRPO's built by TRL: beta 0.1, synced every step) are left
+to the mixin. A checkpoint at step 2 (OUT_DIR/run/checkpoint-2), the final model saved with save_model
+(OUT_DIR/final). Writes rank 0's whole parameters (params.safetensors) and, per rank, the logs, the logged losses
+and grad norms and whether the reference model is sharded (rank<r>.json). --resume CHECKPOINT: resumes from it.
+--cb PORT: GRPO generating by transformers' continuous batching, built in one gloo process: writes the refusal's
+text (refused.txt).
 """
 
 import json
@@ -20,9 +23,11 @@ import torch.distributed as dist
 from datasets import Dataset
 from fsdp_trainer_worker import shard
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
+from nanochat_hf.errors import UserError
 from nanochat_hf.integration import NanoChatOptimizerMixin
 from nanochat_hf.tokenizer import train_tokenizer
 
@@ -92,11 +97,11 @@ def build(kind, tokenizer, out, per_device, fsdp):
         pairs = [{"prompt": " ".join(WORDS[i : i + 3]), "chosen": " " + WORDS[i + 3], "rejected": " " + WORDS[i + 5]}
                  for i in range(12)]  # fmt: skip
         ref = tiny_llama(tokenizer, seed=1)  # another model than the policy: the reference's log-probs matter
-        if fsdp:
-            shard(ref)
         return NanoDPO(model=model, ref_model=ref, args=DPOConfig(max_length=32, **common), processing_class=tokenizer,
                        train_dataset=Dataset.from_list(pairs), nanochat_optimizer=settings)  # fmt: skip
     args = GRPOConfig(num_generations=2, max_completion_length=6, generation_kwargs={"do_sample": False}, beta=0.1,
+                      sync_ref_model=True, ref_model_sync_steps=1,
+                      use_transformers_continuous_batching="--cb" in sys.argv,
                       **common)  # fmt: skip
     noise = LogitsProcessorList([GroupNoise(tokenizer.pad_token_id, tokenizer.eos_token_id, args.num_generations)])
     generate = model.generate
@@ -111,6 +116,14 @@ def main():
     out, kind, fsdp = Path(sys.argv[1]), sys.argv[2], "--fsdp" in sys.argv
     world = int(os.environ.get("WORLD_SIZE", "1"))
     tokenizer = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=300)
+    if "--cb" in sys.argv:  # refused when the Trainer is built: one gloo process is enough
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[sys.argv.index("--cb") + 1])
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        try:
+            build(kind, tokenizer, out, 4, fsdp)
+        except UserError as e:
+            (out / "refused.txt").write_text(str(e))
+        return
     if world > 1:
         from transformers import TrainingArguments
 
@@ -127,6 +140,7 @@ def main():
         "losses": [h["loss"] for h in logs],
         "grad_norms": [h["grad_norm"] for h in logs],
         "logs": logs,
+        "ref_sharded": isinstance(next(trainer.ref_model.parameters()), DTensor) if kind != "sft" else None,
     }
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     model = trainer.model

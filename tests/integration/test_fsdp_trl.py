@@ -1,7 +1,8 @@
 """TRL's SFTTrainer, DPOTrainer and GRPOTrainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama
 (fsdp_trl_worker.py: `fully_shard` per decoder layer and the root, 2 gloo processes, CPU) train like one plain
 process: the same logged losses and clipped grad norms, the same parameters, a whole saved model folder and whole
-checkpoints; an SFT checkpoint of one process resumes on 2 FSDP2 processes."""
+checkpoints; the reference models of DPO and GRPO sharded as the policy is; an SFT checkpoint of one process
+resumes on 2 FSDP2 processes (the stock resume fails on sharded parameters: the mixin loads them)."""
 
 import json
 import os
@@ -15,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import launch_command  # noqa: E402
+from mp_launch import _free_port, launch_command  # noqa: E402
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -86,14 +87,18 @@ def test_sft_under_fsdp2_trains_saves_and_resumes_like_one_process(tmp_path):
     _assert_same_training(single, resumed)
 
 
-def test_dpo_under_fsdp2_with_a_sharded_reference_model_trains_like_one_process(tmp_path):
-    _assert_same_training(_run(tmp_path, "single", 1, "dpo"), _run(tmp_path, "fsdp", 2, "dpo", "--fsdp"))
+def test_dpo_under_fsdp2_shards_the_reference_model_and_trains_like_one_process(tmp_path):
+    """The reference model, passed whole, is sharded as the policy is (the mixin's shard_like)."""
+    single, fsdp = _run(tmp_path, "single", 1, "dpo"), _run(tmp_path, "fsdp", 2, "dpo", "--fsdp")
+    _assert_same_training(single, fsdp)
+    assert _report(fsdp)["ref_sharded"] and _report(fsdp, 1)["ref_sharded"]
 
 
 def test_grpo_under_fsdp2_generates_and_trains_like_one_process(tmp_path):
     """Generation from sharded parameters: completions of different lengths (some ranks stop before others, and
-    generate keeps them stepping: transformers' synced_gpus), the same rewards as one process, the reference
-    model's KL term included (beta 0.1)."""
+    generate keeps them stepping: transformers' synced_gpus), the same rewards as one process, the KL term of the
+    reference model TRL builds (beta 0.1), sharded by the mixin and synced with the policy every step
+    (sync_ref_model: a whole reference would fail there, mixing tensors with DTensors)."""
     single = _run(tmp_path, "single", 1, "grpo")
     fsdp = _run(tmp_path, "fsdp", 2, "grpo", "--fsdp")
     _assert_same_training(single, fsdp)
@@ -101,3 +106,17 @@ def test_grpo_under_fsdp2_generates_and_trains_like_one_process(tmp_path):
     assert [h["reward"] for h in logs] == pytest.approx([h["reward"] for h in one], rel=1e-6)
     assert any(h["completions/min_length"] < h["completions/max_length"] for h in logs)
     assert any(h["loss"] != 0 for h in logs)
+    assert _report(fsdp)["ref_sharded"] and _report(fsdp, 1)["ref_sharded"]
+
+
+def test_grpo_continuous_batching_under_fsdp2_refused_when_the_trainer_is_built(tmp_path):
+    """transformers' continuous batching ignores synced_gpus: a rank done generating would stop calling forward
+    while the others wait in FSDP2's all-gathers. One line, before anything is written (fails without the check)."""
+    out = tmp_path / "cb"
+    out.mkdir()
+    cmd = [sys.executable, WORKER, str(out), "grpo", "--fsdp", "--cb", str(_free_port())]
+    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    said = (out / "refused.txt").read_text()
+    assert said.startswith("use_transformers_continuous_batching=True is not supported with FSDP2: transformers'")
+    assert "\n" not in said and not any((out / "run").rglob("*")), said

@@ -28,9 +28,12 @@ What the mixin changes, and nothing else:
   on restarted ones).
 - every optimizer setting and the routing are checked when the Trainer is built (`check_optimizer_settings`).
 - FSDP2 (Accelerate's ``fsdp_version: 2``, configs/accelerate_fsdp2.yaml, or a model the caller sharded with
-  ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients.
+  ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients. With
+  the caller's ``fully_shard``, a TRL reference model is sharded like the policy (`shard_like`) and a checkpoint's
+  weights are loaded into the shards (saving.py; the stock resume fails on DTensors).
 Refused in one line when the Trainer is built: DeepSpeed (flattened parameters; its own Muon is not nanochat's rule),
-FSDP1 (flat parameters) and an FSDP2 sharding the owner rule cannot handle (optim/fsdp.py).
+FSDP1 (flat parameters), an FSDP2 sharding the owner rule cannot handle (optim/fsdp.py) and GRPO's continuous
+batching under FSDP2 (it ignores synced_gpus: a hang). docs/distributed.md, "TRL's trainers under FSDP2".
 """
 
 from __future__ import annotations
@@ -90,8 +93,9 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
 
 
 def check_distributed_setup(trainer: Any) -> None:
-    """Refuse, in one line, what nanochat's optimizer cannot run under: DeepSpeed, FSDP1, and an FSDP2 sharding
-    other than Shard(0) on a 1-D mesh (optim/fsdp.py). FSDP2 and plain DDP are fine."""
+    """Refuse, in one line, what nanochat's optimizer cannot run under: DeepSpeed, FSDP1, an FSDP2 sharding other
+    than Shard(0) on a 1-D mesh (optim/fsdp.py), and TRL's GRPO generating by continuous batching under FSDP2.
+    FSDP2 and plain DDP are fine."""
     if getattr(trainer, "is_deepspeed_enabled", False):
         raise UserError(
             "DeepSpeed is not supported with nanochat's optimizer: its ZeRO optimizers flatten the parameters (no "
@@ -108,7 +112,32 @@ def check_distributed_setup(trainer: Any) -> None:
             "FSDP1 is not supported with nanochat's optimizer (its flat parameters leave no matrices for Muon); use "
             "FSDP2: fsdp_version: 2 in the Accelerate config (configs/accelerate_fsdp2.yaml) or fully_shard"
         )
-    fsdp_mesh(trainer.model.named_parameters())
+    sharded = fsdp_mesh(trainer.model.named_parameters()) is not None or trainer.is_fsdp_enabled
+    if sharded and getattr(trainer.args, "use_transformers_continuous_batching", False):  # TRL's GRPO
+        raise UserError(
+            "use_transformers_continuous_batching=True is not supported with FSDP2: transformers' continuous "
+            "batching ignores synced_gpus, so a process done with its completions stops calling forward while the "
+            "others wait in FSDP2's all-gathers (a hang); leave it False (generate() keeps the processes in step)"
+        )
+
+
+def shard_like(model: torch.nn.Module, other: Any, mesh: Any) -> None:
+    """`fully_shard` `other` (a TRL trainer's reference model, whole) on `mesh` where FSDP2 shards `model`: the
+    modules of the same names, innermost first, the root last; Accelerate's FSDP2 shards it in TRL (prepare_fsdp),
+    the caller's `fully_shard` does not. Its parameters then pair with the policy's: 1/W of its memory, and TRL's
+    sync_ref_model mixes shards with shards (with whole tensors DTensor refuses it). None, or already sharded: left."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not isinstance(other, torch.nn.Module) or any(isinstance(m, FSDPModule) for m in other.modules()):
+        return
+    modules = dict(other.named_modules())
+    for name in reversed([n for n, m in model.named_modules() if isinstance(m, FSDPModule)]):  # children first
+        if name in modules:
+            fully_shard(modules[name], mesh=mesh)
+    if isinstance(other, FSDPModule):
+        # FSDP2 keeps a root's parameters gathered after forward, for the backward a reference model never runs:
+        # reshard them, so that they are shards again (and the whole copy freed) when sync_ref_model mixes them
+        other.register_forward_hook(lambda module, args, output: module.reshard())
 
 
 class NanoChatOptimizerMixin:
@@ -127,10 +156,11 @@ class NanoChatOptimizerMixin:
     ) -> None:
         self.nanochat_optimizer_kwargs = dict(nanochat_optimizer or {})
         super().__init__(*args, **kwargs)
-        if fsdp_mesh(self.model.named_parameters()) is not None and not self.is_fsdp_enabled:
+        if (mesh := fsdp_mesh(self.model.named_parameters())) is not None and not self.is_fsdp_enabled:
             # sharded by the caller (fully_shard, as on CPU where Accelerate enables no FSDP): take the Trainer's
             # route for a model sharded at load time, which wraps nothing in DDP (DDP refuses DTensor parameters)
             self.is_distributed_loading_by_transformers = True
+            shard_like(self.model, getattr(self, "ref_model", None), mesh)  # TRL's reference model (DPO, GRPO)
         if muon_momentum_warmup:
             self.add_callback(MuonMomentumCallback())
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
