@@ -3,7 +3,8 @@ for test_fsdp_trl.py.
 
     python fsdp_trl_worker.py OUT_DIR sft|dpo|grpo [--fsdp]    (under `accelerate launch` for 2 gloo processes)
 
-3 steps of global batch 4 at any world size, clipping at 0.1 (every step clips), float32 orthogonalisation;
+3 steps of global batch 4 at any world size, clipping at 0.1 (every step clips), float32 orthogonalisation, recipe
+2025-12 (GRPO: 2026-07);
 --fsdp applies `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP
 on GPUs only); the reference models (DPO's passed whole, GRPO's built by TRL: beta 0.1, synced every step) are left
 to the mixin. A checkpoint at step 2 (OUT_DIR/run/checkpoint-2), the final model saved with save_model
@@ -85,7 +86,7 @@ def build(kind, tokenizer, out, per_device, fsdp):
         model = AutoModelForCausalLM.from_pretrained(out / "init")
     if fsdp:
         shard(model)
-    settings = {"polar_dtype": "float32"}
+    settings = {"polar_dtype": "float32", "recipe": "2026-07" if kind == "grpo" else "2025-12"}  # both recipes
     common = dict(output_dir=str(out / "run"), per_device_train_batch_size=per_device, **COMMON)
     if kind == "sft":
         data = [[{"role": "user", "content": " ".join(WORDS[i : i + 3])},

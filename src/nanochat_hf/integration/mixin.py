@@ -125,15 +125,17 @@ def shard_like(model: torch.nn.Module, other: Any, mesh: Any) -> None:
     """`fully_shard` `other` (a TRL trainer's reference model, whole) on `mesh` where FSDP2 shards `model`: the
     modules of the same names, innermost first, the root last; Accelerate's FSDP2 shards it in TRL (prepare_fsdp),
     the caller's `fully_shard` does not. Its parameters then pair with the policy's: 1/W of its memory, and TRL's
-    sync_ref_model mixes shards with shards (with whole tensors DTensor refuses it). None, or already sharded: left."""
+    sync_ref_model mixes shards with shards (with whole tensors DTensor refuses it). None: left; already sharded
+    (by the caller): only resharded after forward, as below."""
     from torch.distributed.fsdp import FSDPModule, fully_shard
 
-    if not isinstance(other, torch.nn.Module) or any(isinstance(m, FSDPModule) for m in other.modules()):
+    if not isinstance(other, torch.nn.Module):
         return
-    modules = dict(other.named_modules())
-    for name in reversed([n for n, m in model.named_modules() if isinstance(m, FSDPModule)]):  # children first
-        if name in modules:
-            fully_shard(modules[name], mesh=mesh)
+    if not any(isinstance(m, FSDPModule) for m in other.modules()):
+        modules = dict(other.named_modules())
+        for name in reversed([n for n, m in model.named_modules() if isinstance(m, FSDPModule)]):  # children first
+            if name in modules:
+                fully_shard(modules[name], mesh=mesh)
     if isinstance(other, FSDPModule):
         # FSDP2 keeps a root's parameters gathered after forward, for the backward a reference model never runs:
         # reshard them, so that they are shards again (and the whole copy freed) when sync_ref_model mixes them

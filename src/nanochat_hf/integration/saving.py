@@ -41,8 +41,8 @@ def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
 def load_whole_state_dict(model: torch.nn.Module, folder: Path) -> bool:
     """`whole_state_dict`'s counterpart: the main process reads the folder's safetensors weights and torch's
     full-state-dict loading sends every process its rows (a collective). False, nothing done, for a model FSDP2
-    does not shard or a folder without safetensors weights (the stock loader's case). Names are not checked here
-    (`check_checkpoint_weights` does it first): a tied weight saved once is loaded through its twin."""
+    does not shard or a folder without safetensors weights (the stock loader's case). Not strict: the names are
+    checked before (`check_checkpoint_weights`, which lets a tied weight saved once be absent from the file)."""
     files = safetensors_files(folder)
     if not _sharded(model) or not files:
         return False
