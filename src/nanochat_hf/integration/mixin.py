@@ -74,6 +74,8 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
     folder = Path(checkpoint)
     saved = set()
     for file in safetensors_files(folder):
+        if not file.is_file():
+            raise UserError(f"{file}: missing (listed in {folder}'s weight index): a partial checkpoint")
         with safe_open(file, framework="pt") as f:  # the header only
             saved.update(f.keys())
     if not saved:
