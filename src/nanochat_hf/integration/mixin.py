@@ -53,7 +53,7 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
-from .saving import whole_state_dict
+from .saving import load_whole_weights, unsharded_class, whole_state_dict
 
 
 def _few(names: list[str]) -> str:
@@ -182,7 +182,8 @@ class NanoChatOptimizerMixin:
         if state is None:
             return super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
+            with unsharded_class(self.model):  # (a remote-code model's folder names its own class)
+                self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
@@ -198,8 +199,10 @@ class NanoChatOptimizerMixin:
 
     # private hook: the stock resume loads weights whose names do not fit with a warning; we stop before loading
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
-        check_checkpoint_weights(self.model if model is None else model, resume_from_checkpoint)
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        model = self.model if model is None else model
+        check_checkpoint_weights(model, resume_from_checkpoint)
+        if self.is_fsdp_enabled or not load_whole_weights(model, resume_from_checkpoint):  # FSDP2 of fully_shard
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

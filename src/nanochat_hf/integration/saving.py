@@ -3,15 +3,59 @@ ordinary Hugging Face folder that `from_pretrained` and `convert.py to-nanochat`
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from safetensors.torch import load_file
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule
+from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
+
+from ..jsonfile import read_json
+
+
+def _sharded(model: torch.nn.Module) -> bool:
+    return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
 def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The full state dict of a model FSDP2 shards, gathered (torch's full-state-dict gathering) into the main
     process's CPU memory, the other processes getting {}: a collective, every process must call it. None for a
     model FSDP2 does not shard (its own state_dict is whole)."""
-    if not any(isinstance(m, FSDPModule) for m in model.modules()):
+    if not _sharded(model):
         return None
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+@contextmanager
+def unsharded_class(model: torch.nn.Module) -> Iterator[None]:
+    """While saving, ``model`` has its own class again: `fully_shard` makes it an instance of a subclass made on the
+    fly (FSDP<Name>, defined in torch's _fsdp_init.py), which save_pretrained of a remote-code model would write
+    into the folder (config auto_map "_fsdp_init.FSDP<Name>", torch's _fsdp_*.py files copied beside it), so that
+    from_pretrained(trust_remote_code=True) of the folder fails. Nothing else changes: no forward runs meanwhile."""
+    sharded = type(model)
+    if not issubclass(sharded, FSDPModule):
+        yield
+        return
+    model.__class__ = next(c for c in sharded.__mro__ if not issubclass(c, FSDPModule))
+    try:
+        yield
+    finally:
+        model.__class__ = sharded
+
+
+def load_whole_weights(model: torch.nn.Module, folder: str | Path) -> bool:
+    """Into a model FSDP2 shards, the whole weights of a saved folder (its safetensors, one file or the index's
+    shards; a checkpoint's, on resume): each process reads them and keeps its own rows (torch's full-state-dict
+    loading). The stock resume's load_state_dict cannot copy plain tensors into DTensors. A weight the folder does
+    not hold (a tied head saved once) is left as it is: the caller checks the names (`check_checkpoint_weights`).
+    False, and nothing done, for a model FSDP2 does not shard."""
+    if not _sharded(model):
+        return False
+    folder, index = Path(folder), Path(folder) / SAFE_WEIGHTS_INDEX_NAME
+    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else [SAFE_WEIGHTS_NAME]
+    state = {name: tensor for file in files for name, tensor in load_file(folder / file).items()}
+    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
+    return True
