@@ -201,7 +201,10 @@ class NanoChatOptimizerMixin:
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         model = self.model if model is None else model
         check_checkpoint_weights(model, resume_from_checkpoint)
-        if self.is_fsdp_enabled or not load_whole_weights(model, resume_from_checkpoint):  # FSDP2 of fully_shard
+        # FSDP2 (fully_shard, or Accelerate's, which calls this after sharding): the stock load_state_dict cannot
+        # copy into DTensors, and Accelerate's FULL_STATE_DICT loader reads a pytorch_model_fsdp.bin pickle that
+        # save_model (model.safetensors) never wrote
+        if not load_whole_weights(model, resume_from_checkpoint):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)

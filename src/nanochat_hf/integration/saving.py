@@ -29,6 +29,26 @@ def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
+def own_class(model: torch.nn.Module) -> type:
+    """The model's class before `fully_shard` made it an instance of an FSDP<Name> subclass."""
+    return next(c for c in type(model).__mro__ if not issubclass(c, FSDPModule))
+
+
+def whole_copy(model: torch.nn.Module, device: torch.device | str) -> torch.nn.Module | None:
+    """A whole, unsharded copy of a model FSDP2 shards, on every process (a collective: every process calls it), on
+    ``device``; None for a model FSDP2 does not shard. A forward without backward (validation) leaves FSDP2's root
+    parameters gathered as plain tensors: every module is resharded first, so the gathering sees DTensors only."""
+    if not _sharded(model):
+        return None
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    whole = own_class(model)(model.config)
+    whole.load_state_dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
+    whole.generation_config = model.generation_config
+    return whole.to(device)
+
+
 @contextmanager
 def unsharded_class(model: torch.nn.Module) -> Iterator[None]:
     """While saving, ``model`` has its own class again: `fully_shard` makes it an instance of a subclass made on the
@@ -39,7 +59,7 @@ def unsharded_class(model: torch.nn.Module) -> Iterator[None]:
     if not issubclass(sharded, FSDPModule):
         yield
         return
-    model.__class__ = next(c for c in sharded.__mro__ if not issubclass(c, FSDPModule))
+    model.__class__ = own_class(model)
     try:
         yield
     finally:

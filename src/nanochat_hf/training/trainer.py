@@ -31,7 +31,6 @@ import shutil
 from pathlib import Path
 
 import torch
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from transformers import Trainer
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
@@ -45,9 +44,8 @@ from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..integration.mixin import NanoChatOptimizerMixin
 from ..integration.optimizer_state import load_full_state, load_optimizer_state, save_optimizer_state
-from ..integration.saving import unsharded_class, whole_state_dict
+from ..integration.saving import unsharded_class, whole_copy, whole_state_dict
 from ..jsonfile import read_json, write_json
-from ..optim.fsdp import fsdp_mesh
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
 from ..tokenizer import token_bytes as compute_token_bytes
@@ -330,12 +328,8 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         ranks, each with its own problems, would generate different numbers of tokens; the copy needs the whole
         model to fit in each process's memory (--spelling_eval_rows 0 --chat_eval_tasks '' skip it)."""
         model = self.accelerator.unwrap_model(self.model)
-        if fsdp_mesh(model.named_parameters()) is None:
-            return model
-        whole = type(model)(model.config)
-        whole.load_state_dict(get_model_state_dict(model, options=StateDictOptions(full_state_dict=True)))
-        whole.generation_config = model.generation_config
-        return whole.to(self.args.device)
+        whole = whole_copy(model, self.args.device)
+        return model if whole is None else whole
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.state.global_step > 0:  # a training step's log: add nanochat's metrics
