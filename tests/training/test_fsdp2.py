@@ -139,7 +139,8 @@ def test_sigterm_preempts_a_fsdp2_run_and_it_resumes(tmp_path):
     from mp_launch import launch_command
 
     out = tmp_path / "run"
-    args = [*RUN, *FSDP2, "--num_iterations", "20", "--save_steps", "0", "--eval_every", "1000",
+    # 100 steps: the signal takes effect 3 s after it arrives (transformers' wait), and the run must still be going
+    args = [*RUN, *FSDP2, "--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000",
             "--spelling_eval_rows", "0", "--output_dir", str(out)]  # fmt: skip
     proc = subprocess.Popen([*launch_command(2, str(REPO / "scripts" / "mid_train.py")), *args], cwd=tmp_path,
                             env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
@@ -158,7 +159,7 @@ def test_sigterm_preempts_a_fsdp2_run_and_it_resumes(tmp_path):
         "optimizer.rank1.safetensors",
     ]
     assert not (out / "model.safetensors").exists()
-    _launch(tmp_path, out, 2, [*FSDP2, "--num_iterations", "20", "--save_steps", "0", "--eval_every", "1000",
+    _launch(tmp_path, out, 2, [*FSDP2, "--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000",
                                "--spelling_eval_rows", "0", "--resume_from_checkpoint", "true"])  # fmt: skip
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    assert [h["step"] for h in history if "lrm" in h] == list(range(1, 21)) and (out / "model.safetensors").is_file()
+    assert [h["step"] for h in history if "lrm" in h] == list(range(1, 101)) and (out / "model.safetensors").is_file()

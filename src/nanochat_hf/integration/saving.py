@@ -1,5 +1,7 @@
 """The model a Trainer saves is whole, also when FSDP2 (`fully_shard`) shards its parameters across processes: one
-ordinary Hugging Face folder that `from_pretrained` and `convert.py to-nanochat` read."""
+ordinary Hugging Face folder that `from_pretrained` and `convert.py to-nanochat` read; and a checkpoint's whole
+weights load back into the shards (the stock resume copies plain tensors into DTensors, which DTensor refuses); a
+whole copy to generate with."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule
@@ -20,6 +23,15 @@ def _sharded(model: torch.nn.Module) -> bool:
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
+def safetensors_files(folder: Path) -> list[Path]:
+    """The safetensors weight files of a saved model folder (one file, or an index's shards); [] for none."""
+    if (folder / SAFE_WEIGHTS_NAME).is_file():
+        return [folder / SAFE_WEIGHTS_NAME]
+    if (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
+        return [folder / f for f in sorted(set(read_json(folder / SAFE_WEIGHTS_INDEX_NAME)["weight_map"].values()))]
+    return []
+
+
 def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The full state dict of a model FSDP2 shards, gathered (torch's full-state-dict gathering) into the main
     process's CPU memory, the other processes getting {}: a collective, every process must call it. None for a
@@ -27,6 +39,23 @@ def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     if not _sharded(model):
         return None
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def load_whole_state_dict(model: torch.nn.Module, folder: Path) -> bool:
+    """`whole_state_dict`'s counterpart: the main process reads the folder's safetensors weights and torch's
+    full-state-dict loading sends every process its rows (a collective). False, nothing done, for a model FSDP2
+    does not shard or a folder without safetensors weights (the stock loader's case). Not strict: the names are
+    checked before (`check_checkpoint_weights`, which lets a tied weight saved once be absent from the file)."""
+    files = safetensors_files(folder)
+    if not _sharded(model) or not files:
+        return False
+    state = {}
+    if dist.get_rank() == 0:  # the others receive their rows by broadcast: one whole copy in memory, not W
+        for file in files:
+            state.update(load_file(file))
+    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+    set_model_state_dict(model, state, options=options)
+    return True
 
 
 def own_class(model: torch.nn.Module) -> type:
@@ -64,18 +93,3 @@ def unsharded_class(model: torch.nn.Module) -> Iterator[None]:
         yield
     finally:
         model.__class__ = sharded
-
-
-def load_whole_weights(model: torch.nn.Module, folder: str | Path) -> bool:
-    """Into a model FSDP2 shards, the whole weights of a saved folder (its safetensors, one file or the index's
-    shards; a checkpoint's, on resume): each process reads them and keeps its own rows (torch's full-state-dict
-    loading). The stock resume's load_state_dict cannot copy plain tensors into DTensors. A weight the folder does
-    not hold (a tied head saved once) is left as it is: the caller checks the names (`check_checkpoint_weights`).
-    False, and nothing done, for a model FSDP2 does not shard."""
-    if not _sharded(model):
-        return False
-    folder, index = Path(folder), Path(folder) / SAFE_WEIGHTS_INDEX_NAME
-    files = sorted(set(read_json(index)["weight_map"].values())) if index.is_file() else [SAFE_WEIGHTS_NAME]
-    state = {name: tensor for file in files for name, tensor in load_file(folder / file).items()}
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True, strict=False))
-    return True

@@ -322,13 +322,15 @@ def finish(trainer, train_time: float) -> dict:
         "min_val_bpb": trainer.min_val_bpb,
         "train_time_s": round(train_time, 1),
     }
-    model = trainer.generation_model()  # every process: a collective where FSDP2 shards the model
-    sample = post_training_eval(trainer, metrics, model) if trainer.is_world_process_zero() else None
     if not args.dry_run:
         _say([f"writing the model to {args.output_dir}"])
         trainer.save_model()  # final model + tokenizer (rank 0), atomic per file
         trainer.save_state()  # trainer_state.json: the whole log history
         RUN["model_saved"] = True
+    # after the save: under FSDP2 this gathers a whole copy on every process (a collective), which must not cost
+    # the trained model if it does not fit
+    model = trainer.generation_model()
+    sample = post_training_eval(trainer, metrics, model) if trainer.is_world_process_zero() else None
     chat_eval(trainer, model)
     if not args.dry_run:
         if trainer.is_world_process_zero():

@@ -325,8 +325,9 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
     def generation_model(self) -> torch.nn.Module:
         """The model the chat evaluations generate with: the unwrapped model, or, where FSDP2 shards it, a whole copy
         on every process (a collective: every process calls it). Sharded, every forward is a collective, and the
-        ranks, each with its own problems, would generate different numbers of tokens; the copy needs the whole
-        model to fit in each process's memory (--spelling_eval_rows 0 --chat_eval_tasks '' skip it)."""
+        ranks, each with its own problems, would generate different numbers of tokens. The copy (once after training,
+        for the sample chat and the evaluations, and at each ChatCORE) needs the whole model in each process's
+        memory."""
         model = self.accelerator.unwrap_model(self.model)
         whole = whole_copy(model, self.args.device)
         return model if whole is None else whole
