@@ -56,7 +56,7 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
-from .saving import load_whole_state_dict, safetensors_files, whole_state_dict
+from .saving import load_whole_state_dict, safetensors_files, unsharded_class, whole_state_dict
 
 
 def _few(names: list[str]) -> str:
@@ -214,7 +214,8 @@ class NanoChatOptimizerMixin:
         if state is None:
             return super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
+            with unsharded_class(self.model):  # (a remote-code model's folder names its own class)
+                self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
@@ -228,12 +229,13 @@ class NanoChatOptimizerMixin:
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
 
-    # private hook: the stock resume loads weights whose names do not fit with a warning (we stop before loading),
-    # and copies whole tensors into a model FSDP2 shards outside Accelerate's FSDP (DTensor refuses: we load them)
+    # FSDP2 (the caller's fully_shard, or Accelerate's, which calls this after sharding): the stock copy of whole
+    # tensors into DTensors fails, and Accelerate's loader would read a pytorch_model_fsdp.bin never written
+    # private hook: the stock resume only warns about weight names that do not fit, and cannot load FSDP2 shards
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         model = self.model if model is None else model
         check_checkpoint_weights(model, resume_from_checkpoint)
-        if self.is_fsdp_enabled or not load_whole_state_dict(model, Path(resume_from_checkpoint)):
+        if not load_whole_state_dict(model, Path(resume_from_checkpoint)):
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
