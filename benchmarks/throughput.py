@@ -2,6 +2,7 @@
 
     python benchmarks/throughput.py                                   # demo shape, CPU, every arm, 3 rounds (~20 min)
     python benchmarks/throughput.py --compile eager --processes 2     # a subset of the arms (~4 min)
+    python benchmarks/throughput.py --compile eager --processes 2 --fsdp2   # both loops on FSDP2 (fully_shard)
     python benchmarks/throughput.py --depth 20 --vocab 65536 --seq 2048 --batch 32 --grad_accum 1 --processes 1
                                                                       # d20 on one GPU (bf16 autocast)
 
@@ -59,9 +60,11 @@ from nanochat_hf.integration.momentum import muon_momentum
 from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import PEAK_FLOPS
+from nanochat_hf.training.run import fully_shard_blocks
 from nanochat_hf.training.trainer import MidTrainer
 
 LOOPS = {"midtrainer": "MidTrainer", "baseline": "nanochat loop"}
+FSDP2_ENV = "NANOCHAT_HF_THROUGHPUT_FSDP2"  # --fsdp2, as the arms' processes see it
 MiB = 2**20
 
 
@@ -109,9 +112,11 @@ def _sync(device: torch.device) -> None:
 def baseline_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> dict:
     """nanochat's mid_train step on our model and optimizer; returns the step end times (first: the start)."""
     model = build_model(a, device)
-    if device.type == "cuda":  # nanochat keeps the embedding in bf16 on CUDA
+    if a.fsdp2:  # each block and the root, as mid_train --fully_shard does (the embedding stays float32: one dtype)
+        fully_shard_blocks(model)
+    elif device.type == "cuda":  # nanochat keeps the embedding in bf16 on CUDA
         model.transformer.wte.to(dtype=torch.bfloat16)
-    opt = build_optimizer(model)  # sharded when the process group has several ranks
+    opt = build_optimizer(model)  # sharded when the process group has several ranks; FSDP2's step on DTensors
     if a.compiled:
         model = torch.compile(model, dynamic=False)
     ga = a.grad_accum // world
@@ -196,8 +201,13 @@ def trainer_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> 
             str(a.compiled).lower(),
             "--num_threads",
             str(torch.get_num_threads()),
+            "--fully_shard",
+            str(a.fsdp2).lower(),
         ]
     )
+    if a.fsdp2:  # what run.build_trainer does before it builds the trainer
+        _ = args.device  # Accelerate's process group
+        fully_shard_blocks(model)
     _BenchTrainer.bench = a
     timer = _StepTimes(device)
     trainer = _BenchTrainer(
@@ -231,6 +241,7 @@ def peak_flops(device: torch.device, override_tflops: float | None) -> float | N
 def worker(a) -> None:
     """One rank of one arm: run it, write this rank's measurements to `{a.result}.rank{r}.json`."""
     world, rank = int(os.environ.get("WORLD_SIZE", 1)), int(os.environ.get("RANK", 0))
+    a.fsdp2 = os.environ.get(FSDP2_ENV) == "1"
     local = int(os.environ.get("LOCAL_RANK", 0))
     device = torch.device(f"cuda:{local}" if torch.cuda.is_available() else "cpu")
     bf16 = a.dtype == "bfloat16" or (a.dtype == "auto" and device.type == "cuda")
@@ -243,6 +254,8 @@ def worker(a) -> None:
         dist.init_process_group("nccl" if cuda else "gloo", device_id=device if cuda else None)
     run = (baseline_loop if a.worker == "baseline" else trainer_loop)(a, device, bf16, world, rank)
     times = run["times"]
+    if a.fsdp2 and getattr(run["optimizer"], "optimizer", run["optimizer"]).fsdp_mesh is None:
+        raise RuntimeError(f"{a.worker}: --fsdp2, but the optimizer did not take the FSDP2 step")
     if len(times) != a.steps + 1:
         raise RuntimeError(f"{a.worker}: timed {len(times) - 1} steps, expected {a.steps}")
     peak = (
@@ -442,6 +455,12 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--repeats", type=int, default=3, help="runs of each arm, the loops' runs interleaved")
     p.add_argument("--run_steps", type=int, default=211, help="whole-run length for the compile verdict (demo: 211)")
     p.add_argument("--warm_cache", action="store_true", help="compile with the user's inductor cache")
+    p.add_argument(
+        "--fsdp2",
+        action="store_true",
+        help="both loops on FSDP2: fully_shard on each block and the root (mid_train's --fully_shard), needs "
+        "--processes of 2 or more",
+    )
     p.add_argument("--worker", choices=list(LOOPS), help=argparse.SUPPRESS)
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
@@ -453,6 +472,10 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     bad = [] if a.worker else [n for n in a.processes if n < 1 or a.grad_accum % n]
     if bad:
         p.error(f"--processes {bad}: every process count must divide --grad_accum {a.grad_accum}")
+    if a.fsdp2 and not a.worker:
+        if min(a.processes) < 2:
+            p.error(f"--fsdp2 --processes {a.processes}: FSDP2 shards across processes, every count must be 2 or more")
+        os.environ[FSDP2_ENV] = "1"  # to the arms' processes in their environment (run_arm passes os.environ on)
     gpus = torch.cuda.device_count()
     if not a.worker and gpus and max(a.processes) > gpus:
         p.error(f"--processes {max(a.processes)}: only {gpus} GPU(s) visible, one process per GPU")

@@ -300,3 +300,18 @@ def test_resume_whose_weights_do_not_load_is_refused(tokenizer, tmp_path):
     tied.tie_weights()
     tied.save_pretrained(tmp_path / "tied")
     check_checkpoint_weights(tied, str(tmp_path / "tied"))  # lm_head.weight is embed_tokens.weight: present
+
+
+def test_resume_with_a_weight_shard_missing_is_refused(tokenizer, tmp_path):
+    """A checkpoint whose weight index lists a shard file that is not there: one line naming the file."""
+    from nanochat_hf.integration.mixin import check_checkpoint_weights
+
+    model = tiny_llama(tokenizer)
+    model.save_pretrained(tmp_path, max_shard_size="20KB")
+    shards = sorted(tmp_path.glob("model-*.safetensors"))
+    assert len(shards) > 1
+    check_checkpoint_weights(model, str(tmp_path))  # whole: accepted
+    shards[-1].unlink()
+    with pytest.raises(UserError) as e:
+        check_checkpoint_weights(model, str(tmp_path))
+    assert str(e.value) == f"{shards[-1]}: missing (listed in {tmp_path}'s weight index): a partial checkpoint"

@@ -98,3 +98,28 @@ def test_a_cancelled_request_leaves_at_the_next_step_and_a_failure_is_contained(
     batcher.submit(after)
     assert after.sink.done.wait(60) and after.sink.tokens == generate_tokens(model, tokenizer, [prompt], 5)[0]
     batcher.stop()
+
+
+@pytest.mark.parametrize("generation", ["g0", "g5"])
+def test_rows_that_join_a_long_request_and_leave_it_give_generate_s_tokens(model_dir, generation):
+    """The batch's buffers grow: a request with a short prompt runs past the columns it started with, and requests
+    with wider prompts join it later (room on the left, more rows) and leave before it (the last row moves)."""
+    model, tokenizer = load(model_dir(generation))
+    batcher = Batcher(model, tokenizer, max_batch=8, max_queue=8)
+    long = Job(tokenizer.encode("hi"), 110, 0.0, None, None, True, Collected())
+    joining = [
+        Job(tokenizer.encode("a much longer prompt " * 4), 6, 0.9, None, 5, True, Collected()),
+        Job(tokenizer.encode("a prompt " * 3), 30, 0.0, None, None, True, Collected()),
+        Job(tokenizer.encode("another one"), 12, 1.1, 20, 2, True, Collected()),
+    ]
+    batcher.submit(long)
+    for i, job in enumerate(joining):
+        while len(long.sink.tokens) < 3 + 2 * i:  # each joins a running batch
+            time.sleep(0.001)
+        batcher.submit(job)
+    for job in [long, *joining]:
+        assert job.sink.done.wait(120)
+    batcher.stop()
+    for job in [long, *joining]:
+        expected = generate_tokens(model, tokenizer, [job.prompt], job.max_new, job.temperature, job.top_k, job.seed)
+        assert job.sink.tokens == expected[0]

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
+from torch.distributed.tensor import DTensor
 from transformers import TrainerCallback
 
 from nanochat_hf.data import MicroBatchStream, PackedStream
@@ -63,20 +64,25 @@ class WorkerTrainer(MidTrainer):
         return super().make_stream(token_ds, **where)
 
 
+def _whole(t: torch.Tensor) -> torch.Tensor:
+    """A parameter or gradient whole (FSDP2's DTensor gathered: every rank calls it) on the CPU."""
+    return (t.full_tensor() if isinstance(t, DTensor) else t).detach().cpu().contiguous()
+
+
 class Probe(TrainerCallback):
     def __init__(self):
         self.grads = []
 
     def on_pre_optimizer_step(self, args, state, control, model=None, **kwargs):
         named = dict(model.named_parameters())
-        self.grads.append({n: named[n].grad.detach().clone() for n in PROBES if named[n].grad is not None})
+        self.grads.append({n: _whole(named[n].grad).clone() for n in PROBES if named[n].grad is not None})
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         rank = args.process_index
         out = Path(args.output_dir)
         out.mkdir(parents=True, exist_ok=True)
         save_file(
-            {n: p.detach().cpu().contiguous() for n, p in model.named_parameters()},
+            {n: _whole(p) for n, p in model.named_parameters()},
             str(out / f"params.rank{rank}.safetensors"),
         )
         save_file(

@@ -28,9 +28,12 @@ What the mixin changes, and nothing else:
   on restarted ones).
 - every optimizer setting and the routing are checked when the Trainer is built (`check_optimizer_settings`).
 - FSDP2 (Accelerate's ``fsdp_version: 2``, configs/accelerate_fsdp2.yaml, or a model the caller sharded with
-  ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients.
+  ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients. With
+  the caller's ``fully_shard``, a TRL reference model is sharded like the policy (`shard_like`) and a checkpoint's
+  weights are loaded into the shards (saving.py; the stock resume fails on DTensors).
 Refused in one line when the Trainer is built: DeepSpeed (flattened parameters; its own Muon is not nanochat's rule),
-FSDP1 (flat parameters) and an FSDP2 sharding the owner rule cannot handle (optim/fsdp.py).
+FSDP1 (flat parameters), an FSDP2 sharding the owner rule cannot handle (optim/fsdp.py) and GRPO's continuous
+batching under FSDP2 (it ignores synced_gpus: a hang). docs/distributed.md, "TRL's trainers under FSDP2".
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
-from .saving import whole_state_dict
+from .saving import load_whole_state_dict, safetensors_files, unsharded_class, whole_state_dict
 
 
 def _few(names: list[str]) -> str:
@@ -67,15 +70,15 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
     restarted weights. A tied weight saved once (the head of a tied embedding) is present; other formats (adapters,
     pickles) are left to the stock loader."""
     from safetensors import safe_open
-    from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
     folder = Path(checkpoint)
-    if (folder / SAFE_WEIGHTS_NAME).is_file():
-        with safe_open(folder / SAFE_WEIGHTS_NAME, framework="pt") as f:
-            saved = set(f.keys())
-    elif (folder / SAFE_WEIGHTS_INDEX_NAME).is_file():
-        saved = set(read_json(folder / SAFE_WEIGHTS_INDEX_NAME)["weight_map"])
-    else:
+    saved = set()
+    for file in safetensors_files(folder):
+        if not file.is_file():
+            raise UserError(f"{file}: missing (listed in {folder}'s weight index): a partial checkpoint")
+        with safe_open(file, framework="pt") as f:  # the header only
+            saved.update(f.keys())
+    if not saved:
         return
     model = getattr(model, "module", model)  # DDP's wrapper names every weight module.<name>
     tensors = model.state_dict(keep_vars=True)
@@ -92,8 +95,9 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
 
 
 def check_distributed_setup(trainer: Any) -> None:
-    """Refuse, in one line, what nanochat's optimizer cannot run under: DeepSpeed, FSDP1, and an FSDP2 sharding
-    other than Shard(0) on a 1-D mesh (optim/fsdp.py). FSDP2 and plain DDP are fine."""
+    """Refuse, in one line, what nanochat's optimizer cannot run under: DeepSpeed, FSDP1, an FSDP2 sharding other
+    than Shard(0) on a 1-D mesh (optim/fsdp.py), and TRL's GRPO generating by continuous batching under FSDP2.
+    FSDP2 and plain DDP are fine."""
     if getattr(trainer, "is_deepspeed_enabled", False):
         raise UserError(
             "DeepSpeed is not supported with nanochat's optimizer: its ZeRO optimizers flatten the parameters (no "
@@ -110,7 +114,34 @@ def check_distributed_setup(trainer: Any) -> None:
             "FSDP1 is not supported with nanochat's optimizer (its flat parameters leave no matrices for Muon); use "
             "FSDP2: fsdp_version: 2 in the Accelerate config (configs/accelerate_fsdp2.yaml) or fully_shard"
         )
-    fsdp_mesh(trainer.model.named_parameters())
+    sharded = fsdp_mesh(trainer.model.named_parameters()) is not None or trainer.is_fsdp_enabled
+    if sharded and getattr(trainer.args, "use_transformers_continuous_batching", False):  # TRL's GRPO
+        raise UserError(
+            "use_transformers_continuous_batching=True is not supported with FSDP2: transformers' continuous "
+            "batching ignores synced_gpus, so a process done with its completions stops calling forward while the "
+            "others wait in FSDP2's all-gathers (a hang); leave it False (generate() keeps the processes in step)"
+        )
+
+
+def shard_like(model: torch.nn.Module, other: Any, mesh: Any) -> None:
+    """`fully_shard` `other` (a TRL trainer's reference model, whole) on `mesh` where FSDP2 shards `model`: the
+    modules of the same names, innermost first, the root last; Accelerate's FSDP2 shards it in TRL (prepare_fsdp),
+    the caller's `fully_shard` does not. Its parameters then pair with the policy's: 1/W of its memory, and TRL's
+    sync_ref_model mixes shards with shards (with whole tensors DTensor refuses it). None: left; already sharded
+    (by the caller): only resharded after forward, as below."""
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    if not isinstance(other, torch.nn.Module):
+        return
+    if not any(isinstance(m, FSDPModule) for m in other.modules()):
+        modules = dict(other.named_modules())
+        for name in reversed([n for n, m in model.named_modules() if isinstance(m, FSDPModule)]):  # children first
+            if name in modules:
+                fully_shard(modules[name], mesh=mesh)
+    if isinstance(other, FSDPModule):
+        # FSDP2 keeps a root's parameters gathered after forward, for the backward a reference model never runs:
+        # reshard them, so that they are shards again (and the whole copy freed) when sync_ref_model mixes them
+        other.register_forward_hook(lambda module, args, output: module.reshard())
 
 
 class NanoChatOptimizerMixin:
@@ -129,10 +160,11 @@ class NanoChatOptimizerMixin:
     ) -> None:
         self.nanochat_optimizer_kwargs = dict(nanochat_optimizer or {})
         super().__init__(*args, **kwargs)
-        if fsdp_mesh(self.model.named_parameters()) is not None and not self.is_fsdp_enabled:
+        if (mesh := fsdp_mesh(self.model.named_parameters())) is not None and not self.is_fsdp_enabled:
             # sharded by the caller (fully_shard, as on CPU where Accelerate enables no FSDP): take the Trainer's
             # route for a model sharded at load time, which wraps nothing in DDP (DDP refuses DTensor parameters)
             self.is_distributed_loading_by_transformers = True
+            shard_like(self.model, getattr(self, "ref_model", None), mesh)  # TRL's reference model (DPO, GRPO)
         if muon_momentum_warmup:
             self.add_callback(MuonMomentumCallback())
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
@@ -182,7 +214,8 @@ class NanoChatOptimizerMixin:
         if state is None:
             return super().save_model(output_dir, _internal_call)
         if self.args.should_save:
-            self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
+            with unsharded_class(self.model):  # (a remote-code model's folder names its own class)
+                self._save(output_dir or self.args.output_dir, state_dict=state)  # what the stock save_model calls
         if self.args.push_to_hub and not _internal_call:
             self.push_to_hub(commit_message="Model save", revision=self.args.hub_revision)
 
@@ -196,10 +229,14 @@ class NanoChatOptimizerMixin:
         if self.args.should_save:
             write_json(out / SCHEDULER_FILE, self.lr_scheduler.state_dict())
 
-    # private hook: the stock resume loads weights whose names do not fit with a warning; we stop before loading
+    # FSDP2 (the caller's fully_shard, or Accelerate's, which calls this after sharding): the stock copy of whole
+    # tensors into DTensors fails, and Accelerate's loader would read a pytorch_model_fsdp.bin never written
+    # private hook: the stock resume only warns about weight names that do not fit, and cannot load FSDP2 shards
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
-        check_checkpoint_weights(self.model if model is None else model, resume_from_checkpoint)
-        super()._load_from_checkpoint(resume_from_checkpoint, model)
+        model = self.model if model is None else model
+        check_checkpoint_weights(model, resume_from_checkpoint)
+        if not load_whole_state_dict(model, Path(resume_from_checkpoint)):
+            super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

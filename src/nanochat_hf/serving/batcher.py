@@ -2,15 +2,15 @@
 
 One worker thread owns the model. Each step it prefills the requests that arrived (one left-padded forward), then
 decodes one token for every running request in one forward: the running requests' KV caches are one left-padded
-``DynamicCache`` with its attention mask (positions follow from the mask, as in a left-padded ``generate()``), and
+cache with its attention mask (``Slots``; positions follow from the mask, as in a left-padded ``generate()``), and
 for smear (G5) each row passes its previous token (``previous_input_ids``, the model's own argument for it). New
-requests join by padding the shorter side on the left; a request leaves when it ends, is cancelled or its client
-goes away: its row is dropped before the next step and columns no row needs any more are trimmed off.
+requests join right-aligned with the running ones; a request leaves when it ends, is cancelled or its client goes
+away: its row is dropped before the next step and columns no row needs any more are dropped.
 
 Why ours and not transformers' continuous batching manager: that one takes one generation config for all requests
 (greedy or the same sampling for all), has no per-request logits processor (no calculator) and keeps its KV cache
-in pages, which cannot hold smear's previous token. Every cache layer here is a full one (``DynamicCache()``
-without the config): sliding windows come from the attention mask, so rows of different lengths pad and trim alike.
+in pages, which cannot hold smear's previous token. Every cache layer here is a full one: sliding windows come
+from the attention mask, so rows of different lengths pad and trim alike.
 
 Each row chooses its token as ``generate()`` would for that request alone: float32 logits, the calculator tool
 (``CalculatorToolProcessor`` on the row's own tokens, called where it can force a token), transformers'
@@ -26,11 +26,11 @@ import threading
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 import torch
 from transformers import GenerationConfig, TemperatureLogitsWarper, TopKLogitsWarper
-from transformers.cache_utils import DynamicCache
+from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from ..inference import CalculatorToolProcessor
 
@@ -75,44 +75,104 @@ class Job:
     generator: torch.Generator | None = None
 
 
-def _pad_left(t: torch.Tensor, width: int, dim: int) -> torch.Tensor:
-    if width == 0:
-        return t
-    shape = list(t.shape)
-    shape[dim] = width
-    return torch.cat([t.new_zeros(shape), t], dim=dim)
+class _Layer(DynamicLayer):
+    """One layer of ``Slots`` as the model's cache sees it: ``update`` writes the step's keys and values into the
+    buffers (column ``end`` on) and returns the rows' view up to them."""
+
+    def __init__(self, slots: Slots, index: int):
+        super().__init__()
+        self.slots, self.index, self.is_initialized = slots, index, True
+
+    def update(self, keys: torch.Tensor, values: torch.Tensor, *args, **kwargs) -> tuple[torch.Tensor, torch.Tensor]:
+        return self.slots.write(self.index, keys, values)
+
+    def get_seq_length(self) -> int:
+        return self.slots.end - self.slots.start
 
 
-def _cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
-    cache = DynamicCache()
-    for i, (k, v) in enumerate(layers):
-        cache.update(k, v, i)
-    return cache
+class Slots:
+    """The running rows' KV cache and attention mask (1 = a token, 0 = left padding) in buffers with room to grow:
+    rows 0 to ``rows``, columns ``start`` to ``end``. A decoding step writes one column, requests join by writing
+    their rows, a request leaves by moving the last row into its place, and columns no row needs any more are
+    dropped by moving ``start``. Why not a DynamicCache: it concatenates, so every step (and every join and leave)
+    copied the whole cache, which beside one long request cost more than the forward. Columns grow by doubling, so
+    copying costs O(1) a token. Columns outside a row's tokens may hold another row's old values: the mask hides
+    them (a masked column's weight is exactly 0)."""
 
+    def __init__(self, prefill: DynamicCache, mask: torch.Tensor, rows: list[int], max_rows: int):
+        self.max_rows = max_rows
+        self.k = [layer.keys[:0, :, :0] for layer in prefill.layers]  # per layer: (rows, heads, columns, head_dim)
+        self.v = [layer.values[:0, :, :0] for layer in prefill.layers]
+        self.mask = mask[:0, :0]
+        self.rows = self.start = self.end = 0
+        self.cache = DynamicCache()  # what the model is given: its layers write into these buffers
+        self.cache.layers = [_Layer(self, i) for i in range(len(prefill.layers))]
+        self.join(prefill, mask, rows)
 
-def _layers(cache: DynamicCache) -> list[tuple[torch.Tensor, torch.Tensor]]:
-    return [(layer.keys, layer.values) for layer in cache.layers]
+    def _place(self, rows: int, left: int) -> None:
+        """New buffers with room for `rows` rows, `left` columns before the current ones and more after."""
+        width = self.end - self.start
+        columns = 2 * (left + width) + 64
+        capacity = self.mask.shape[0] if rows <= self.mask.shape[0] else max(rows, min(2 * rows, self.max_rows))
+        old, new = slice(self.start, self.end), slice(left, left + width)
 
+        def moved(t: torch.Tensor) -> torch.Tensor:
+            out = t.new_zeros(capacity, t.shape[1], columns, t.shape[3])
+            out[: self.rows, :, new] = t[: self.rows, :, old]
+            return out
 
-def _rows(cache: DynamicCache, mask: torch.Tensor, rows: list[int]) -> tuple[DynamicCache, torch.Tensor]:
-    """Only these rows, without the columns that are padding in all of them."""
-    index = torch.tensor(rows, device=mask.device)
-    mask = mask[index]
-    first = int(mask.any(0).nonzero()[0])
-    return _cache_of([(k[index, :, first:], v[index, :, first:]) for k, v in _layers(cache)]), mask[:, first:]
+        self.k, self.v = [moved(t) for t in self.k], [moved(t) for t in self.v]
+        mask = self.mask.new_zeros(capacity, columns)
+        mask[: self.rows, new] = self.mask[: self.rows, old]
+        self.mask, self.start, self.end = mask, left, left + width
 
+    def join(self, prefill: DynamicCache, mask: torch.Tensor, rows: list[int]) -> None:
+        """The prefill's `rows` join the batch (their columns that are tokens, right-aligned with the others)."""
+        first = int(mask[rows].any(0).nonzero()[0])
+        width = mask.shape[1] - first  # the columns they use
+        if width > self.end or self.rows + len(rows) > self.mask.shape[0]:
+            self._place(self.rows + len(rows), max(width - (self.end - self.start), 0))
+        start = min(self.start, self.end - width) if self.rows else self.end - width
+        self.mask[: self.rows, start : self.start] = 0  # columns the running rows did not have: padding for them
+        self.start = start
+        index, at = torch.tensor(rows, device=mask.device), slice(self.rows, self.rows + len(rows))
+        theirs = [layer.keys for layer in prefill.layers] + [layer.values for layer in prefill.layers]
+        for mine, new in zip(self.k + self.v, theirs):
+            mine[at, :, self.end - width : self.end] = new[index, :, first:]
+        self.mask[at, self.start : self.end] = 0
+        self.mask[at, self.end - width : self.end] = mask[index, first:]
+        self.rows += len(rows)
 
-def _join(
-    cache: DynamicCache, mask: torch.Tensor, other: DynamicCache, other_mask: torch.Tensor
-) -> tuple[DynamicCache, torch.Tensor]:
-    """Both batches' rows in one, the shorter padded on the left."""
-    width = max(mask.shape[1], other_mask.shape[1])
-    pads = width - mask.shape[1], width - other_mask.shape[1]
-    layers = [
-        tuple(torch.cat([_pad_left(a, pads[0], 2), _pad_left(b, pads[1], 2)]) for a, b in zip(mine, its))
-        for mine, its in zip(_layers(cache), _layers(other))
-    ]
-    return _cache_of(layers), torch.cat([_pad_left(mask, pads[0], 1), _pad_left(other_mask, pads[1], 1)])
+    def keep(self, rows: list[int]) -> list[int]:
+        """Only these rows (ascending) stay: the last ones move into the places of those that leave. Returns, for
+        each place, the row that is there now."""
+        n, columns, kept = len(rows), slice(self.start, self.end), set(rows)
+        order = list(range(n))
+        for hole, mover in zip([i for i in range(n) if i not in kept], [i for i in rows if i >= n]):
+            for t in (*self.k, *self.v):
+                t[hole, :, columns] = t[mover, :, columns]
+            self.mask[hole, columns] = self.mask[mover, columns]
+            order[hole] = mover
+        self.rows = n
+        if n:  # drop the columns that are padding in every row
+            self.start += int(self.mask[:n, columns].any(0).nonzero()[0])
+        return order
+
+    def decode(self, model, **inputs) -> Any:
+        """The model's forward on one new column (every row's next token), written into the buffers."""
+        if self.end == self.mask.shape[1]:
+            self._place(self.rows, 0)
+        self.mask[: self.rows, self.end] = 1
+        out = model(attention_mask=self.mask[: self.rows, self.start : self.end + 1], cache=self.cache, **inputs)
+        self.end += 1
+        return out
+
+    def write(self, layer: int, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A layer's keys and values for the new column; all the rows' keys and values so far."""
+        k, v = self.k[layer], self.v[layer]
+        k[: self.rows, :, self.end : self.end + 1] = keys
+        v[: self.rows, :, self.end : self.end + 1] = values
+        return k[: self.rows, :, self.start : self.end + 1], v[: self.rows, :, self.start : self.end + 1]
 
 
 class Batcher:
@@ -126,10 +186,9 @@ class Batcher:
         self.waiting: deque[Job] = deque()
         self.cond = threading.Condition()
         self.stopping = False
-        # the running batch: one row per job, the cache holding every token but each row's last
+        # the running batch: one row per job, its cache holding every token but each row's last
         self.active: list[Job] = []
-        self.cache: DynamicCache | None = None
-        self.mask: torch.Tensor | None = None  # (rows, columns) 1 = a token, 0 = left padding
+        self.slots: Slots | None = None
         self.thread = threading.Thread(target=self._run, name="nanochat-batcher", daemon=True)
         self.thread.start()
 
@@ -169,7 +228,7 @@ class Batcher:
                 traceback.print_exc(file=sys.stderr)
                 for job in {id(j): j for j in [*new, *self.active]}.values():
                     job.sink.fail("generation failed (the server's log says why)")
-                self.active, self.cache, self.mask = [], None, None
+                self.active, self.slots = [], None
 
     def _admit(self, new: list[Job]) -> None:
         """Prefill the new jobs (one left-padded forward), choose their first tokens, join them to the batch."""
@@ -196,11 +255,11 @@ class Batcher:
         going = [i for i, job in enumerate(new) if self._advance(job, logits[i])]
         if not going:
             return
-        cache, mask = _rows(cache, mask, going)
-        if self.active:
-            cache, mask = _join(self.cache, self.mask, cache, mask)
+        if self.slots is None:
+            self.slots = Slots(cache, mask, going, self.max_batch)
+        else:
+            self.slots.join(cache, mask, going)
         self.active += [new[i] for i in going]
-        self.cache, self.mask = cache, mask
 
     def _decode(self) -> None:
         keep = [i for i, job in enumerate(self.active) if not job.sink.cancelled.is_set()]
@@ -209,27 +268,25 @@ class Batcher:
             if not self.active:
                 return
         rows = len(self.active)
-        mask = torch.cat([self.mask, self.mask.new_ones(rows, 1)], dim=1)
         extra = {}
         if self.smear:  # the token before each row's new one
             extra["previous_input_ids"] = torch.tensor([j.tokens[-2] for j in self.active], device=self.device)
-        out = self.model(
+        out = self.slots.decode(
+            self.model,
             input_ids=torch.tensor([[j.tokens[-1]] for j in self.active], device=self.device),
-            attention_mask=mask,
-            cache=self.cache,
             use_cache=True,
             logits_to_keep=1,
             **extra,
         )
-        self.mask = mask
         logits = out.logits[:, -1]
         keep = [i for i, job in enumerate(self.active) if self._advance(job, logits[i])]
         if len(keep) < rows:
             self._keep(keep)
 
     def _keep(self, rows: list[int]) -> None:
-        self.active = [self.active[i] for i in rows]
-        self.cache, self.mask = _rows(self.cache, self.mask, rows) if rows else (None, None)
+        self.active = [self.active[i] for i in self.slots.keep(rows)]
+        if not rows:
+            self.slots = None
 
     def _advance(self, job: Job, logits: torch.Tensor) -> bool:
         """Choose the job's next token from its logits and hand it on; whether the job goes on."""

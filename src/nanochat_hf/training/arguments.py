@@ -225,6 +225,15 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             "among the processes; `accelerate launch` alone would pin OMP_NUM_THREADS=1)"
         },
     )
+    fully_shard: bool = field(
+        default=False,
+        metadata={
+            "help": "FSDP2 without Accelerate's FSDP (which runs on GPUs only): fully_shard each decoder block and the "
+            "root before training, so parameters, gradients and optimizer state are 1/W per process (CPU gloo "
+            "processes, or torchrun); needs several processes; on GPUs prefer --config_file "
+            "configs/accelerate_fsdp2.yaml"
+        },
+    )
     peak_flops: float | None = field(
         default=None, metadata={"help": "device peak FLOP/s for MFU (default: known GPUs)"}
     )
@@ -363,6 +372,25 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         if self.chat_eval_max_problems is not None and self.chat_eval_max_problems <= 0:
             raise UserError(f"chat_eval_max_problems={self.chat_eval_max_problems} must be a positive integer")
         check_num_threads(self.num_threads, f"num_threads={self.num_threads}")
+        if self.fully_shard:
+            self._check_fully_shard()
+
+    def _check_fully_shard(self) -> None:
+        if int(os.environ.get("WORLD_SIZE", "1")) < 2:
+            raise UserError(
+                "fully_shard=true needs several processes (accelerate launch --multi_gpu --num_processes N, or "
+                "torchrun): one process has nothing to shard across"
+            )
+        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+            raise UserError(
+                "fully_shard=true together with Accelerate's FSDP (an fsdp config or --fsdp): Accelerate shards the "
+                "model itself there; drop --fully_shard"
+            )
+        if self.embedding_dtype == "bfloat16":
+            raise UserError(
+                "embedding_dtype=bfloat16 with fully_shard=true: FSDP2 shards the embedding with the root's other "
+                "float32 parameters, which must share one dtype; keep embedding_dtype auto"
+            )
 
     @property
     def chat_eval_task_list(self) -> list[str]:
@@ -422,7 +450,9 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         """The token embedding's dtype for training, None to keep it as loaded. Reads the device: call it once
         training is set up, not at parse time."""
         if self.embedding_dtype == "auto":
-            return torch.bfloat16 if self.bf16 and self.device.type == "cuda" else None
+            # FSDP2 (ours or Accelerate's) shards the embedding with the root's float32 parameters: one dtype
+            fsdp2 = self.fully_shard or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+            return torch.bfloat16 if self.bf16 and self.device.type == "cuda" and not fsdp2 else None
         return getattr(torch, self.embedding_dtype)
 
 

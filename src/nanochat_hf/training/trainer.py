@@ -44,7 +44,7 @@ from ..errors import UserError, one_line
 from ..evaluation import chatcore, results_table, run_chat_eval
 from ..integration.mixin import NanoChatOptimizerMixin
 from ..integration.optimizer_state import load_full_state, load_optimizer_state, save_optimizer_state
-from ..integration.saving import whole_state_dict
+from ..integration.saving import unsharded_class, whole_copy, whole_state_dict
 from ..jsonfile import read_json, write_json
 from ..progress import Progress
 from ..tasks import CHATCORE_TASKS, task_by_name
@@ -299,7 +299,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         """nanochat's ChatCORE of the model now (every rank takes its share of the problems): its five tasks,
         at most chatcore_max_cat problems per categorical and chatcore_max_sample per generative task. A task whose
         data cannot be loaded (a hub task offline) is skipped with one line; ChatCORE is then over the others."""
-        a, model = self.args, self.accelerator.unwrap_model(self.model)
+        a, model = self.args, self.generation_model()
         scores = []
         for name in CHATCORE_TASKS:
             limit = a.chatcore_max_cat if task_by_name(name).mode == "categorical" else a.chatcore_max_sample
@@ -321,6 +321,16 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         if self.is_world_process_zero():
             print(f"step {self.state.global_step:05d} | ChatCORE:\n{results_table(scores)}", flush=True)
         return {f"{prefix}_chatcore": chatcore(scores), **{f"{prefix}_chatcore/{s.task}": s.accuracy for s in scores}}
+
+    def generation_model(self) -> torch.nn.Module:
+        """The model the chat evaluations generate with: the unwrapped model, or, where FSDP2 shards it, a whole copy
+        on every process (a collective: every process calls it). Sharded, every forward is a collective, and the
+        ranks, each with its own problems, would generate different numbers of tokens. The copy (once after training,
+        for the sample chat and the evaluations, and at each ChatCORE) needs the whole model in each process's
+        memory."""
+        model = self.accelerator.unwrap_model(self.model)
+        whole = whole_copy(model, self.args.device)
+        return model if whole is None else whole
 
     def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
         if "loss" in logs and self.state.global_step > 0:  # a training step's log: add nanochat's metrics
@@ -443,7 +453,8 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             if self.args.disable_tqdm:  # transformers' "Writing model shards" bar follows --disable_tqdm too
                 hf_logging.disable_progress_bar()
             try:
-                model.save_pretrained(tmp, state_dict=whole)
+                with unsharded_class(model):
+                    model.save_pretrained(tmp, state_dict=whole)
             finally:
                 if bars:
                     hf_logging.enable_progress_bar()
