@@ -10,7 +10,7 @@ during backward ("overlap") and at the step, and under FSDP2 ("fsdp2": `fully_sh
 
 CPU: W gloo processes of one thread each (torch.distributed, as `accelerate launch` runs them), every rank with
 its own random micro-batch (batch x seq tokens), recipe 2026-07 by default (--recipe 2025-12 for December's). The
-bytes are the tensors' own: gradients = every ``.grad`` plus the reduced pieces kept beside them plus the units in
+bytes are the tensors' own: gradients = every ``.grad`` plus the reduced pieces kept beside them plus the buckets in
 flight, sampled at every gradient hook (after the reduction's) and around the step; state = the optimizer state.
 "peak" is the largest sample of gradients + state. rss = the process's peak resident set (ru_maxrss), for the whole
 process (model, activations, torch itself). On CUDA: torch.cuda.max_memory_allocated of the whole training step.
@@ -57,7 +57,7 @@ def grad_bytes_per_rank(
     muon: list[tuple[int, int]], adamw: list[tuple[int, int]], world: int, recipe: str, element: int = 4
 ) -> list[int]:
     """Gradient bytes each rank holds after the last backward with the reduction during backward (not counting the
-    one unit in flight): its Muon matrices (2025-12: matrix i of each shape to rank i % W; 2026-07: contiguous chunks
+    buckets in flight): its Muon matrices (2025-12: matrix i of each shape to rank i % W; 2026-07: contiguous chunks
     of ceil(K/W) of each shape's stack), its rows of each AdamW parameter, every small (< SMALL_NUMEL) 2026-07
     AdamW parameter whole. ``element``: bytes per gradient element (the parameters' dtype)."""
     per_rank = [0] * world
@@ -139,11 +139,12 @@ def _params(opt) -> int:
 
 
 def _held(opt) -> int:
-    """Gradient bytes this rank holds now: every .grad, the reduced pieces, the units in flight (distinct storages)."""
+    """Gradient bytes this rank holds now: every .grad, the reduced pieces, the buckets in flight (distinct
+    storages)."""
     tensors = [_local(p.grad) for g in opt.param_groups for p in g["params"] if p.grad is not None]
     reducer = getattr(opt, "_reducer", None)
     if reducer is not None:
-        tensors += list(reducer.pieces.values()) + [rec[2] for rec in reducer.launched if rec[2] is not None]
+        tensors += list(reducer.pieces.values()) + [buf for bucket in reducer.in_flight for _, buf, _ in bucket]
     storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
     return sum(storages.values())
 

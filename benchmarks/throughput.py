@@ -1,7 +1,7 @@
 """Training throughput, compile time, memory: MidTrainer against nanochat's loop, eager and compiled, 1 and 2 processes.
 
-    python benchmarks/throughput.py                                   # the demo shape on CPU, every arm (~6 min)
-    python benchmarks/throughput.py --compile eager --processes 1     # a subset of the arms
+    python benchmarks/throughput.py                                   # demo shape, CPU, every arm, 3 rounds (~20 min)
+    python benchmarks/throughput.py --compile eager --processes 2     # a subset of the arms (~4 min)
     python benchmarks/throughput.py --compile eager --processes 2 --fsdp2   # both loops on FSDP2 (fully_shard)
     python benchmarks/throughput.py --depth 20 --vocab 65536 --seq 2048 --batch 32 --grad_accum 1 --processes 1
                                                                       # d20 on one GPU (bf16 autocast)
@@ -13,12 +13,18 @@ the optimizer step, zero_grad, the last loss read back; `torch.compile(model, dy
 (the sharded optimizer reduces gradients).
 Every arm runs in a fresh process (or a fresh pair, launched with `accelerate launch --multi_gpu` as the tests do:
 gloo on CPU, NCCL on CUDA), 1 torch thread per process on CPU, on random tokens; `--grad_accum` is for 1 process and
-is divided by the process count, so every arm trains the same tokens per optimizer step. Columns:
-- tok/s: tokens per second of all processes over the steps after the first `--warmup`; "/ base" divides by the
-  baseline arm with the same compile mode and process count.
-- compile s: how much longer the first `--warmup` steps took compiled than eager (same loop and process count).
-- peak MiB/rank: the highest RSS high-water mark of the ranks on CPU (the whole process: Python, torch, model,
-  activations, compiler), `torch.cuda.max_memory_allocated` on CUDA.
+is divided by the process count, so every arm trains the same tokens per optimizer step.
+Each arm runs `--repeats` times, the two loops back to back in every round (each loop first in every other round),
+so that a ratio compares runs that saw the same load on a shared machine. Columns:
+- runs: how many runs of the arm.
+- tok/s: tokens per second of all processes over the steps after the first `--warmup`, of the median run (by mean
+  step time); "tok/s min-max": the slowest and the fastest run.
+- / base: the median, over the rounds, of the arm's tok/s divided by the baseline's of the same round (same compile
+  mode and process count); "/ base min-max": the lowest and highest of those ratios.
+- compile s: how much longer the first `--warmup` steps took compiled than eager (same loop and process count,
+  median runs).
+- peak MiB/rank: the highest RSS high-water mark of the ranks on CPU over the runs (the whole process: Python, torch,
+  model, activations, compiler), `torch.cuda.max_memory_allocated` on CUDA; "/ base" against the baseline's.
 - opt MiB/rank: optimizer state bytes of the largest rank (the sharded step keeps each rank's share only).
 - MFU: FLOPs per token (nanochat's estimate: 6 x non-embedding params + 12 x layers x heads x head_dim x seq)
   x tok/s over the peak of all processes (bf16 dense TFLOPS from the GPU's name, or `--peak_tflops`).
@@ -37,6 +43,7 @@ import itertools
 import json
 import os
 import resource
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -338,7 +345,7 @@ def run_arm(a, loop: str, compiled: bool, nproc: int, workdir: Path, port: int) 
 
 
 def collect(result: Path, loop: str, compiled: bool, nproc: int) -> dict:
-    """One table row from the ranks' result files."""
+    """One run's row from the ranks' result files."""
     ranks = [json.loads(Path(f"{result}.rank{r}.json").read_text()) for r in range(nproc)]
     row = dict(
         ranks[0],
@@ -349,33 +356,65 @@ def collect(result: Path, loop: str, compiled: bool, nproc: int) -> dict:
         optimizer_bytes=max(r["optimizer_bytes"] for r in ranks),
     )
     row["tok_s"] = row["tokens_per_step"] / row["steady_step_s"]
-    row["mfu"] = row["flops_per_token"] * row["tok_s"] / (row["peak_flops"] * nproc) if row["peak_flops"] else None
     return row
+
+
+def summarize(runs: list[dict]) -> list[dict]:
+    """One row per arm from its runs: the median step time (and so tok/s), its range, and against the baseline
+    the median and range of the ratios of runs made back to back (run i of each loop of the same compile mode and
+    process count: the pair saw the same load)."""
+    by_arm: dict[tuple, list[dict]] = {}
+    for r in runs:
+        by_arm.setdefault((r["loop"], r["compiled"], r["processes"]), []).append(r)
+    rows = []
+    for (loop, compiled, nproc), arm in by_arm.items():
+        row = dict(
+            arm[0],
+            runs=len(arm),
+            steady_step_s=statistics.median(r["steady_step_s"] for r in arm),
+            warmup_s=statistics.median(r["warmup_s"] for r in arm),
+            peak_bytes=max(r["peak_bytes"] for r in arm),
+            tok_s_range=(min(r["tok_s"] for r in arm), max(r["tok_s"] for r in arm)),
+        )
+        row["tok_s"] = row["tokens_per_step"] / row["steady_step_s"]
+        row["mfu"] = row["flops_per_token"] * row["tok_s"] / (row["peak_flops"] * nproc) if row["peak_flops"] else None
+        base = by_arm.get(("baseline", compiled, nproc))
+        row["ratios"] = [r["tok_s"] / b["tok_s"] for r, b in zip(arm, base)] if base else []
+        row["base_peak_bytes"] = max(r["peak_bytes"] for r in base) if base else None
+        rows.append(row)
+    return rows
 
 
 def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def print_tables(a, rows: list[dict]) -> None:
+def print_tables(a, runs: list[dict]) -> None:
+    rows = summarize(runs)
     first = rows[0]
     print(
         f"device: {first['device']}, {first['precision']}; depth {a.depth} (NanoChatGPTConfig.from_depth), vocab "
         f"{a.vocab}; {a.batch} x {a.seq} tokens x grad_accum {a.grad_accum} per optimizer step (divided among the "
         f"processes); {a.steps} steps, the first {a.warmup} untimed; "
-        f"{'1 torch thread per process' if first['device'] == 'CPU' else 'one GPU per process'}"
+        f"{'1 torch thread per process' if first['device'] == 'CPU' else 'one GPU per process'}; "
+        f"the loops' runs interleaved, {a.repeats} of each arm"
     )
     by_key = {(r["loop"], r["compiled"], r["processes"]): r for r in rows}
-    print("| loop | compile | processes | tok/s | / base | compile s | peak MiB/rank | / base | opt MiB/rank | MFU |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        "| loop | compile | processes | runs | tok/s | tok/s min-max | / base | / base min-max | compile s "
+        "| peak MiB/rank | / base | opt MiB/rank | MFU |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        base = by_key.get(("baseline", r["compiled"], r["processes"]))
         eager = by_key.get((r["loop"], False, r["processes"]))
         compile_s = r["warmup_s"] - eager["warmup_s"] if r["compiled"] and eager else None
+        ratios, base_peak = r["ratios"], r["base_peak_bytes"]
         print(
-            f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} "
-            f"| {r['tok_s']:,.0f} | {_fmt(base and r['tok_s'] / base['tok_s'], '.2f')} | {_fmt(compile_s, '.1f')} "
-            f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base and r['peak_bytes'] / base['peak_bytes'], '.2f')} "
+            f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} | {r['runs']} "
+            f"| {r['tok_s']:,.0f} | {r['tok_s_range'][0]:,.0f}-{r['tok_s_range'][1]:,.0f} "
+            f"| {_fmt(ratios and statistics.median(ratios), '.2f')} "
+            f"| {f'{min(ratios):.2f}-{max(ratios):.2f}' if ratios else 'n/a'} | {_fmt(compile_s, '.1f')} "
+            f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base_peak and r['peak_bytes'] / base_peak, '.2f')} "
             f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"
             f"{'%' if r['mfu'] else ''} |"
         )
@@ -401,7 +440,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--seq", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--grad_accum", type=int, default=2, help="micro-batches per step with 1 process")
-    p.add_argument("--steps", type=int, default=12)
+    p.add_argument("--steps", type=int, default=16)
     p.add_argument("--warmup", type=int, default=3, help="first steps not timed (compilation happens there)")
     p.add_argument(
         "--dtype",
@@ -413,6 +452,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--compile", choices=["eager", "compiled", "both"], default="both")
     p.add_argument("--processes", nargs="+", type=int, default=[1, 2])
     p.add_argument("--peak_tflops", type=float, default=None, help="per device, for MFU (default: from the GPU name)")
+    p.add_argument("--repeats", type=int, default=3, help="runs of each arm, the loops' runs interleaved")
     p.add_argument("--run_steps", type=int, default=211, help="whole-run length for the compile verdict (demo: 211)")
     p.add_argument("--warm_cache", action="store_true", help="compile with the user's inductor cache")
     p.add_argument(
@@ -425,6 +465,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--result", help=argparse.SUPPRESS)
     p.add_argument("--compiled", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.repeats < 1:
+        p.error(f"--repeats must be at least 1, got {a.repeats}")
     if not 0 < a.warmup < a.steps:
         p.error(f"--warmup must be between 1 and --steps - 1, got {a.warmup}")
     bad = [] if a.worker else [n for n in a.processes if n < 1 or a.grad_accum % n]
@@ -449,11 +491,14 @@ def main(argv: list[str] | None = None) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory(prefix="throughput-") as tmp:
         port = 29500 + os.getpid() % 1000
-        for nproc in a.processes:
-            for compiled in modes:
-                for loop in ["baseline", "midtrainer"]:
-                    if loop in a.loops:
-                        rows.append(run_arm(a, loop, compiled, nproc, Path(tmp), port + len(rows)))
+        for repeat in range(a.repeats):  # the two loops back to back, each first in every other round
+            (Path(tmp) / str(repeat)).mkdir()
+            loops = [loop for loop in ("baseline", "midtrainer") if loop in a.loops][:: 1 if repeat % 2 == 0 else -1]
+            for nproc in a.processes:
+                for compiled in modes:
+                    for loop in loops:
+                        run = run_arm(a, loop, compiled, nproc, Path(tmp) / str(repeat), port + len(rows))
+                        rows.append(run)
     print_tables(a, rows)
     return rows
 

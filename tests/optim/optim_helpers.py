@@ -561,3 +561,105 @@ def overlap_worker(rank, world, port, recipe):
         assert opts[0].last_grad_norm == opts[1].last_grad_norm == opts[2].last_grad_norm
     finally:
         dist.destroy_process_group()
+
+
+# ---- buckets of the ZeRO-2 reduction (optim/reduction.py) -----------------------------------------------------
+BUCKET_SHAPES = {  # recipe -> (Muon stacks, AdamW parameters): dims 0 that 3 does not divide, empty rows at W = 3
+    "2025-12": ([[(5, 3), (5, 3), (7, 2), (5, 3), (7, 2)], [(5, 2, 3)]], [(7, 4), (1, 6), (11,), (2, 6)]),
+    # 2026-07: one Muon group per shape; AdamW below 1024 elements replicated ("whole"), above by rows
+    "2026-07": ([[(5, 3)] * 4, [(7, 2)] * 2, [(5, 2, 3)]], [(37, 32), (5,), (1030,), (2, 3), (1, 1100)]),
+}
+
+
+def bucket_optimizer(recipe, bucket_bytes):
+    """An optimizer of BUCKET_SHAPES[recipe] (its parameters in group order) with ``bucket_bytes`` buckets."""
+    from nanochat_hf.optim.head import NorMuonAdamW
+    from nanochat_hf.optim.optimizer import MuonAdamW
+    from nanochat_hf.optim.reduction import GradientReducer
+
+    muon, adamw = BUCKET_SHAPES[recipe]
+    common = {"lr": 0.01, "initial_lr": 0.01, "weight_decay": 0.0}
+    groups = [
+        {
+            "kind": "muon",
+            "name": f"m{i}",
+            "momentum": 0.9,
+            "nesterov": True,
+            "ns_steps": 5,
+            "beta2": 0.95,
+            "polar_dtype": "float32",
+            "params": [torch.nn.Parameter(torch.zeros(s)) for s in shapes],
+            **common,
+        }
+        for i, shapes in enumerate(muon)
+    ] + [
+        {
+            "kind": "adamw",
+            "name": f"a{i}",
+            "betas": (0.8, 0.95),
+            "eps": 1e-10,
+            "params": [torch.nn.Parameter(torch.zeros(s))],
+            **common,
+        }
+        for i, s in enumerate(adamw)
+    ]
+    opt = (MuonAdamW if recipe == "2025-12" else NorMuonAdamW)(groups)
+    opt._reducer = GradientReducer(opt, bucket_bytes)
+    return opt
+
+
+def bucket_worker(rank, world, port):
+    """Every parameter's averaged piece on this rank, reduced unit by unit, in buckets of a few units (mixed kinds
+    and owners) and all in one bucket, with native and fallback reduce-scatter: each must equal the rows/whole
+    gradient the layout gives this rank of the one-process average. The gradients are small integers, so every
+    summation order gives the same sum and the one-process average is exact to the bit."""
+    import torch.distributed as dist
+
+    from nanochat_hf.optim.reduction import rows_per_rank
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        for recipe in BUCKET_SHAPES:
+            params = [p for g in bucket_optimizer(recipe, 0).param_groups for p in g["params"]]
+            per_rank = []
+            for r in range(world):
+                g = torch.Generator().manual_seed(100 + r)
+                per_rank.append([torch.randint(-64, 64, p.shape, generator=g).float() for p in params])
+            average = [sum(gs[i] for gs in per_rank) / world for i in range(len(params))]
+            mixed = 0
+            for bucket_bytes in (0, 160, 2**30):
+                for fallback in (False, True):
+                    opt = bucket_optimizer(recipe, bucket_bytes)
+                    opt._native_rs = opt._native_rs and not fallback
+                    ps = [p for g in opt.param_groups for p in g["params"]]
+                    for p, grad in zip(ps, per_rank[rank]):
+                        p.grad = grad.clone()
+                    buckets = opt._reducer.buckets
+                    if bucket_bytes in (0, 2**30):  # each unit alone; all in one
+                        assert len(buckets) == (len(ps) if bucket_bytes == 0 else 1)
+                    else:
+                        assert 1 < len(buckets) < len(ps)
+                    for b in buckets:  # buckets with several units of one kind (one flat collective for them)
+                        kinds = [opt._plan(ps[i]) for i in b]
+                        mixed += any(kinds.count(k) > 1 for k in kinds)
+                    pieces = opt._reducer.finish()
+                    case = f"{recipe} W={world} rank {rank} bucket_bytes={bucket_bytes} fallback={fallback}"
+                    for i, p in enumerate(ps):
+                        kind, *owner = opt._plan(p)
+                        if kind == "rows":
+                            _, start, end = rows_per_rank(p.shape[0], world, rank)
+                            expected, grad = average[i][start:end], None
+                        elif kind == "whole" or owner[0] == rank:
+                            expected = grad = average[i]
+                        else:
+                            expected = grad = None
+                        got = pieces.get(p)
+                        assert (got is None) == (expected is None), f"{case}: param {i} {kind} piece {got}"
+                        assert expected is None or torch.equal(got, expected), f"{case}: param {i} {kind}"
+                        assert (p.grad is None) == (grad is None), f"{case}: param {i} {kind} .grad"
+                        assert grad is None or p.grad is got, f"{case}: param {i}: .grad is not the piece"
+            assert mixed >= 4, f"{recipe}: only {mixed} buckets hold several units of one kind"
+    finally:
+        dist.destroy_process_group()
