@@ -12,7 +12,7 @@ import pytest
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import _free_port, launch_command  # noqa: E402
+from mp_launch import _free_port, launch_worker  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 WORKER = str(Path(__file__).with_name("fsdp_trainer_worker.py"))
@@ -20,13 +20,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def _run(tmp_path, name, nproc, *flags):
-    out = tmp_path / name
-    out.mkdir()
-    proc = subprocess.run(
-        [*launch_command(nproc, WORKER), str(out), *flags], env=ENV, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return launch_worker(WORKER, tmp_path / name, nproc, *flags)
 
 
 def test_two_fsdp2_processes_train_like_one(tmp_path):

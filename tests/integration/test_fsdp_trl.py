@@ -16,7 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import _free_port, launch_command  # noqa: E402
+from mp_launch import _free_port, launch_worker  # noqa: E402
 
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
@@ -25,13 +25,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
 def _run(tmp_path, name, nproc, *flags):
-    out = tmp_path / name
-    out.mkdir()
-    proc = subprocess.run(
-        [*launch_command(nproc, WORKER), str(out), *flags], env=ENV, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out
+    return launch_worker(WORKER, tmp_path / name, nproc, *flags)
 
 
 def _report(out, rank=0):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -60,3 +61,38 @@ def launch_mid_train(
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
+
+
+def launch_worker(worker: str, out: Path, nproc: int, *flags: str) -> Path:
+    """`worker out flags...` in `nproc` processes (launch_command), `out` created first; asserts that it exits 0."""
+    out.mkdir()
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.run(
+        [*launch_command(nproc, worker), str(out), *flags], env=env, capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out
+
+
+def assert_preempted(command: list[str], cwd: Path, out: Path, timeout: int) -> None:
+    """Run a 2-process mid_train `command` writing to `out`, SIGTERM the launcher once step 5 is logged (it passes
+    the signal to both processes, as a cluster preempting a job does), and check what a preempted run leaves: one
+    line saying at which step it stopped, a non-zero exit, that step's checkpoint with both ranks' optimizer files,
+    no final model."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    proc = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for line in proc.stdout:
+        if line.startswith("step 00005/"):
+            proc.send_signal(signal.SIGTERM)
+            break
+    _, stderr = proc.communicate(timeout=timeout)
+    ours = [line for line in stderr.splitlines() if line.startswith("mid_train: preempted (SIGTERM) at step ")]
+    assert proc.returncode != 0 and len(ours) == 1, stderr[-3000:]
+    step = int(ours[0].split(" at step ")[1].split(" ")[0])
+    (checkpoint,) = out.glob("checkpoint-*")
+    assert checkpoint.name == f"checkpoint-{step}" and (checkpoint / "trainer_state.json").is_file()
+    assert sorted(p.name for p in checkpoint.glob("optimizer.rank*")) == [
+        "optimizer.rank0.safetensors",
+        "optimizer.rank1.safetensors",
+    ]
+    assert not (out / "model.safetensors").exists()

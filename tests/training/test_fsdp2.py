@@ -134,31 +134,13 @@ def test_fully_shard_refused_where_it_makes_no_sense(monkeypatch, env, flags, wo
 def test_sigterm_preempts_a_fsdp2_run_and_it_resumes(tmp_path):
     """SIGTERM to `accelerate launch` of 2 FSDP2 processes: a complete checkpoint at the step both stop after, the
     one line, exit non-zero and no final model; resumed on 2 FSDP2 processes it finishes the run."""
-    import signal
-
-    from mp_launch import launch_command
+    from mp_launch import assert_preempted, launch_command
 
     out = tmp_path / "run"
     # 100 steps: the signal takes effect 3 s after it arrives (transformers' wait), and the run must still be going
     args = [*RUN, *FSDP2, "--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000",
             "--spelling_eval_rows", "0", "--output_dir", str(out)]  # fmt: skip
-    proc = subprocess.Popen([*launch_command(2, str(REPO / "scripts" / "mid_train.py")), *args], cwd=tmp_path,
-                            env=ENV, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("step 00005/"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    _, stderr = proc.communicate(timeout=300)
-    ours = [line for line in stderr.splitlines() if line.startswith("mid_train: preempted (SIGTERM) at step ")]
-    assert proc.returncode != 0 and len(ours) == 1, stderr[-3000:]
-    step = int(ours[0].split(" at step ")[1].split(" ")[0])
-    (checkpoint,) = out.glob("checkpoint-*")
-    assert checkpoint.name == f"checkpoint-{step}" and (checkpoint / "trainer_state.json").is_file()
-    assert sorted(p.name for p in checkpoint.glob("optimizer.rank*")) == [
-        "optimizer.rank0.safetensors",
-        "optimizer.rank1.safetensors",
-    ]
-    assert not (out / "model.safetensors").exists()
+    assert_preempted([*launch_command(2, str(REPO / "scripts" / "mid_train.py")), *args], tmp_path, out, timeout=300)
     _launch(tmp_path, out, 2, [*FSDP2, "--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000",
                                "--spelling_eval_rows", "0", "--resume_from_checkpoint", "true"])  # fmt: skip
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]

@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mp_launch import MP_ARGS, launch_command, launch_mid_train  # noqa: E402
+from mp_launch import MP_ARGS, assert_preempted, launch_command, launch_mid_train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -176,30 +176,9 @@ def test_sigterm_to_the_launcher_preempts_both_processes(tmp_path):
     """SIGTERM to `accelerate launch` (which passes it to its 2 processes, as a cluster preempting a job does): both
     ranks stop after the same step, its checkpoint is complete (both ranks' files), one line says how to resume, no
     final model; resumed on 1 process it finishes the run."""
-    import os
-    import signal
-    import subprocess
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     out = tmp_path / "run"
     args = [*RUN, "--num_iterations", "300", "--save_steps", "0", "--eval_every", "1000", "--output_dir", str(out)]
-    proc = subprocess.Popen([*launch_command(2, str(SCRIPT)), *args], cwd=tmp_path, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("step 00005/"):
-            proc.send_signal(signal.SIGTERM)
-            break
-    _, stderr = proc.communicate(timeout=600)
-    ours = [line for line in stderr.splitlines() if line.startswith("mid_train: preempted (SIGTERM) at step ")]
-    assert proc.returncode != 0 and len(ours) == 1, stderr[-3000:]
-    step = int(ours[0].split(" at step ")[1].split(" ")[0])
-    (checkpoint,) = out.glob("checkpoint-*")
-    assert checkpoint.name == f"checkpoint-{step}" and (checkpoint / "trainer_state.json").is_file()
-    assert sorted(p.name for p in checkpoint.glob("optimizer.rank*")) == [
-        "optimizer.rank0.safetensors",
-        "optimizer.rank1.safetensors",
-    ]
-    assert not (out / "model.safetensors").exists()
+    assert_preempted([*launch_command(2, str(SCRIPT)), *args], tmp_path, out, timeout=600)
     _launch(tmp_path, out, 1, ["--num_iterations", "300", "--save_steps", "0", "--eval_every", "1000",
                                "--resume_from_checkpoint", "true"])  # fmt: skip
     assert (out / "model.safetensors").is_file()
