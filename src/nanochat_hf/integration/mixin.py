@@ -56,7 +56,7 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
-from .saving import load_whole_state_dict, safetensors_files, unsharded_class, whole_state_dict
+from .saving import is_sharded, load_whole_state_dict, safetensors_files, unsharded_class, whole_state_dict
 
 
 def _few(names: list[str]) -> str:
@@ -133,7 +133,7 @@ def shard_like(model: torch.nn.Module, other: Any, mesh: Any) -> None:
 
     if not isinstance(other, torch.nn.Module):
         return
-    if not any(isinstance(m, FSDPModule) for m in other.modules()):
+    if not is_sharded(other):
         modules = dict(other.named_modules())
         for name in reversed([n for n, m in model.named_modules() if isinstance(m, FSDPModule)]):  # children first
             if name in modules:

@@ -19,7 +19,8 @@ from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 from ..jsonfile import read_json
 
 
-def _sharded(model: torch.nn.Module) -> bool:
+def is_sharded(model: torch.nn.Module) -> bool:
+    """Whether FSDP2 (`fully_shard`) shards any of the model's modules."""
     return any(isinstance(m, FSDPModule) for m in model.modules())
 
 
@@ -36,7 +37,7 @@ def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     """The full state dict of a model FSDP2 shards, gathered (torch's full-state-dict gathering) into the main
     process's CPU memory, the other processes getting {}: a collective, every process must call it. None for a
     model FSDP2 does not shard (its own state_dict is whole)."""
-    if not _sharded(model):
+    if not is_sharded(model):
         return None
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
@@ -47,7 +48,7 @@ def load_whole_state_dict(model: torch.nn.Module, folder: Path) -> bool:
     does not shard or a folder without safetensors weights (the stock loader's case). Not strict: the names are
     checked before (`check_checkpoint_weights`, which lets a tied weight saved once be absent from the file)."""
     files = safetensors_files(folder)
-    if not _sharded(model) or not files:
+    if not is_sharded(model) or not files:
         return False
     state = {}
     if dist.get_rank() == 0:  # the others receive their rows by broadcast: one whole copy in memory, not W
@@ -67,7 +68,7 @@ def whole_copy(model: torch.nn.Module, device: torch.device | str) -> torch.nn.M
     """A whole, unsharded copy of a model FSDP2 shards, on every process (a collective: every process calls it), on
     ``device``; None for a model FSDP2 does not shard. A forward without backward (validation) leaves FSDP2's root
     parameters gathered as plain tensors: every module is resharded first, so the gathering sees DTensors only."""
-    if not _sharded(model):
+    if not is_sharded(model):
         return None
     for module in model.modules():
         if isinstance(module, FSDPModule):

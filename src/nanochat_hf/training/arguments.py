@@ -375,13 +375,18 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         if self.fully_shard:
             self._check_fully_shard()
 
+    @property
+    def _accelerate_fsdp(self) -> bool:
+        """Whether `accelerate launch` runs with an FSDP config (read as Accelerate's own state reads it)."""
+        return os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+
     def _check_fully_shard(self) -> None:
         if int(os.environ.get("WORLD_SIZE", "1")) < 2:
             raise UserError(
                 "fully_shard=true needs several processes (accelerate launch --multi_gpu --num_processes N, or "
                 "torchrun): one process has nothing to shard across"
             )
-        if self.fsdp or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true":
+        if self.fsdp or self._accelerate_fsdp:
             raise UserError(
                 "fully_shard=true together with Accelerate's FSDP (an fsdp config or --fsdp): Accelerate shards the "
                 "model itself there; drop --fully_shard"
@@ -451,7 +456,7 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
         training is set up, not at parse time."""
         if self.embedding_dtype == "auto":
             # FSDP2 (ours or Accelerate's) shards the embedding with the root's float32 parameters: one dtype
-            fsdp2 = self.fully_shard or os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+            fsdp2 = self.fully_shard or self._accelerate_fsdp
             return torch.bfloat16 if self.bf16 and self.device.type == "cuda" and not fsdp2 else None
         return getattr(torch, self.embedding_dtype)
 
