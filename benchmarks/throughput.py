@@ -13,7 +13,9 @@ the optimizer step, zero_grad, the last loss read back; `torch.compile(model, dy
 (the sharded optimizer reduces gradients).
 Every arm runs in a fresh process (or a fresh pair, launched with `accelerate launch --multi_gpu` as the tests do:
 gloo on CPU, NCCL on CUDA), 1 torch thread per process on CPU, on random tokens; `--grad_accum` is for 1 process and
-is divided by the process count, so every arm trains the same tokens per optimizer step.
+is divided by the process count, so every arm trains the same tokens per optimizer step. On CPU both loops run with
+glibc keeping freed memory for the next step (`reuse_freed_memory`, what MidTrainer sets on CPU); prefix the command
+with `GLIBC_TUNABLES=` (an empty setting: the environment's choice, which it leaves alone) for glibc's defaults.
 Each arm runs `--repeats` times, the two loops back to back in every round (each loop first in every other round),
 so that a ratio compares runs that saw the same load on a shared machine. Columns:
 - runs: how many runs of the arm.
@@ -60,6 +62,7 @@ from nanochat_hf.integration.momentum import muon_momentum
 from nanochat_hf.optim import build_optimizer
 from nanochat_hf.training.arguments import parse_args
 from nanochat_hf.training.callbacks import PEAK_FLOPS
+from nanochat_hf.training.device import reuse_freed_memory
 from nanochat_hf.training.run import fully_shard_blocks
 from nanochat_hf.training.trainer import MidTrainer
 
@@ -111,6 +114,8 @@ def _sync(device: torch.device) -> None:
 
 def baseline_loop(a, device: torch.device, bf16: bool, world: int, rank: int) -> dict:
     """nanochat's mid_train step on our model and optimizer; returns the step end times (first: the start)."""
+    if device.type == "cpu":  # glibc keeps freed memory for the next step, as MidTrainer has it on CPU
+        reuse_freed_memory()
     model = build_model(a, device)
     if a.fsdp2:  # each block and the root, as mid_train --fully_shard does (the embedding stays float32: one dtype)
         fully_shard_blocks(model)
@@ -412,7 +417,7 @@ def print_tables(a, runs: list[dict]) -> None:
         print(
             f"| {LOOPS[r['loop']]} | {'compiled' if r['compiled'] else 'eager'} | {r['processes']} | {r['runs']} "
             f"| {r['tok_s']:,.0f} | {r['tok_s_range'][0]:,.0f}-{r['tok_s_range'][1]:,.0f} "
-            f"| {_fmt(ratios and statistics.median(ratios), '.2f')} "
+            f"| {_fmt(statistics.median(ratios) if ratios else None, '.2f')} "
             f"| {f'{min(ratios):.2f}-{max(ratios):.2f}' if ratios else 'n/a'} | {_fmt(compile_s, '.1f')} "
             f"| {r['peak_bytes'] / MiB:,.0f} | {_fmt(base_peak and r['peak_bytes'] / base_peak, '.2f')} "
             f"| {r['optimizer_bytes'] / MiB:,.1f} | {_fmt(r['mfu'] and 100 * r['mfu'], '.1f')}"

@@ -4,6 +4,9 @@ steal guest guest_nice`, in clock ticks of 1/100 s), and the one-line refusal of
 
 from __future__ import annotations
 
+import os
+import platform
+import resource
 import subprocess
 import sys
 
@@ -160,3 +163,36 @@ def test_mid_train_refuses_a_count_outside_one_to_the_cores_in_one_line(requeste
         f"mid_train: error: num_threads={requested}: expected 1 to {cores} (the CPU cores this process may use)\n"
     )
     assert not (tmp_path / "out").exists()
+
+
+# A fresh process allocates and frees a 64 MiB tensor (over glibc's largest mmap threshold, 32 MiB) 12 times and
+# prints its minor page faults meanwhile: the kernel's own count (getrusage), not ours.
+FAULTS = """
+import resource, sys, torch
+from nanochat_hf.training.device import reuse_freed_memory
+print(reuse_freed_memory() if sys.argv[1] == "reuse" else False)
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(12):
+    torch.ones(2**24).sum()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+"""
+
+
+def _faults(mode: str, env: dict) -> tuple[str, int]:
+    out = subprocess.run(
+        [sys.executable, "-c", FAULTS, mode], capture_output=True, text=True, check=True, env=env
+    ).stdout.split()
+    return out[0], int(out[1])
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
+def test_freed_memory_is_reused_without_new_page_faults():
+    pages = 2**26 // resource.getpagesize()  # one 64 MiB block
+    untuned = {k: v for k, v in os.environ.items() if k not in device.MALLOC_ENV}
+    assert _faults("system", untuned)[1] >= 12 * pages  # glibc's default: fresh pages from the kernel every time
+    # reused: the first few blocks are placed among the small ones beside them (new pages), then no new page
+    said, faults = _faults("reuse", untuned)
+    assert said == "True" and faults <= 6 * pages
+    # a malloc setting in the environment is the user's: left as it is (glibc's behaviour, faults every time)
+    said, faults = _faults("reuse", {**untuned, "MALLOC_TOP_PAD_": "131072"})
+    assert said == "False" and faults >= 12 * pages

@@ -1,9 +1,12 @@
 """Host-to-device copies of micro-batches, the way nanochat's loader makes them on CUDA; the CPU thread count every
-command uses (mid_train, chat, chat_eval, serve, the benchmarks' defaults)."""
+command uses (mid_train, chat, chat_eval, serve, the benchmarks' defaults); glibc's allocator kept from handing
+freed memory back to the kernel while training on CPU."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import time
 
 import torch
@@ -106,3 +109,29 @@ def use_cpu_threads(requested: int | None, processes: int = 1, flag: str = "--nu
     threads, line = cpu_threads(requested, processes, flag)
     torch.set_num_threads(threads)
     return line
+
+
+# glibc's mallopt parameters (malloc.h) and the environment settings a user may have chosen them with instead
+M_TRIM_THRESHOLD, M_MMAP_MAX = -1, -4
+MALLOC_ENV = (
+    "MALLOC_TRIM_THRESHOLD_",
+    "MALLOC_MMAP_MAX_",
+    "MALLOC_MMAP_THRESHOLD_",
+    "MALLOC_TOP_PAD_",
+    "GLIBC_TUNABLES",
+)
+
+
+def reuse_freed_memory() -> bool:
+    """Make glibc's malloc keep the memory torch frees for its next allocations (no mmap for large blocks, no trim
+    of the heap's top below 2 GiB); whether it was set. Why: torch has no caching allocator on CPU, and glibc serves
+    each block over its mmap threshold (at most 32 MiB; a 8 x 256 micro-batch's logits over a 4096-token vocabulary
+    are 32 MiB) with fresh pages from the kernel and unmaps it on free, so every training step zero-filled them
+    again: at that shape ~210,000 page faults a step and a fifth of the step in the kernel (benchmarks/throughput.py,
+    docs/performance.md). The cost: the process keeps its peak heap (peak RSS +10-13% there). Not set where the C
+    library is not glibc, or where the environment already tunes malloc (MALLOC_*_, GLIBC_TUNABLES): the user's
+    choice stands."""
+    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc" or any(k in os.environ for k in MALLOC_ENV):
+        return False
+    mallopt = ctypes.CDLL(None).mallopt
+    return bool(mallopt(M_MMAP_MAX, 0)) and bool(mallopt(M_TRIM_THRESHOLD, 2**31 - 1))  # an int: at most 2 GiB

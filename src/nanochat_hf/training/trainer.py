@@ -74,7 +74,7 @@ from .checkpoint.layout import (
     replaced_name,
 )
 from .checkpoint.output_dir import staged_final_save
-from .device import to_device, use_cpu_threads
+from .device import reuse_freed_memory, to_device, use_cpu_threads
 from .evaluation import evaluate_bpb
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
@@ -148,13 +148,15 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         return self.preemption.stopped_at if self.preemption is not None else None
 
     def train(self, *args, **kwargs):
-        """Stock training, after setting the CPU threads (a process-wide setting, so not at parse time)."""
+        """Stock training, after setting the CPU threads and the allocator's reuse of freed memory on CPU (process-wide
+        settings, so not at parse time)."""
         resume = kwargs.get("resume_from_checkpoint")
         if isinstance(resume, str) and resume != self.args.resume_from_checkpoint:
             self.args.resume_from_checkpoint = resume  # where data_shards() reads the run's data shards
             self._train_loader, self._data_shards = None, None
         if self.args.use_cpu or not torch.cuda.is_available():
             use_cpu_threads(self.args.num_threads, self.accelerator.num_processes)
+            reuse_freed_memory()
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
