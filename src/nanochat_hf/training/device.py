@@ -125,7 +125,7 @@ MALLOC_ENV = (
 def reuse_freed_memory() -> bool:
     """Make glibc's malloc keep the memory torch frees for its next allocations (no mmap for large blocks, no trim
     of the heap's top below 2 GiB); whether it was set. Why: torch has no caching allocator on CPU, and glibc serves
-    each block over its mmap threshold (at most 32 MiB; a 8 x 256 micro-batch's logits over a 4096-token vocabulary
+    each block over its mmap threshold (at most 32 MiB; an 8 x 256 micro-batch's logits over a 4096-token vocabulary
     are 32 MiB) with fresh pages from the kernel and unmaps it on free, so every training step zero-filled them
     again: at that shape ~210,000 page faults a step and a fifth of the step in the kernel (benchmarks/throughput.py,
     docs/performance.md). The cost: the process keeps its peak heap (peak RSS +10-13% there). Not set where the C
