@@ -8,8 +8,10 @@ Throughput (for G0 and for G5): the server in its own process (1 thread) and N c
 streaming replies to the prompts in turn (--requests each), half greedy and half sampled with a seed; every reply
 must be the text our generate() gives that request alone (a different or failed reply is counted and makes the run
 exit 1). Tokens/s is completion tokens per second of wall time, all clients together; the ratio is against the
-generate() loop (the same requests one after another, in this process, 1 thread). Each throughput row is the best
-of --repeats runs (other work on the machine only ever slows a run down); failures count over all of them.
+generate() loop (the same requests one after another, in this process, 1 thread). The loop and the server's rows
+take turns, --repeats rounds of each (this machine's speed drifts by 20% over minutes: a baseline measured only
+at the start could fall in a fast or a slow minute), and each row is the best of its runs (other work on the
+machine only ever slows a run down); failures count over all of them.
 
 Abuse (G0): one client sends short requests (max_tokens 8) one after another and its latency (request to whole
 reply) is measured, on the idle server, then while an attacker (a process of its own) does the worst it can, then
@@ -63,7 +65,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--abuse-seconds", type=float, default=20.0, help="per abuse phase, at most")
     parser.add_argument("--disconnects", type=int, default=100)
-    parser.add_argument("--repeats", type=int, default=2, help="each throughput row: the best of this many runs")
+    parser.add_argument("--repeats", type=int, default=3, help="rounds: each throughput row is the best of its runs")
     parser.add_argument("--attack", type=int, metavar="PORT", help=argparse.SUPPRESS)  # the attacker's process
     return parser.parse_args(argv)
 
@@ -325,18 +327,22 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for generation in ("G0", "G5"):
             folder = random_model_dir(Path(tmp) / generation, args.depth, generation)
-            baseline, expected = max(
-                (generate_loop(folder, args.max_tokens) for _ in range(args.repeats)),
-                key=lambda r: r[0]["tokens"] / r[0]["wall"],
-            )
-            rows[f"{generation}: generate() loop, one request at a time"] = baseline
+            loops = []
             served = Served(folder)
-            load(served, 2, argparse.Namespace(**{**vars(args), "requests": 1}), expected)  # warm-up, not shown
             try:
-                for clients in args.clients:
-                    runs = [load(served, clients, args, expected) for _ in range(args.repeats)]
-                    best = max(runs, key=lambda r: r["tokens"] / r["wall"])
-                    best |= {k: sum(r[k] for r in runs) for k in ("requests", "failed", "different")}
+                runs = {clients: [] for clients in args.clients}
+                for _ in range(args.repeats):  # a round: the loop, then each row (the machine's speed drifts)
+                    loop, expected = generate_loop(folder, args.max_tokens)
+                    loops.append(loop)
+                    if len(loops) == 1:  # warm-up, not shown
+                        load(served, 2, argparse.Namespace(**{**vars(args), "requests": 1}), expected)
+                    for clients in args.clients:
+                        runs[clients].append(load(served, clients, args, expected))
+                baseline = max(loops, key=lambda r: r["tokens"] / r["wall"])
+                rows[f"{generation}: generate() loop, one request at a time"] = baseline
+                for clients, done in runs.items():
+                    best = max(done, key=lambda r: r["tokens"] / r["wall"])
+                    best |= {k: sum(r[k] for r in done) for k in ("requests", "failed", "different")}
                     rows[f"{generation}: server, {clients} clients"] = {**best, "base": baseline}
                 if generation == "G0":
                     phases = abuse(served, args)

@@ -64,6 +64,24 @@ def test_one_prefill_then_one_batch_gives_each_request_generate_s_tokens(model_d
     assert [job.sink.tokens for job in jobs] == expected
 
 
+def test_sampled_rows_with_the_same_settings_each_draw_from_their_own_seed(model_dir):
+    """Rows with one temperature and top_k are warped together, between greedy rows and rows of other settings:
+    each still gets the tokens generate() gives its request alone (its own seed's draws, in its own row)."""
+    model, tokenizer = load(model_dir("g0"))
+    settings = [(0.9, None, 1), (0.0, None, None), (0.9, None, 2), (0.7, 9, 3), (0.9, None, 4), (0.7, 9, 5)]
+    prompts = [tokenizer.encode("tell me " * (2 + i)) for i in range(len(settings))]
+    batcher = Batcher(model, tokenizer, max_batch=8, max_queue=8)
+    jobs = [Job(p, 12, *s, calculator=False, sink=Collected()) for p, s in zip(prompts, settings)]
+    with batcher.cond:  # one prefill, then one batch
+        for job in jobs:
+            batcher.submit(job)
+    for job in jobs:
+        assert job.sink.done.wait(120)
+    batcher.stop()
+    expected = [generate_tokens(model, tokenizer, [p], 12, *s, calculator=False)[0] for p, s in zip(prompts, settings)]
+    assert [job.sink.tokens for job in jobs] == expected
+
+
 def test_a_cancelled_request_leaves_at_the_next_step_and_a_failure_is_contained(model_dir, capfd):
     model, tokenizer = load(model_dir("g0"))
     batcher = Batcher(model, tokenizer, max_batch=8, max_queue=1)

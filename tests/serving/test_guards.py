@@ -171,9 +171,20 @@ def test_a_full_queue_answers_429(serve, model_dir):
             assert e.message.endswith(" - the server is busy (its queue of 1 is full): try again later")
             return 429
 
-    with ThreadPoolExecutor(4) as pool:
-        codes = sorted(pool.map(ask, range(4)))
-    assert 429 in codes and codes.count(200) >= 2  # one generating, one waiting, the others refused
+    def until(condition) -> None:
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+
+    batcher = server.server.batcher
+    with ThreadPoolExecutor(2) as pool:
+        generating = pool.submit(ask, 0)
+        until(lambda: batcher.active)
+        waiting = pool.submit(ask, 1)
+        until(lambda: batcher.waiting)
+        refused = [ask(2), ask(3)]  # while one generates and one waits
+        assert (generating.result(), waiting.result(), refused) == (200, 200, [429, 429])
     assert works(server)
 
 
