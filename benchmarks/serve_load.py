@@ -11,7 +11,8 @@ exit 1). Tokens/s is completion tokens per second of wall time, all clients toge
 generate() loop (the same requests one after another, in this process, 1 thread). The loop and the server's rows
 take turns, --repeats rounds of each (this machine's speed drifts by 20% over minutes: a baseline measured only
 at the start could fall in a fast or a slow minute), and each row is the best of its runs (other work on the
-machine only ever slows a run down); failures count over all of them.
+machine only ever slows a run down); failures count over all of them. "x, same round": each run of a row against
+the loop of its own round, their median and range (the noise the best-of columns hide).
 
 Abuse (G0): one client sends short requests (max_tokens 8) one after another and its latency (request to whole
 reply) is measured, on the idle server, then while an attacker (a process of its own) does the worst it can, then
@@ -29,6 +30,7 @@ import os
 import platform
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -338,12 +340,13 @@ def main(argv: list[str] | None = None) -> int:
                         load(served, 2, argparse.Namespace(**{**vars(args), "requests": 1}), expected)
                     for clients in args.clients:
                         runs[clients].append(load(served, clients, args, expected))
-                baseline = max(loops, key=lambda r: r["tokens"] / r["wall"])
+                baseline = max(loops, key=_rate)
                 rows[f"{generation}: generate() loop, one request at a time"] = baseline
                 for clients, done in runs.items():
-                    best = max(done, key=lambda r: r["tokens"] / r["wall"])
+                    best = max(done, key=_rate)
                     best |= {k: sum(r[k] for r in done) for k in ("requests", "failed", "different")}
-                    rows[f"{generation}: server, {clients} clients"] = {**best, "base": baseline}
+                    paired = [_rate(run) / _rate(loop) for run, loop in zip(done, loops)]
+                    rows[f"{generation}: server, {clients} clients"] = {**best, "base": baseline, "paired": paired}
                 if generation == "G0":
                     phases = abuse(served, args)
             finally:
@@ -351,13 +354,18 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nmachine: {platform.machine()} {_cpu_name()}, {os.cpu_count()} cores; 1 thread per process")
     print(f"load: {_uptime()}")
     print(f"models: random, depth {args.depth}, demo tokenizer, context 1024; max_tokens {args.max_tokens}")
-    print("\n| run | requests | failed | different | tokens/s | x generate() |")
-    print("|---|---|---|---|---|---|")
+    print("\n| run | requests | failed | different | tokens/s | x generate() | x, same round: median | min-max |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, r in rows.items():
         base = r.get("base", r)
-        rate = r["tokens"] / r["wall"]
-        ratio = rate / (base["tokens"] / base["wall"])
-        print(f"| {name} | {r['requests']} | {r['failed']} | {r['different']} | {rate:.1f} | {ratio:.2f} |")
+        rate = _rate(r)
+        ratio = rate / _rate(base)
+        paired = r.get("paired", [1.0])
+        spread = f"{min(paired):.2f}-{max(paired):.2f}" if "paired" in r else "-"
+        print(
+            f"| {name} | {r['requests']} | {r['failed']} | {r['different']} | {rate:.1f} | {ratio:.2f} "
+            f"| {statistics.median(paired):.2f} | {spread} |"
+        )
         bad += r["failed"] + r["different"]
     print("\n| G0, a short request (max_tokens 8) | requests | p50 s | p95 s | p95 / idle p95 |")
     print("|---|---|---|---|---|")
@@ -375,6 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{name}: {', '.join(f'{k}: {v}' for k, v in counts.items())}")
     print(f"Ctrl-C to exit: {stop_seconds:.1f} s")
     return 1 if bad else 0
+
+
+def _rate(row: dict) -> float:
+    return row["tokens"] / row["wall"]
 
 
 def _cpu_name() -> str:
