@@ -360,11 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         base = r.get("base", r)
         rate = _rate(r)
         ratio = rate / _rate(base)
-        paired = r.get("paired", [1.0])
-        spread = f"{min(paired):.2f}-{max(paired):.2f}" if "paired" in r else "-"
+        paired = r.get("paired")  # the loop's own row has none: 1 by definition
+        same_round = f"{statistics.median(paired):.2f} | {min(paired):.2f}-{max(paired):.2f}" if paired else "1.00 | -"
         print(
-            f"| {name} | {r['requests']} | {r['failed']} | {r['different']} | {rate:.1f} | {ratio:.2f} "
-            f"| {statistics.median(paired):.2f} | {spread} |"
+            f"| {name} | {r['requests']} | {r['failed']} | {r['different']} | {rate:.1f} | {ratio:.2f} | {same_round} |"
         )
         bad += r["failed"] + r["different"]
     print("\n| G0, a short request (max_tokens 8) | requests | p50 s | p95 s | p95 / idle p95 |")
