@@ -4,15 +4,15 @@ generate() loop on the same requests, in the same run.
     python benchmarks/serve_load.py                       # G0 and G5, demo shape (depth 4, vocab 4096, context 1024)
     python benchmarks/serve_load.py --clients 8 32 --max-tokens 32 --abuse-seconds 20
 
-Throughput (for G0 and for G5): the server in its own process (1 thread) and N concurrent openai clients, each
-streaming replies to the prompts in turn (--requests each), half greedy and half sampled with a seed; every reply
-must be the text our generate() gives that request alone (a different or failed reply is counted and makes the run
-exit 1). Tokens/s is completion tokens per second of wall time, all clients together; the ratio is against the
-generate() loop (the same requests one after another, in this process, 1 thread). The loop and the server's rows
-take turns, --repeats rounds of each (this machine's speed drifts by 20% over minutes: a baseline measured only
-at the start could fall in a fast or a slow minute), and each row is the best of its runs (other work on the
-machine only ever slows a run down); failures count over all of them. "x, same round": each run of a row against
-the loop of its own round, their median and range (the noise the best-of columns hide).
+Throughput (for G0 and for G5): the server as it starts by default (1 thread; its model in a process of its own, 1
+thread) and N concurrent openai clients, each streaming replies to the prompts in turn (--requests each), half greedy
+and half sampled with a seed; every reply must be the text our generate() gives that request alone (a different or
+failed reply is counted and makes the run exit 1). Tokens/s is completion tokens per second of wall time, all clients
+together; the ratio is against the generate() loop (the same requests one after another, in this process, 1 thread). The
+loop and the server's rows take turns, --repeats rounds of each (this machine's speed drifts by 20% over minutes: a
+baseline measured only at the start could fall in a fast or a slow minute), and each row is the best of its runs (other
+work on the machine only ever slows a run down); failures count over all of them. "x, same round": each run of a row
+against the loop of its own round, their median and range (the noise the best-of columns hide).
 
 Abuse (G0): one client sends short requests (max_tokens 8) one after another and its latency (request to whole
 reply) is measured, on the idle server, then while an attacker (a process of its own) does the worst it can, then
@@ -131,7 +131,7 @@ def free_port() -> int:
 
 
 class Served:
-    """The server in a process of its own (1 thread), stopped with Ctrl-C (SIGINT) at the end."""
+    """The server in a process of its own (1 thread; its model in one more), stopped with Ctrl-C (SIGINT) at the end."""
 
     def __init__(self, folder: Path):
         self.port = free_port()

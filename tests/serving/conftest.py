@@ -124,6 +124,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def until(condition, seconds: float = 60) -> None:
+    """Wait for `condition()` to hold (a failure after `seconds`)."""
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline
+        time.sleep(0.005)
+
+
 def client_text(tokenizer, tokens: list[int]) -> str:
     """What a client must read for these reply tokens: decoded without special tokens (stop and role tokens), or,
     when the reply calls the calculator, as ``format_parts`` writes its parts (``<<expr=result>>``)."""

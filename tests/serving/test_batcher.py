@@ -1,7 +1,7 @@
 """The batcher alone (no HTTP): requests admitted in one prefill (prompts of different lengths, left-padded) and
 decoded together, each with its own sampling, give the tokens our generate() gives each alone, for G0, G4 and G5;
-a cancelled request leaves the batch at the next step; a failed forward fails its requests and the next ones are
-served."""
+a cancelled request leaves the batch at the next step, and one still waiting holds no place in the queue; a failed
+forward fails its requests and the next ones are served."""
 
 from __future__ import annotations
 
@@ -115,6 +115,20 @@ def test_a_cancelled_request_leaves_at_the_next_step_and_a_failure_is_contained(
     after = Job(prompt, 5, 0.0, None, None, True, Collected())
     batcher.submit(after)
     assert after.sink.done.wait(60) and after.sink.tokens == generate_tokens(model, tokenizer, [prompt], 5)[0]
+    batcher.stop()
+
+
+def test_a_waiting_request_whose_client_has_gone_holds_no_place_in_the_queue(model_dir):
+    model, tokenizer = load(model_dir("g0"))
+    batcher = Batcher(model, tokenizer, max_batch=8, max_queue=1)
+    prompt = tokenizer.encode("hello")
+    gone, after = (Job(prompt, 5, 0.0, None, None, True, Collected()) for _ in range(2))
+    with batcher.cond:  # the worker takes nothing meanwhile
+        batcher.submit(gone)
+        gone.sink.cancelled.set()
+        batcher.submit(after)  # the queue of 1 holds only a request nobody waits for: this one takes its place
+    assert after.sink.done.wait(60) and after.sink.tokens == generate_tokens(model, tokenizer, [prompt], 5)[0]
+    assert gone.sink.tokens == []
     batcher.stop()
 
 

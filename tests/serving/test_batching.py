@@ -1,6 +1,8 @@
 """Every request is batched with the others, each with its own sampling and calculator: concurrent clients get
 the text our generate() gives each request alone (greedy, and sampled with a seed), for G0, G4 (sliding windows,
-value embeddings) and G5 (smear: each row's previous token), while their rows join and leave the batch."""
+value embeddings) and G5 (smear: each row's previous token), while their rows join and leave the batch. The
+batcher in the server's process (``engine="thread"``), whose steps the test counts; test_engine.py has the same
+requests through the model's own process."""
 
 from __future__ import annotations
 
@@ -49,10 +51,8 @@ def reference(server, question: int, max_tokens: int, options: dict) -> str:
     return server.reference(QUESTIONS[question], max_tokens=max_tokens, **sampling)
 
 
-@pytest.mark.parametrize("generation", ["g0", "g4", "g5"])
-def test_concurrent_clients_each_get_generate_s_text(serve, model_dir, generation):
-    server = serve(model_dir(generation))
-    sizes = record_batch_sizes(server)
+def ask_all(server) -> list[str]:
+    """REQUESTS sent together (the odd ones streamed); each reply's text."""
 
     def ask(i: int) -> str:
         question, max_tokens, options = REQUESTS[i]
@@ -65,13 +65,19 @@ def test_concurrent_clients_each_get_generate_s_text(serve, model_dir, generatio
         return reply.choices[0].message.content
 
     with ThreadPoolExecutor(len(REQUESTS)) as pool:
-        texts = list(pool.map(ask, range(len(REQUESTS))))
-    assert texts == [reference(server, *r) for r in REQUESTS]
+        return list(pool.map(ask, range(len(REQUESTS))))
+
+
+@pytest.mark.parametrize("generation", ["g0", "g4", "g5"])
+def test_concurrent_clients_each_get_generate_s_text(serve, model_dir, generation):
+    server = serve(model_dir(generation), engine="thread")
+    sizes = record_batch_sizes(server)
+    assert ask_all(server) == [reference(server, *r) for r in REQUESTS]
     assert max(sizes) >= 4  # served together, not one after another
 
 
 def test_each_request_has_its_own_calculator(serve, tool_model_dir):
-    server = serve(tool_model_dir)
+    server = serve(tool_model_dir, engine="thread")
     sizes = record_batch_sizes(server)
     question = [{"role": "user", "content": "What is 2+3?"}]
 

@@ -14,7 +14,7 @@ import pytest
 from nanochat_hf.serving.cli import ServeOptions
 from nanochat_hf.serving.server import start
 
-from .conftest import openai
+from .conftest import openai, until
 from .test_tool_and_bad_input import QUESTION, chat, post
 
 KEY = "s3cret-key"
@@ -160,7 +160,7 @@ def test_a_slow_body_is_refused_and_blocks_nobody(guarded):
 
 
 def test_a_full_queue_answers_429(serve, model_dir):
-    server = serve(model_dir("g0"), max_batch=1, max_queue=1)
+    server = serve(model_dir("g0"), max_batch=1, max_queue=1, engine="thread")
     slow_down(server, 0.05)
 
     def ask(_) -> int:
@@ -170,12 +170,6 @@ def test_a_full_queue_answers_429(serve, model_dir):
         except openai.RateLimitError as e:
             assert e.message.endswith(" - the server is busy (its queue of 1 is full): try again later")
             return 429
-
-    def until(condition) -> None:
-        deadline = time.monotonic() + 60
-        while not condition():
-            assert time.monotonic() < deadline
-            time.sleep(0.005)
 
     batcher = server.server.batcher
     with ThreadPoolExecutor(2) as pool:
@@ -190,7 +184,7 @@ def test_a_full_queue_answers_429(serve, model_dir):
 
 @pytest.mark.parametrize("stream", [False, True])
 def test_a_client_that_goes_away_stops_its_generation(serve, model_dir, stream):
-    server = serve(model_dir("g0"))
+    server = serve(model_dir("g0"), engine="thread")
     slow_down(server, 0.02)
     batcher, jobs = server.server.batcher, []
     submit = batcher.submit

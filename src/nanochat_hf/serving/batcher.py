@@ -28,7 +28,7 @@ import threading
 import traceback
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 from transformers import GenerationConfig, TemperatureLogitsWarper, TopKLogitsWarper
@@ -178,10 +178,11 @@ class Slots:
 
 
 class Batcher:
-    """The worker thread and its queue: ``submit(job)`` from any thread, ``stop()`` once."""
+    """The worker thread and its queue: ``submit(job)`` from any thread, ``stop()`` once; ``after_step`` is called
+    by the worker after each step (``engine`` sends the step's tokens on from there)."""
 
-    def __init__(self, model, tokenizer, max_batch: int, max_queue: int):
-        self.model, self.max_batch, self.max_queue = model, max_batch, max_queue
+    def __init__(self, model, tokenizer, max_batch: int, max_queue: int, after_step: Callable[[], None] | None = None):
+        self.model, self.max_batch, self.max_queue, self.after_step = model, max_batch, max_queue, after_step
         self.device = next(model.parameters()).device
         self.smear = bool(getattr(model.config, "smear", False))
         self.calculator = CalculatorToolProcessor(tokenizer)
@@ -194,10 +195,15 @@ class Batcher:
         self.thread = threading.Thread(target=self._run, name="nanochat-batcher", daemon=True)
         self.thread.start()
 
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
     def submit(self, job: Job) -> None:
         with self.cond:
             if self.stopping:
                 raise ShuttingDown
+            if len(self.waiting) >= self.max_queue:  # those whose clients have gone hold no place
+                self.waiting = deque(j for j in self.waiting if not j.sink.cancelled.is_set())
             if len(self.waiting) >= self.max_queue:
                 raise QueueFull
             self.waiting.append(job)
@@ -231,6 +237,8 @@ class Batcher:
                 for job in {id(j): j for j in [*new, *self.active]}.values():
                     job.sink.fail("generation failed (the server's log says why)")
                 self.active, self.slots = [], None
+            if self.after_step:
+                self.after_step()
 
     def _admit(self, new: list[Job]) -> None:
         """Prefill the new jobs (one left-padded forward), choose their first tokens, join them to the batch."""

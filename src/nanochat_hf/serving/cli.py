@@ -40,6 +40,7 @@ class ServeOptions:
     max_request_bytes: int = 1_000_000  # a body over this is refused (413) before it is read whole
     max_batch: int = 32  # requests decoded together
     max_queue: int = 64  # requests waiting for a place in the batch; more get 429
+    engine: str = "process"  # the model in a process of its own; "thread": in the server's process (engine.py)
     body_seconds: float = 30.0  # a body that takes longer to arrive is refused (408): slow clients hold no slot
     no_calculator: bool = False
     log_level: str = "warning"
@@ -81,6 +82,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--body-seconds", type=float, help="refuse a body slower to arrive with 408 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--engine",
+        choices=["process", "thread"],
+        help="where the model runs: a process of its own (default: the model and HTTP share no GIL) or a thread of "
+        "the server's process",
     )
     parser.add_argument("--no-calculator", action="store_true", help="calculator tool off unless a request asks")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])

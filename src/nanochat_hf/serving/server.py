@@ -1,6 +1,7 @@
 """The OpenAI-compatible server: three endpoints (``POST /v1/chat/completions``, ``GET /v1/models``,
 ``GET /health``, the ones docs/serving.md lists) on a FastAPI app run by uvicorn, answering with transformers
-serve's response objects (its chat handler's builders and field check), generating with our ``Batcher``.
+serve's response objects (its chat handler's builders and field check), generating with our ``Batcher`` (in a
+process of its own by default: ``engine``).
 
 Why not ``transformers serve``'s app itself (``build_server``): it also serves ``/load_model`` (loads any local
 directory a client names), ``/reset`` (unloads the model), ``/v1/completions``, ``/v1/responses`` and audio, none of
@@ -37,17 +38,18 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from openai.types.completion_usage import CompletionUsage
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
-from transformers import AutoTokenizer
+from transformers import AutoTokenizer, PretrainedConfig
 from transformers.cli.serving.chat_completion import ChatCompletionHandler, TransformersCompletionCreateParamsStreaming
 
 from ..errors import UserError
-from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from ..model import NanoChatGPTConfig
 from ..tokenizer import render_for_completion
 from ..tokenizer.chat_format import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START, STOP_TOKENS, special_token_ids
 from ..tokenizer.tokenizer import token_to_bytes
 from ..training.device import check_num_threads, use_cpu_threads
 from .batcher import Batcher, Job, QueueFull, ShuttingDown
 from .cli import ServeOptions
+from .engine import EngineProcess, load_model
 
 ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health")  # docs/serving.md lists these; nothing else is served
 OPEN = "/health"  # the one endpoint an API key does not guard (load balancers probe it)
@@ -339,10 +341,12 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
 
     _valid_params_class = ChatParams
 
-    def __init__(self, name: str, model, tokenizer, batcher: Batcher, calculator: bool):
+    def __init__(
+        self, name: str, config: PretrainedConfig, tokenizer, batcher: Batcher | EngineProcess, calculator: bool
+    ):
         super().__init__(model_manager=None, generation_state=None)
         self.name, self.tokenizer, self.batcher, self.calculator = name, tokenizer, batcher, calculator
-        self.context, self.vocab_size = model.config.sequence_len, model.config.vocab_size
+        self.context, self.vocab_size = config.sequence_len, config.vocab_size
         ids = special_token_ids(tokenizer)
         self.stops = {ids[name] for name in STOP_TOKENS}
         # the longest token's bytes: a text of N bytes is at least N / this many tokens (refused untokenized)
@@ -405,8 +409,8 @@ class NanoChatCompletionHandler(ChatCompletionHandler):
             raise bad(
                 f"the server is busy (its queue of {self.batcher.max_queue} is full): try again later", 429
             ) from None
-        except ShuttingDown:
-            raise bad("the server is shutting down", 503) from None
+        except ShuttingDown as e:
+            raise bad(str(e) or "the server is shutting down", 503) from None
         request_id = f"chatcmpl-{uuid.uuid4().hex}"
         usage = {"prompt_tokens": len(prompt)}
         if chat.stream:
@@ -506,7 +510,7 @@ class Guard:
         return f"the request body is larger than this server takes ({self.max_bytes} bytes, --max-request-bytes)"
 
 
-def build_app(handler: NanoChatCompletionHandler, batcher: Batcher, options: ServeOptions) -> Any:
+def build_app(handler: NanoChatCompletionHandler, batcher: Batcher | EngineProcess, options: ServeOptions) -> Any:
     """The endpoints of docs/serving.md and nothing else (no /docs or /openapi.json either)."""
     app = FastAPI(docs_url=None, redoc_url=None, openapi_url=None)
 
@@ -527,8 +531,8 @@ def build_app(handler: NanoChatCompletionHandler, batcher: Batcher, options: Ser
 
     @app.get(OPEN)
     def health():
-        if not batcher.thread.is_alive():
-            return error_response(503, "the generation thread has stopped")
+        if not batcher.alive():
+            return error_response(503, "generation has stopped (the server's log says why)")
         return JSONResponse({"status": "ok"})
 
     async def http_error(_request, e: HTTPException) -> JSONResponse:
@@ -576,12 +580,11 @@ def _loopback(host: str) -> bool:
 
 class Server(uvicorn.Server):
     """uvicorn's server that stops the batcher first when it shuts down (the requests in flight get an error at
-    once, so the connections close and Ctrl-C ends it within seconds); ``model`` and ``tokenizer`` are what it
-    serves."""
+    once, so the connections close and Ctrl-C ends it within seconds)."""
 
-    def __init__(self, config: uvicorn.Config, model, tokenizer, batcher: Batcher):
+    def __init__(self, config: uvicorn.Config, batcher: Batcher | EngineProcess):
         super().__init__(config)
-        self.model, self.tokenizer, self.batcher = model, tokenizer, batcher
+        self.batcher = batcher
 
     async def shutdown(self, sockets=None) -> None:
         await asyncio.to_thread(self.batcher.stop)
@@ -591,17 +594,21 @@ class Server(uvicorn.Server):
 def start(options: ServeOptions) -> Server:
     """Load the model and build the server around it; returns the uvicorn server (``.run()`` serves)."""
     path = Path(options.model)
-    _check_model_dir(path)
+    model_config = _check_model_dir(path)
     name = options.name or path.resolve().name
     check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    model = NanoChatGPTForCausalLM.from_pretrained(path, dtype=options.dtype, device_map=device).eval()
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    batcher = Batcher(model, tokenizer, options.max_batch, options.max_queue)
-    handler = NanoChatCompletionHandler(name, model, tokenizer, batcher, calculator=not options.no_calculator)
-    app = build_app(handler, batcher, options)
     if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
         say(use_cpu_threads(options.num_threads, flag="--num-threads"))
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if options.engine == "process":  # the child loads the weights: the server's process never holds them
+        batcher = EngineProcess(
+            path, options.dtype, device, torch.get_num_threads(), options.max_batch, options.max_queue
+        )
+    else:
+        batcher = Batcher(load_model(path, options.dtype, device), tokenizer, options.max_batch, options.max_queue)
+    handler = NanoChatCompletionHandler(name, model_config, tokenizer, batcher, calculator=not options.no_calculator)
+    app = build_app(handler, batcher, options)
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")
@@ -612,4 +619,4 @@ def start(options: ServeOptions) -> Server:
         log_level=options.log_level,
         timeout_graceful_shutdown=SHUTDOWN_SECONDS,
     )
-    return Server(config, model, tokenizer, batcher)
+    return Server(config, batcher)

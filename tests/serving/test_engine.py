@@ -1,0 +1,145 @@
+"""The model in a process of its own (``--engine process``, the default): concurrent requests get generate()'s text
+and are decoded together; a client that goes away frees its place; the queue limit holds; a model process that
+dies fails its requests and /health says so; weights that do not load are one line. The long generations use a
+model whose context is a million tokens: a request that was not stopped would hold its place for many minutes."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+
+from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from nanochat_hf.data import demo_tokenizer
+from nanochat_hf.errors import UserError
+from nanochat_hf.serving.cli import ServeOptions
+from nanochat_hf.serving.server import start
+
+from .conftest import G0, openai, randomize, save_model, until
+from .test_batching import REQUESTS, ask_all, reference
+from .test_tool_and_bad_input import QUESTION
+
+
+@pytest.fixture(scope="module")
+def long_dir(tmp_path_factory):
+    tokenizer = demo_tokenizer()
+    config = NanoChatGPTConfig(vocab_size=len(tokenizer), **dict(G0, sequence_len=1_000_000))
+    return save_model(tmp_path_factory.mktemp("long"), randomize(NanoChatGPTForCausalLM(config)), tokenizer)
+
+
+class Steps:
+    """The engine's connection, counting the rows of each step's message from the model's process."""
+
+    def __init__(self, conn):
+        self.conn, self.rows = conn, []
+
+    def recv(self):
+        events = self.conn.recv()
+        self.rows.append(sum(kind == "add" for _, kind, _ in events))
+        return events
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
+@pytest.mark.parametrize("generation", ["g0", "g5"])
+def test_concurrent_clients_get_generate_s_text_from_the_model_s_process(serve, model_dir, generation):
+    server = serve(model_dir(generation))
+    engine = server.server.batcher
+    assert engine.process.is_alive()
+    engine.conn = steps = Steps(engine.conn)
+    assert ask_all(server) == [reference(server, *r) for r in REQUESTS]
+    assert max(steps.rows) >= 4  # one step's tokens for several rows: served together
+
+
+def long_request(port: int, stream: bool) -> socket.socket:
+    """A request for the rest of the context (a million tokens), sent on a connection left open."""
+    body = json.dumps({"messages": QUESTION, "stream": stream}).encode()
+    s = socket.create_connection(("127.0.0.1", port))
+    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    return s
+
+
+def answered(server) -> bool:
+    client = openai.OpenAI(base_url=server.url, api_key="none", max_retries=0, timeout=60)
+    reply = client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
+    return reply.choices[0].message.content == server.reference(QUESTION, max_tokens=3)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_client_that_goes_away_frees_its_place(serve, long_dir, stream):
+    server = serve(long_dir, max_batch=1, max_queue=1)
+    engine = server.server.batcher
+    with long_request(server.port, stream) as s:
+        if stream:
+            assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        until(lambda: engine.sinks)
+        time.sleep(0.2)  # generating
+    until(lambda: not engine.sinks)
+    assert answered(server)  # the only place in the batch is free again: the long generation stopped
+
+
+def test_a_full_queue_answers_429(serve, long_dir):
+    server = serve(long_dir, max_batch=1, max_queue=1)
+    engine = server.server.batcher
+    with long_request(server.port, True) as generating, long_request(server.port, True) as waiting:
+        until(lambda: len(engine.sinks) == 2)
+        with pytest.raises(openai.RateLimitError) as refused:
+            server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
+        assert refused.value.message.endswith(" - the server is busy (its queue of 1 is full): try again later")
+        assert generating and waiting
+    until(lambda: not engine.sinks)
+    assert answered(server)
+
+
+def health(server) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10) as r:
+            return r.status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, long_dir, capfd):
+    server = serve(long_dir)
+    assert health(server) == 200
+    failed = []
+
+    def ask() -> None:
+        try:
+            server.client.chat.completions.create(model=server.name, messages=QUESTION)
+        except openai.APIStatusError as e:
+            failed.append((e.status_code, e.message))
+
+    asking = threading.Thread(target=ask)
+    asking.start()
+    until(lambda: server.server.batcher.sinks)
+    os.kill(server.server.batcher.process.pid, signal.SIGKILL)
+    asking.join(timeout=60)
+    gone = "the model's process has exited (the server's log says why)"
+    assert len(failed) == 1 and failed[0][0] == 500 and failed[0][1].endswith(f" - {gone}")
+    assert health(server) == 503
+    with pytest.raises(openai.APIStatusError) as after:
+        server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
+    assert after.value.status_code == 503 and gone in after.value.message
+    assert "serve: the model's process exited (exit code -9)" in capfd.readouterr().err
+
+
+def test_weights_that_do_not_load_are_one_line(model_dir, tmp_path):
+    folder = tmp_path / "broken"
+    folder.mkdir()
+    for f in model_dir("g0").iterdir():
+        (folder / f.name).write_bytes(f.read_bytes())
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:100])
+    with pytest.raises(UserError) as e:
+        start(ServeOptions(model=str(folder)))
+    assert str(e.value).startswith(f"{folder}: could not load the model: ")
+    assert "\n" not in str(e.value)
