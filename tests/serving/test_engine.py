@@ -1,7 +1,8 @@
 """The model in a process of its own (``--engine process``, the default): concurrent requests get generate()'s text
 and are decoded together; a client that goes away frees its place; the queue limit holds; a model process that
-dies fails its requests and /health says so; weights that do not load are one line. The long generations use a
-model whose context is a million tokens: a request that was not stopped would hold its place for many minutes."""
+dies fails its requests and /health says so; weights that do not load are one line; a reply that cannot be written
+ends only its own request. The long generations use a model whose context is a million tokens: a request that was not
+stopped would hold its place for many minutes."""
 
 from __future__ import annotations
 
@@ -19,10 +20,14 @@ import pytest
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data import demo_tokenizer
 from nanochat_hf.errors import UserError
+from nanochat_hf.inference import generate_tokens
+from nanochat_hf.serving.batcher import Job
 from nanochat_hf.serving.cli import ServeOptions
+from nanochat_hf.serving.engine import EngineProcess
 from nanochat_hf.serving.server import start
 
 from .conftest import G0, openai, randomize, save_model, until
+from .test_batcher import Collected, load
 from .test_batching import REQUESTS, ask_all, reference
 from .test_tool_and_bad_input import QUESTION
 
@@ -143,3 +148,18 @@ def test_weights_that_do_not_load_are_one_line(model_dir, tmp_path):
         start(ServeOptions(model=str(folder)))
     assert str(e.value).startswith(f"{folder}: could not load the model: ")
     assert "\n" not in str(e.value)
+
+
+def test_a_reply_that_cannot_be_written_ends_only_its_own_request(model_dir, capfd):
+    folder = model_dir("g0")
+    model, tokenizer = load(folder)
+    engine = EngineProcess(folder, "auto", "cpu", 1, max_batch=4, max_queue=4)
+    broken, fine = Collected(), Collected()
+    broken.add = lambda new_tokens: 1 / 0
+    prompt = tokenizer.encode("hello")
+    for sink in (broken, fine):
+        engine.submit(Job(prompt, 20, 0.0, None, None, True, sink))
+    assert fine.done.wait(60) and fine.tokens == generate_tokens(model, tokenizer, [prompt], 20)[0]
+    assert engine.alive() and not broken.done.is_set()
+    assert "ZeroDivisionError" in capfd.readouterr().err
+    engine.stop()

@@ -20,6 +20,7 @@ import multiprocessing
 import signal
 import sys
 import threading
+import traceback
 from pathlib import Path
 from typing import Callable
 
@@ -28,6 +29,7 @@ from transformers import AutoTokenizer
 
 from ..errors import UserError
 from ..model import NanoChatGPTForCausalLM
+from ..tokenizer.chat_format import STOP_TOKENS, special_token_ids
 from .batcher import Batcher, Job, QueueFull, ShuttingDown, Sink
 
 REQUEST = ("prompt", "max_new", "temperature", "top_k", "seed", "calculator")  # what of a Job the child is sent
@@ -131,12 +133,16 @@ class EngineProcess:
                 sink = self.sinks.get(index) if kind == "add" else self.sinks.pop(index, None)
                 if sink is None:
                     continue
-                if kind == "add":
-                    sink.add(value)
-                elif kind == "end":
-                    sink.end()
-                else:
-                    sink.fail(*value)
+                try:
+                    if kind == "add":
+                        sink.add(value)
+                    elif kind == "end":
+                        sink.end()
+                    else:
+                        sink.fail(*value)
+                except Exception:  # a reply that cannot be written ends that request only (the reason to the log)
+                    traceback.print_exc(file=sys.stderr)
+                    self._drop([index])
             with self.lock:
                 done = [i for i, sink in self.sinks.items() if sink.finished or sink.cancelled.is_set()]
             self._drop(done)
@@ -189,10 +195,8 @@ def _child(conn, path: str, dtype: str, device: str, threads: int, max_batch: in
     try:
         model, tokenizer = load_model(Path(path), dtype, device), AutoTokenizer.from_pretrained(path)
     except Exception as e:  # whatever from_pretrained raises, as one line for the server to print
-        conn.send(("error", f"{type(e).__name__}: {e}"))
+        conn.send(("error", " ".join(f"{type(e).__name__}: {e}".split())))
         return
-    from ..tokenizer.chat_format import STOP_TOKENS, special_token_ids
-
     ids = special_token_ids(tokenizer)
     stops = {ids[name] for name in STOP_TOKENS}
     outbox: list = []
