@@ -12,8 +12,6 @@ import signal
 import socket
 import threading
 import time
-import urllib.error
-import urllib.request
 
 import pytest
 
@@ -29,7 +27,7 @@ from nanochat_hf.serving.server import start
 from .conftest import G0, openai, randomize, save_model, until
 from .test_batcher import Collected, load
 from .test_batching import REQUESTS, ask_all, reference
-from .test_tool_and_bad_input import QUESTION
+from .test_tool_and_bad_input import QUESTION, post
 
 
 @pytest.fixture(scope="module")
@@ -104,17 +102,9 @@ def test_a_full_queue_answers_429(serve, long_dir):
     assert answered(server)
 
 
-def health(server) -> int:
-    try:
-        with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/health", timeout=10) as r:
-            return r.status
-    except urllib.error.HTTPError as e:
-        return e.code
-
-
 def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, long_dir, capfd):
     server = serve(long_dir)
-    assert health(server) == 200
+    assert post(server, None, "/health")[0] == 200
     failed = []
 
     def ask() -> None:
@@ -130,7 +120,7 @@ def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, 
     asking.join(timeout=60)
     gone = "the model's process has exited (the server's log says why)"
     assert len(failed) == 1 and failed[0][0] == 500 and failed[0][1].endswith(f" - {gone}")
-    assert health(server) == 503
+    assert post(server, None, "/health")[0] == 503
     with pytest.raises(openai.APIStatusError) as after:
         server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
     assert after.value.status_code == 503 and gone in after.value.message

@@ -91,7 +91,9 @@ class EngineProcess:
             index = next(self.ids)
             self.sinks[index] = job.sink
             self.conn.send(("submit", index, fields))
-        if not job.sink.cancelled.is_set():  # the server sets it when the client goes: the child hears at once
+        if job.sink.cancelled.is_set():  # gone already
+            self._drop([index])
+        else:  # the server sets it when the client goes: the child hears at once
             job.sink.cancelled = _Told(lambda: self._drop([index]))
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -123,12 +125,13 @@ class EngineProcess:
 
     def _read(self) -> None:
         """Each message: one step's events for the rows, handed to their sinks; then the rows whose sinks want no
-        more are dropped from the child."""
+        more (a stop string) are dropped from the child."""
         while True:
             try:
                 events = self.conn.recv()
             except (EOFError, OSError):  # the child has gone: stopped, or died
                 break
+            done = []  # requests whose text reached a stop string, or that cannot be written
             for index, kind, value in events:  # a request dropped already (the event loop drops too) is skipped
                 sink = self.sinks.get(index) if kind == "add" else self.sinks.pop(index, None)
                 if sink is None:
@@ -136,15 +139,15 @@ class EngineProcess:
                 try:
                     if kind == "add":
                         sink.add(value)
+                        if sink.finished:
+                            done.append(index)
                     elif kind == "end":
                         sink.end()
                     else:
                         sink.fail(*value)
                 except Exception:  # a reply that cannot be written ends that request only (the reason to the log)
                     traceback.print_exc(file=sys.stderr)
-                    self._drop([index])
-            with self.lock:
-                done = [i for i, sink in self.sinks.items() if sink.finished or sink.cancelled.is_set()]
+                    done.append(index)
             self._drop(done)
         with self.lock:
             sinks, self.sinks = list(self.sinks.values()), {}
