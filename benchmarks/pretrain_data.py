@@ -30,7 +30,8 @@ import tempfile
 import time
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> dict:
+    """Print the table; return {"rows": {name: seconds per micro-batch}, "docs_per_micro_batch", "loader_per_step"}."""
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--depth", type=int, default=4)
     p.add_argument("--seq", type=int, default=2048)
@@ -42,7 +43,7 @@ def main() -> None:
     p.add_argument("--micro_batches", type=int, default=200, help="stream micro-batches per timing")
     p.add_argument("--docs", type=int, default=2048, help="documents per timing of reading and tokenizing alone")
     p.add_argument("--repeats", type=int, default=3)
-    a = p.parse_args()
+    a = p.parse_args(argv)
     os.environ["RAYON_NUM_THREADS"] = str(a.threads)  # the tokenizer's thread pool, before its first use
 
     import torch
@@ -66,7 +67,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         t0 = time.perf_counter()
         shards = [str(s) for s in write_synthetic_shards(tmp, a.shards, a.docs_per_shard, seed=0)]
-        tokenizer = train_tokenizer(synthetic_documents(5000, seed=1), a.vocab)
+        tokenizer = train_tokenizer(synthetic_documents(min(5000, a.shards * a.docs_per_shard), seed=1), a.vocab)
         print(f"{a.shards} shards of {a.docs_per_shard} documents and the tokenizer: {time.perf_counter() - t0:.1f} s")
         list_shards(tmp)
 
@@ -79,6 +80,8 @@ def main() -> None:
                 pass
             stream_s.append((time.perf_counter() - t) / a.micro_batches)
         docs_per_mb = (stream._arrivals - arrivals) / (a.repeats * a.micro_batches)  # documents the stream took
+        if not docs_per_mb:
+            p.error("the stream refilled no documents while timed: raise --micro_batches")
 
         # reading and tokenizing alone: time per document over --docs documents, times the stream's documents per
         # micro-batch; HEAD's tokenizer (tiktoken's encode_ordinary_batch, same vocabulary) where tiktoken is installed
@@ -139,7 +142,9 @@ def main() -> None:
     print(f"|{'-' * 30}|-----------------:|----------------:|---------:|")
     for name, s in rows:
         print(f"| {name:28} | {s * 1e3:16.1f} | {1 / s:15.1f} | {n / s:8.0f} |")
-    print(f"\nloader / step: {statistics.median(stream_s) / statistics.median(step_s):.4f}")
+    ratio = statistics.median(stream_s) / statistics.median(step_s)
+    print(f"\nloader / step: {ratio:.4f}")
+    return {"rows": dict(rows), "docs_per_micro_batch": docs_per_mb, "loader_per_step": ratio}
 
 
 if __name__ == "__main__":
