@@ -362,11 +362,12 @@ def synthetic_documents(count: int, seed: int = 0) -> list[str]:
     """`count` documents of english words (the english-words package: no download), a few sentences to several
     paragraphs each, some with digits, non-ASCII text or nanochat's special-token strings (which must be read as
     plain text). Deterministic for a given seed."""
+    from ..tokenizer.chat_format import BOS, USER_START
     from .words import english_words
 
     words = english_words()
     rng = random.Random(seed)
-    extras = ["1984", "3.14", "2,048", "café", "naïve", "日本語", "emoji 🙂", "<|bos|>", "<|user_start|>", "\t", "\n\n"]
+    extras = ["1984", "3.14", "2,048", "café", "naïve", "日本語", "emoji 🙂", BOS, USER_START, "\t", "\n\n"]
     docs = []
     for _ in range(count):
         sentences = []
