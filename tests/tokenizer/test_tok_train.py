@@ -203,3 +203,48 @@ def test_a_shard_without_text_or_not_parquet(tmp_path, capsys):
     pq.write_table(pa.table({"text": ["x"]}), data / "shard_00000.parquet")
     line = refused(capsys, "--data_dir", str(data), "--output_dir", str(tmp_path / "tok"))
     assert "shard_00001.parquet: not a readable parquet file" in line, line
+
+
+# ---------------------------------------------------------------- tok_eval
+
+
+def tok_eval(*argv: str) -> int:
+    import runpy
+
+    return runpy.run_path(str(ROOT / "scripts" / "tok_eval.py"))["main"](list(argv))
+
+
+def test_tok_eval_prints_heads_table(trained, monkeypatch, capsys):
+    # HEAD's tok_eval.py ran with its GPT-2 / GPT-4 tokenizers replaced by two of its own (data/make_*.py): the same
+    # replacement here, and the same output, colours and all
+    from nanochat_hf.tokenizer import compression
+    from nanochat_hf.tokenizer.nanochat_format import load_nanochat_tokenizer
+
+    baselines = {
+        "GPT-2": DATA.parent / "nanochat_92d63d4",
+        "GPT-4": DATA / "baseline",
+    }
+    baselines = {k: compression.Encoder.of_transformers(load_nanochat_tokenizer(d, True)) for k, d in baselines.items()}
+    monkeypatch.setattr(compression, "load_baselines", lambda offline: (baselines, {}))
+    assert tok_eval("--tokenizer_dir", str(trained), "--data_dir", str(DATA / "shards")) == 0
+    assert capsys.readouterr().out == (DATA / "tok_eval.txt").read_text()
+
+
+def test_tok_eval_offline_says_which_columns_are_skipped(trained, tmp_path, monkeypatch, capsys):
+    import requests
+
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(tmp_path / "empty-cache"))
+    monkeypatch.setattr(requests, "get", lambda *a, **k: pytest.fail("tok_eval tried to download"))
+    assert tok_eval("--tokenizer_dir", str(trained), "--data_dir", str(DATA / "shards"), "--offline") == 0
+    out = capsys.readouterr().out
+    skipped = [line for line in out.splitlines() if line.startswith("skipped: ")]
+    assert skipped == [
+        "skipped: GPT-2 (tiktoken's 'gpt2' is not in its cache and this run is offline); "
+        "GPT-4 (tiktoken's 'cl100k_base' is not in its cache and this run is offline)"
+    ]
+    assert "Comparison with" not in out and "Ours: 1024" in out
+    head = (DATA / "tok_eval.txt").read_text()  # ours' columns of HEAD's table: the same counts
+    for name in ("news", "climbmix-train", "climbmix-val"):
+        row = next(line for line in out.splitlines() if line.startswith(f"{name} "))
+        head_row = re.sub(r"\x1b\[\d+m", "", next(line for line in head.splitlines() if line.startswith(f"{name} ")))
+        assert row.split()[:4] == [head_row.split()[i] for i in (0, 1, 4, 5)], (row, head_row)

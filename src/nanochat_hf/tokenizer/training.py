@@ -59,27 +59,34 @@ def check_vocab_size(vocab_size: int) -> None:
         )
 
 
+def shards(data_dir: str | os.PathLike) -> list[Path]:
+    """The data folder's *.parquet files in name order, as nanochat/dataset.py lists them ([] without the folder)."""
+    data_dir = Path(data_dir)
+    return sorted(p for p in data_dir.iterdir() if p.name.endswith(".parquet")) if data_dir.is_dir() else []
+
+
 def train_shards(data_dir: str | os.PathLike) -> list[Path]:
-    """HEAD's train split: the data folder's *.parquet files in name order, all but the last (validation)."""
+    """HEAD's train split: the data folder's shards, all but the last (validation); each checked to be parquet with
+    a text column (before hours of reading)."""
     data_dir = Path(data_dir)
     if not data_dir.is_dir():
         raise UserError(f"{data_dir}: no such directory (expected the pretraining shards, shard_NNNNN.parquet)")
-    shards = sorted(p for p in data_dir.iterdir() if p.name.endswith(".parquet"))
-    if len(shards) < 2:
+    found = shards(data_dir)
+    if len(found) < 2:
         raise UserError(
-            f"{data_dir}: {len(shards)} parquet shard(s); the tokenizer trains on all but the last (the validation "
+            f"{data_dir}: {len(found)} parquet shard(s); the tokenizer trains on all but the last (the validation "
             "shard), so at least 2 are needed"
         )
     import pyarrow.parquet as pq
 
-    for shard in shards[:-1]:  # before hours of reading: each shard is parquet with a text column
+    for shard in found[:-1]:
         try:
             names = pq.read_schema(shard).names
         except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged or foreign file
             raise UserError(f"{shard}: not a readable parquet file ({one_line(e)})") from None
         if "text" not in names:
             raise UserError(f"{shard}: has no 'text' column (columns: {', '.join(names)})")
-    return shards[:-1]
+    return found[:-1]
 
 
 def shard_documents(shards: list[Path]) -> Iterator[str]:

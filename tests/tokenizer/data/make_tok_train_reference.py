@@ -9,6 +9,11 @@ code, several scripts and emoji; several row groups per shard; some documents lo
 a fresh $NANOCHAT_BASE_DIR/base_data_climbmix, runs `python -m scripts.tok_train` there with ARGS, and keeps what
 it wrote: OUT/tokenizer.pkl and OUT/token_bytes.pt. Then HEAD's RustBPETokenizer (from that folder) encodes the
 held-out texts (the validation shard's documents, and HELDOUT): OUT/heldout.json {"args", "texts", "ids"}.
+
+Last, HEAD's scripts/tok_eval.py on that folder and those shards, with its two baselines (tiktoken's GPT-2 and GPT-4
+encodings, a download) replaced by tokenizers of HEAD's tok_train.py: "gpt2" by tests/tokenizer/data/nanochat_92d63d4
+(vocab 400), "cl100k_base" by one it trains here with --vocab-size BASELINE_VOCAB (OUT/baseline/: tokenizer.pkl,
+token_bytes.pt; the text runs out at 1374 tokens, which HEAD accepts). What it prints: OUT/tok_eval.txt.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ VOCAB_SIZE, MAX_CHARS, DOC_CAP = 1024, 90_000, 1_500
 ARGS = ["--vocab-size", str(VOCAB_SIZE), "--max-chars", str(MAX_CHARS), "--doc-cap", str(DOC_CAP)]
 SHARD_DOCS = (70, 70, 12)  # two train shards, then the validation shard
 ROW_GROUP = 16
+BASELINE_VOCAB = 1536
 
 WORDS = (
     "the of and to in is was for that with as on by at from his her they this which be are or an had not but "
@@ -94,6 +100,14 @@ def write_shards(out: Path) -> list[list[str]]:
     return shards
 
 
+TOK_EVAL = """
+import runpy, sys
+from nanochat.tokenizer import RustBPETokenizer
+dirs = {"gpt2": sys.argv[1], "cl100k_base": sys.argv[2]}
+RustBPETokenizer.from_pretrained = classmethod(lambda cls, name: cls.from_directory(dirs[name]))
+runpy.run_path("scripts/tok_eval.py", run_name="__main__")
+"""
+
 ENCODE = """
 import json, sys
 from nanochat.tokenizer import RustBPETokenizer
@@ -124,6 +138,27 @@ def main(nanochat: str, out: str) -> None:
             capture_output=True,
             text=True,
         ).stdout
+        baseline = Path(base) / "baseline"
+        shutil.copytree(out / "shards", baseline / "base_data_climbmix")
+        subprocess.run(
+            [sys.executable, "-m", "scripts.tok_train", "--vocab-size", str(BASELINE_VOCAB)],
+            cwd=nanochat,
+            env={**env, "NANOCHAT_BASE_DIR": str(baseline)},
+            check=True,
+        )
+        (out / "baseline").mkdir(exist_ok=True)
+        for name in ("tokenizer.pkl", "token_bytes.pt"):
+            shutil.copyfile(baseline / "tokenizer" / name, out / "baseline" / name)
+        gpt2 = Path(__file__).resolve().parent / "nanochat_92d63d4"
+        table = subprocess.run(
+            [sys.executable, "-c", TOK_EVAL, str(gpt2), str(out / "baseline")],
+            cwd=nanochat,
+            env=env,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        (out / "tok_eval.txt").write_text(table)
     reference = {"args": ARGS, "texts": texts, "ids": json.loads(ids)}
     (out / "heldout.json").write_text(json.dumps(reference, ensure_ascii=False) + "\n")
 
