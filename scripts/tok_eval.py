@@ -33,13 +33,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def tok_eval(args: argparse.Namespace) -> None:
+    from nanochat_hf.data.pretraining import list_shards
     from nanochat_hf.tokenizer import compression, training
     from nanochat_hf.tokenizer.nanochat_format import load_tokenizer_dir
 
     tokenizer = load_tokenizer_dir(args.tokenizer_dir or training.default_output_dir(), args.trust_pickle)
-    shards = training.shards(args.data_dir or training.default_data_dir())
-    if not shards:
-        print(f"no parquet shards in {args.data_dir or training.default_data_dir()}: the climbmix rows are left out")
+    shards = list_shards(args.data_dir)
     baselines, missing = compression.load_baselines(args.offline)
     compression.report(
         compression.Encoder.of_transformers(tokenizer), baselines, missing, compression.eval_texts(shards)

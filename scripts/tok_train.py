@@ -75,7 +75,7 @@ def tok_train(args: argparse.Namespace) -> None:
     from nanochat_hf.tokenizer import training
 
     training.train_from_shards(
-        args.data_dir or training.default_data_dir(),
+        args.data_dir,
         args.output_dir or training.default_output_dir(),
         vocab_size=args.vocab_size,
         max_chars=args.max_chars,

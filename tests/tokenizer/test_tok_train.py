@@ -180,9 +180,9 @@ def test_a_failed_training_leaves_an_existing_folder_as_it_was(trained, tmp_path
 @pytest.mark.parametrize(
     "make, expected",
     [
-        (lambda d: d, "no such directory"),
-        (lambda d: write_shards(d, ["only one"]), "1 parquet shard(s)"),
-        (lambda d: d.mkdir(), "0 parquet shard(s)"),
+        (lambda d: d, "no such shard folder"),
+        (lambda d: write_shards(d, ["only one"]), "1 shard, at least 2 are needed"),
+        (lambda d: d.mkdir(), "no *.parquet shards in the folder"),
     ],
 )
 def test_missing_or_too_few_shards(tmp_path, capsys, make, expected):
@@ -199,7 +199,9 @@ def test_a_shard_without_text_or_not_parquet(tmp_path, capsys):
     (data / "shard_00001.parquet").write_bytes(b"not parquet")
     (data / "shard_00002.parquet").write_bytes(b"validation")
     line = refused(capsys, "--data_dir", str(data), "--output_dir", str(tmp_path / "tok"))
-    assert line.endswith("shard_00000.parquet: has no 'text' column (columns: content)"), line
+    assert line.endswith(
+        "shard_00000.parquet: expected a string column 'text' (one document per row), found columns content (string)"
+    ), line
     pq.write_table(pa.table({"text": ["x"]}), data / "shard_00000.parquet")
     line = refused(capsys, "--data_dir", str(data), "--output_dir", str(tmp_path / "tok"))
     assert "shard_00001.parquet: not a readable parquet file" in line, line

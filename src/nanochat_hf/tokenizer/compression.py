@@ -43,7 +43,7 @@ def sample_texts() -> list[tuple[str, str]]:
     return list(json.loads(TEXTS_FILE.read_text(encoding="utf-8")).items())
 
 
-def first_row_group_text(shard: Path) -> str:
+def first_row_group_text(shard: str) -> str:
     """The documents of the shard's first row group, joined by newlines (HEAD's `next(parquets_iter_batched(...))`)."""
     import pyarrow.parquet as pq
 
@@ -51,13 +51,11 @@ def first_row_group_text(shard: Path) -> str:
     return "\n".join(pf.read_row_group(0).column("text").to_pylist()) if pf.num_row_groups else ""
 
 
-def eval_texts(shards: list[Path]) -> list[tuple[str, str]]:
+def eval_texts(shards: list[str]) -> list[tuple[str, str]]:
     """HEAD's rows: the samples, then climbmix-train (first shard) and climbmix-val (last shard) when not empty."""
-    texts = sample_texts()
-    if shards:
-        texts.append(("climbmix-train", first_row_group_text(shards[0])))
-        if val := first_row_group_text(shards[-1]):
-            texts.append(("climbmix-val", val))
+    texts = [*sample_texts(), ("climbmix-train", first_row_group_text(shards[0]))]
+    if val := first_row_group_text(shards[-1]):
+        texts.append(("climbmix-val", val))
     return texts
 
 

@@ -2,8 +2,9 @@
 
 The text is HEAD's (scripts/tok_train.py over nanochat/dataset.py's `parquets_iter_batched(split="train")`): every
 shard of the data folder but the last (the validation shard), in file-name order, each document in row order, cut
-to `doc_cap` characters, until the total passes `max_chars` (the document that passes it is kept). It is read
-through `datasets` (streaming: nothing is copied into a cache).
+to `doc_cap` characters, until the total passes `max_chars` (the document that passes it is kept). The shards are
+listed and read by the pretraining data's `data/pretraining.py` (through `datasets`, streaming: nothing is copied
+into a cache).
 
 The trainer is rustbpe, the library HEAD's tok_train.py trains with. The Hugging Face `tokenizers` BpeTrainer
 (`tokenizer.train_tokenizer`, the demo tokenizer) learns the same merges until two pairs are equally frequent, then
@@ -26,7 +27,8 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerFast
 
 from ..atomic import staged_dir
-from ..errors import UserError, one_line
+from ..data.pretraining import document_batches, list_shards, split_shards
+from ..errors import UserError
 from ..paths import nanochat_base_dir
 from ..progress import Progress
 from .chat_format import SPECIAL_TOKENS
@@ -38,13 +40,8 @@ MAX_CHARS = 2_000_000_000
 DOC_CAP = 10_000
 VOCAB_SIZE = 32768
 MIN_VOCAB_SIZE = 256 + len(SPECIAL_TOKENS)  # every byte, then the special tokens
-DATA_SUBDIR = "base_data_climbmix"  # nanochat/dataset.py's DATA_DIR under the base dir
 # the files of a tokenizer folder: ours (Hugging Face) and HEAD's
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja", "tokenizer.pkl", "token_bytes.pt")
-
-
-def default_data_dir() -> Path:
-    return nanochat_base_dir() / DATA_SUBDIR
 
 
 def default_output_dir() -> Path:
@@ -59,46 +56,13 @@ def check_vocab_size(vocab_size: int) -> None:
         )
 
 
-def shards(data_dir: str | os.PathLike) -> list[Path]:
-    """The data folder's *.parquet files in name order, as nanochat/dataset.py lists them ([] without the folder)."""
-    data_dir = Path(data_dir)
-    return sorted(p for p in data_dir.iterdir() if p.name.endswith(".parquet")) if data_dir.is_dir() else []
-
-
-def train_shards(data_dir: str | os.PathLike) -> list[Path]:
-    """HEAD's train split: the data folder's shards, all but the last (validation); each checked to be parquet with
-    a text column (before hours of reading)."""
-    data_dir = Path(data_dir)
-    if not data_dir.is_dir():
-        raise UserError(f"{data_dir}: no such directory (expected the pretraining shards, shard_NNNNN.parquet)")
-    found = shards(data_dir)
-    if len(found) < 2:
-        raise UserError(
-            f"{data_dir}: {len(found)} parquet shard(s); the tokenizer trains on all but the last (the validation "
-            "shard), so at least 2 are needed"
-        )
-    import pyarrow.parquet as pq
-
-    for shard in found[:-1]:
-        try:
-            names = pq.read_schema(shard).names
-        except Exception as e:  # noqa: BLE001 - pyarrow raises several types for a damaged or foreign file
-            raise UserError(f"{shard}: not a readable parquet file ({one_line(e)})") from None
-        if "text" not in names:
-            raise UserError(f"{shard}: has no 'text' column (columns: {', '.join(names)})")
-    return found[:-1]
-
-
-def shard_documents(shards: list[Path]) -> Iterator[str]:
-    """The `text` of every row of `shards`, file after file, in row order, through a streaming `datasets` reader."""
-    from datasets import load_dataset
-
-    rows = load_dataset("parquet", data_files=[str(p) for p in shards], split="train", streaming=True)
-    for batch in rows.select_columns(["text"]).iter(batch_size=1024):
-        for text in batch["text"]:
-            if not isinstance(text, str):
-                raise UserError(f"a row of the shards in {shards[0].parent} has text {text!r}: expected a string")
-            yield text
+def shard_documents(shards: list[str]) -> Iterator[str]:
+    """Every document of `shards`, file after file, row group after row group, in row order: one pass of the
+    pretraining reader (`document_batches`, through `datasets`), which is HEAD's `parquets_iter_batched` order."""
+    for documents, (_, _, epoch) in document_batches(shards):
+        if epoch > 1:
+            return
+        yield from documents
 
 
 def capped_documents(documents: Iterable[str], max_chars: int, doc_cap: int) -> Iterator[str]:
@@ -211,22 +175,24 @@ def save_tokenizer_dir(
 
 
 def train_from_shards(
-    data_dir: str | os.PathLike,
+    data_dir: str | os.PathLike | None,
     output_dir: str | os.PathLike,
     vocab_size: int = VOCAB_SIZE,
     max_chars: int = MAX_CHARS,
     doc_cap: int = DOC_CAP,
     overwrite: bool = False,
 ) -> PreTrainedTokenizerFast:
-    """scripts/tok_train.py: check everything, read and train with progress lines, save."""
+    """scripts/tok_train.py: check everything, read and train with progress lines, save. `data_dir` None: HEAD's
+    folder (`pretraining.default_data_dir`)."""
     check_vocab_size(vocab_size)
     for name, value in (("--max_chars", max_chars), ("--doc_cap", doc_cap)):
         if value <= 0:
             raise UserError(f"{name} {value}: expected a positive number of characters")
     check_output_dir(output_dir, overwrite)
-    shards = train_shards(data_dir)
+    shards = split_shards(list_shards(data_dir), "train")
     print(f"max_chars: {max_chars:,}\ndoc_cap: {doc_cap:,}\nvocab_size: {vocab_size:,}")
-    print(f"reading {len(shards)} train shard(s) of {data_dir} (the last shard, validation, is left out)", flush=True)
+    where = Path(shards[0]).parent
+    print(f"reading {len(shards)} train shard(s) of {where} (the last shard, validation, is left out)", flush=True)
     with Progress("tok_train: reading text", total=max_chars, unit="chars") as progress:
 
         def documents() -> Iterator[str]:
