@@ -250,3 +250,11 @@ def test_tok_eval_offline_says_which_columns_are_skipped(trained, tmp_path, monk
         row = next(line for line in out.splitlines() if line.startswith(f"{name} "))
         head_row = re.sub(r"\x1b\[\d+m", "", next(line for line in head.splitlines() if line.startswith(f"{name} ")))
         assert row.split()[:4] == [head_row.split()[i] for i in (0, 1, 4, 5)], (row, head_row)
+
+
+def test_tok_eval_without_a_tokenizer(tmp_path, capsys):
+    assert tok_eval("--tokenizer_dir", str(tmp_path), "--data_dir", str(DATA / "shards"), "--offline") == 2
+    assert capsys.readouterr().err == (
+        f"tok_eval: error: {tmp_path}: no tokenizer (neither tokenizer.json nor tokenizer.pkl): train one with "
+        "scripts/tok_train.py\n"
+    )

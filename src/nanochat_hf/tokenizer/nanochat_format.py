@@ -211,6 +211,11 @@ def load_tokenizer_dir(tokenizer_dir: str | os.PathLike, trust_pickle: bool = Fa
     """
     tokenizer_dir = Path(tokenizer_dir)
     if not (tokenizer_dir / "tokenizer.json").is_file():
+        if not (tokenizer_dir / "tokenizer.pkl").is_file():
+            raise FileNotFoundError(
+                f"{tokenizer_dir}: no tokenizer (neither tokenizer.json nor tokenizer.pkl): train one with "
+                "scripts/tok_train.py"
+            )
         return load_nanochat_tokenizer(tokenizer_dir, trust_pickle=trust_pickle)
     from transformers import AutoTokenizer
 

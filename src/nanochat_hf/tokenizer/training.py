@@ -9,7 +9,7 @@ into a cache).
 The trainer is rustbpe, the library HEAD's tok_train.py trains with. The Hugging Face `tokenizers` BpeTrainer
 (`tokenizer.train_tokenizer`, the demo tokenizer) learns the same merges until two pairs are equally frequent, then
 breaks the tie differently: it ranks the 256 byte tokens by their printable stand-in characters, rustbpe by byte
-value (on the tokenizer tests' corpus the two part at merge 37 of 759). HEAD's merges, exactly, come only from
+value (on the tokenizer tests' corpus they part at the 38th of 759 merges). HEAD's merges, exactly, come only from
 rustbpe; its result is turned into the fast tokenizer (`tokenizer_from_tiktoken`), which encodes as tiktoken does.
 docs/tokenizer.md has the comparison and the timing.
 """
