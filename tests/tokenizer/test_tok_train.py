@@ -217,18 +217,18 @@ def tok_eval(*argv: str) -> int:
 
 
 def test_tok_eval_prints_heads_table(trained, monkeypatch, capsys):
-    # HEAD's tok_eval.py ran with its GPT-2 / GPT-4 tokenizers replaced by two of its own (data/make_*.py): the same
-    # replacement here, and the same output, colours and all
-    from nanochat_hf.tokenizer import compression
-    from nanochat_hf.tokenizer.nanochat_format import load_nanochat_tokenizer
+    # HEAD's tok_eval.py ran with its GPT-2 / GPT-4 tiktoken encodings replaced by two tokenizers of its own
+    # (data/make_*.py): tiktoken hands out the same two here (our own test files, so unpickled), offline
+    import pickle
 
-    baselines = {
-        "GPT-2": DATA.parent / "nanochat_92d63d4",
-        "GPT-4": DATA / "baseline",
+    import tiktoken
+
+    encodings = {
+        "gpt2": DATA.parent / "nanochat_92d63d4" / "tokenizer.pkl",
+        "cl100k_base": DATA / "baseline" / "tokenizer.pkl",
     }
-    baselines = {k: compression.Encoder.of_transformers(load_nanochat_tokenizer(d, True)) for k, d in baselines.items()}
-    monkeypatch.setattr(compression, "load_baselines", lambda offline: (baselines, {}))
-    assert tok_eval("--tokenizer_dir", str(trained), "--data_dir", str(DATA / "shards")) == 0
+    monkeypatch.setattr(tiktoken, "get_encoding", lambda name: pickle.loads(encodings[name].read_bytes()))
+    assert tok_eval("--tokenizer_dir", str(trained), "--data_dir", str(DATA / "shards"), "--offline") == 0
     assert capsys.readouterr().out == (DATA / "tok_eval.txt").read_text()
 
 
