@@ -17,8 +17,6 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..errors import one_line
-
 TEXTS_FILE = Path(__file__).with_name("tok_eval_texts.json")
 BASELINES = {"GPT-2": "gpt2", "GPT-4": "cl100k_base"}  # HEAD's columns -> tiktoken encoding names
 GREEN, RED, RESET = "\033[92m", "\033[91m", "\033[0m"
@@ -98,7 +96,7 @@ def load_baselines(offline: bool) -> tuple[dict[str, Encoder], dict[str, str]]:
             except _NotCached:
                 missing[column] = f"tiktoken's {name!r} is not in its cache and this run is offline"
             except Exception as e:  # noqa: BLE001 - a failed download (no network, proxy, HTTP error)
-                missing[column] = f"tiktoken's {name!r} could not be downloaded ({one_line(e)})"
+                missing[column] = f"tiktoken's {name!r} could not be downloaded: {type(e).__name__}"
     return found, missing
 
 
