@@ -24,9 +24,11 @@ _WHERE = {
         "chat_format",
     ),
     **dict.fromkeys(
-        ("load_nanochat_tokenizer", "save_nanochat_tokenizer", "tokenizer_from_tiktoken"), "nanochat_format"
+        ("load_nanochat_tokenizer", "load_tokenizer_dir", "save_nanochat_tokenizer", "tokenizer_from_tiktoken"),
+        "nanochat_format",
     ),
     "CHAT_TEMPLATE": "template",
+    **dict.fromkeys(("save_tokenizer_dir", "train_bpe", "train_from_shards"), "training"),
     **dict.fromkeys(
         (
             "SPLIT_PATTERN",
@@ -56,15 +58,19 @@ __all__ = [
     "chat_format",
     "check_conversation",
     "load_nanochat_tokenizer",
+    "load_tokenizer_dir",
     "normalize_messages",
     "render_conversation",
     "render_conversations",
     "render_for_completion",
     "save_nanochat_tokenizer",
+    "save_tokenizer_dir",
     "special_token_ids",
     "to_mergeable_ranks",
     "token_bytes",
     "token_bytes_convention",
     "tokenizer_from_tiktoken",
+    "train_bpe",
+    "train_from_shards",
     "train_tokenizer",
 ]

@@ -2,7 +2,8 @@
 
 `tokenizer.pkl` is a pickled `tiktoken.Encoding`. Unpickling can run arbitrary code, so loading needs the
 caller's explicit `trust_pickle=True`; even then the unpickler only accepts tiktoken's Encoding (read as
-plain data, so tiktoken need not be installed) and refuses any other object.
+plain data, so tiktoken need not be installed) and refuses any other object. `load_tokenizer_dir` reads a folder
+scripts/tok_train.py wrote (its Hugging Face files, no pickle) or one nanochat prepared (tokenizer.pkl, opt-in).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import torch
 from transformers import PreTrainedTokenizerFast
 
 from ..atomic import write_bytes
-from ..errors import UserError
+from ..errors import UserError, one_line
 from .chat_format import SPECIAL_TOKENS
 from .tokenizer import (
     TOKEN_BYTES_CONVENTIONS,
@@ -167,12 +168,12 @@ def token_bytes_file_convention(tokenizer: PreTrainedTokenizerFast, counts: obje
     )
 
 
-def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: str | os.PathLike) -> Path:
-    """Write nanochat's tokenizer directory (tokenizer.pkl as a tiktoken.Encoding + token_bytes.pt, in the
-    tokenizer's byte-count convention: the one its own token_bytes.pt followed).
+def nanochat_tokenizer_files(tokenizer: PreTrainedTokenizerFast) -> dict[str, bytes]:
+    """The bytes of nanochat's tokenizer files: tokenizer.pkl (a tiktoken.Encoding named "rustbpe", as nanochat's
+    RustBPETokenizer names it, so a tokenizer trained here pickles to the same bytes as tok_train.py's) and
+    token_bytes.pt (int32, in the tokenizer's byte-count convention: the one its own token_bytes.pt followed).
 
-    Needs tiktoken. Files are written to temporaries then renamed into place.
-    """
+    Needs tiktoken."""
     try:
         import tiktoken  # optional dependency (the [tiktoken] extra), needed only here
     except ImportError as e:
@@ -182,14 +183,64 @@ def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: s
     ranks = dict(sorted(ranks.items(), key=lambda kv: kv[1]))
     specials = dict(sorted(specials.items(), key=lambda kv: kv[1]))
     pattern = _split_pattern(tokenizer)
-    enc = tiktoken.Encoding(name="nanochat", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
-    tokenizer_dir = Path(tokenizer_dir)
-    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    enc = tiktoken.Encoding(name="rustbpe", pat_str=pattern, mergeable_ranks=ranks, special_tokens=specials)
     token_lengths = io.BytesIO()
     torch.save(token_bytes(tokenizer).to(torch.int32), token_lengths)
-    write_bytes(tokenizer_dir / "tokenizer.pkl", pickle.dumps(enc))
-    write_bytes(tokenizer_dir / "token_bytes.pt", token_lengths.getvalue())
+    return {"tokenizer.pkl": pickle.dumps(enc), "token_bytes.pt": token_lengths.getvalue()}
+
+
+def save_nanochat_tokenizer(tokenizer: PreTrainedTokenizerFast, tokenizer_dir: str | os.PathLike) -> Path:
+    """Write nanochat's tokenizer directory (`nanochat_tokenizer_files`). Needs tiktoken. Files are written to
+    temporaries then renamed into place."""
+    files = nanochat_tokenizer_files(tokenizer)
+    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer_dir.mkdir(parents=True, exist_ok=True)
+    for name, data in files.items():
+        write_bytes(tokenizer_dir / name, data)
     return tokenizer_dir
+
+
+def load_tokenizer_dir(tokenizer_dir: str | os.PathLike, trust_pickle: bool = False) -> PreTrainedTokenizerFast:
+    """The tokenizer of a folder `scripts/tok_train.py` wrote, or of one nanochat's own tok_train.py prepared.
+
+    Where the Hugging Face files are (tokenizer.json, as tok_train.py writes them beside tokenizer.pkl) they are
+    read and nothing is unpickled; a token_bytes.pt beside them must agree with them (nanochat's tok_train.py run
+    into the same folder later rewrites tokenizer.pkl and token_bytes.pt, not tokenizer.json: that is refused in
+    one line rather than loading the stale vocabulary). Otherwise this is `load_nanochat_tokenizer`: tokenizer.pkl,
+    which is a pickle, read only with `trust_pickle=True`.
+    """
+    tokenizer_dir = Path(tokenizer_dir)
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        if not (tokenizer_dir / "tokenizer.pkl").is_file():
+            raise FileNotFoundError(
+                f"{tokenizer_dir}: no tokenizer (neither tokenizer.json nor tokenizer.pkl): train one with "
+                "scripts/tok_train.py"
+            )
+        return load_nanochat_tokenizer(tokenizer_dir, trust_pickle=trust_pickle)
+    from transformers import AutoTokenizer
+
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_dir)
+    except Exception as e:  # noqa: BLE001 - tokenizers raises plain Exception on a damaged tokenizer.json
+        raise UserError(f"{tokenizer_dir / 'tokenizer.json'}: cannot be loaded ({one_line(e)})") from None
+    missing = [t for t in SPECIAL_TOKENS if t not in tokenizer.get_vocab()]
+    if missing:
+        raise UserError(f"{tokenizer_dir / 'tokenizer.json'}: lacks nanochat's special tokens {missing}")
+    tb_path = tokenizer_dir / "token_bytes.pt"
+    if tb_path.is_file():
+        try:
+            counts = torch.load(tb_path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure here means a corrupt or foreign file
+            raise UserError(f"{tb_path}: cannot be read as a tensor ({e})") from None
+        try:
+            tokenizer.init_kwargs[TOKEN_BYTES_KEY] = token_bytes_file_convention(tokenizer, counts, tb_path)
+        except UserError as e:
+            raise UserError(
+                f"{tb_path} does not match tokenizer.json beside it (was the folder rewritten by another trainer, "
+                f"e.g. nanochat's tok_train.py?): retrain with scripts/tok_train.py --overwrite, or remove "
+                f"tokenizer.json to load tokenizer.pkl ({e})"
+            ) from None
+    return tokenizer
 
 
 def _split_pattern(tokenizer: PreTrainedTokenizerFast) -> str:
