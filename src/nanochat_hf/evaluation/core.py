@@ -196,7 +196,7 @@ def _read_rows(path: Path, kind: str) -> tuple[list[dict], list[int]]:
                 continue
             where = f"{path} line {n}"
             try:
-                row = json.loads(line)
+                row = json.loads(line.strip())
             except json.JSONDecodeError as e:
                 raise UserError(f"{where}: not JSON ({one_line(e)})") from None
             _check_row(row, kind, where)
@@ -354,16 +354,20 @@ def score_examples(
         width = max(len(t) for t in seqs)
         ids = torch.tensor([t + [bos] * (width - len(t)) for t in seqs], device=device)
         logits = model(input_ids=ids).logits
-        row = 0
+        # every scored position of the batch at once: the logits at position p predict the token at p + 1
+        spans = [(s, e) for _, starts, ends in group for s, e in zip(starts, ends)]
+        rows = torch.tensor([r for r, (s, e) in enumerate(spans) for _ in range(s, e)], device=device)
+        cols = torch.tensor([p for s, e in spans for p in range(s, e)], device=device)
+        out, target = logits[rows, cols - 1].float(), ids[rows, cols]
+        token_losses = torch.nn.functional.cross_entropy(out, target, reduction="none")
+        hits = (out.argmax(dim=-1) == target).tolist()
+        offset = 0
         for k, (tokens, starts, ends) in enumerate(group):
             losses, matches = [], []
             for s, e in zip(starts, ends):
-                # the logits at position p predict the token at p + 1
-                out = logits[row, s - 1 : e - 1].float()
-                target = ids[row, s:e]
-                losses.append(torch.nn.functional.cross_entropy(out, target, reduction="none").mean().item())
-                matches.append(bool(torch.equal(out.argmax(dim=-1), target)))
-                row += 1
+                losses.append(token_losses[offset : offset + e - s].mean().item())
+                matches.append(all(hits[offset : offset + e - s]))
+                offset += e - s
             item = task.rows[indices[start + k]]
             if task.kind == "language_modeling":
                 scores.append(ExampleScore(int(matches[0]), matches[0], losses))
