@@ -6,7 +6,10 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 import zipfile
 from pathlib import Path
 
@@ -309,3 +312,28 @@ def test_samples(model_and_tokenizer):
                 break
     assert conditioned[0] == tokenizer.decode(ids)
     assert len(unconditioned) == 2 and all(s.startswith("<|bos|>") for s in unconditioned)
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_script_under_accelerate_launch(tmp_path):
+    """Two processes (gloo on CPU), each its stride of every task, the verdicts all-reduced: nanochat's numbers."""
+    launcher = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
+                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+                "--main_process_port", str(29700 + os.getpid() % 1000)]  # fmt: skip
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}
+    env["NANOCHAT_BASE_DIR"] = str(tmp_path)
+    out = tmp_path / "core.json"
+    argv = ["--model", str(DATA / "core_model"), "--eval", "core", "--bundle_dir", str(BUNDLE), "--json", str(out)]
+    proc = subprocess.run(
+        [*launcher, str(REPO / "scripts" / "base_eval.py"), *argv, "--num_threads", "1"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads(out.read_text()) == {
+        k: REFERENCE["full"][k] for k in ("results", "centered_results", "core_metric")
+    }
+    assert proc.stdout.count("CORE metric:") == 1  # said once, by the main process
