@@ -15,6 +15,10 @@
    `batch_sequences_*` and `forward_model` (nanochat/core_eval.py) are wrapped to record, per example, the
    sequences it built, the mean loss of each option (`losses[i, start-1:end-1].mean()`, as evaluate_example
    computes it) and its verdict.
+
+    NANOCHAT_DTYPE=float32 python tests/evaluation/data/make_core_reference.py /tmp/core-eval/nc samples
+
+then adds HEAD's base_eval samples of core_model/ (see `samples`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,15 @@ BUNDLE = HERE / "core_bundle"
 TOKENIZER = REPO / "tests" / "tokenizer" / "data" / "nanochat_92d63d4"
 CONFIG = {"sequence_len": 1024, "n_layer": 2, "n_head": 2, "n_kv_head": 1, "n_embd": 32, "window_pattern": "SL"}
 TRAIN_STEPS, LR = 800, 1e-2
+SAMPLE_PROMPTS = [  # scripts/base_eval.py's
+    "The capital of France is",
+    "The chemical symbol of gold is",
+    "If yesterday was Friday, then tomorrow will be",
+    "The opposite of hot is",
+    "The planets of the solar system are:",
+    "My favorite color is",
+    "If 5*x + 3 = 13, then x is",
+]
 MAX_PER_TASK = 11  # 10-shot tasks need 11 rows (nanochat fails with fewer)
 
 
@@ -194,5 +207,41 @@ def main(nanochat: Path) -> None:
     print(json.dumps(full["results"], indent=1), full["core_metric"], cut["core_metric"])
 
 
+def samples(nanochat: Path) -> None:
+    """HEAD's base_eval samples of core_model/ (taken back to nanochat with `convert.py to-nanochat`): each prompt
+    after <|bos|>, `Engine.generate_batch(..., max_tokens=16, temperature=0)`, decoded; added to the reference."""
+    sys.path.insert(0, str(nanochat))
+    from nanochat import gpt
+    from nanochat.engine import Engine
+    from nanochat.tokenizer import RustBPETokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        ckpt = Path(tmp) / "base_checkpoints" / "d2"
+        subprocess.run(
+            [sys.executable, str(REPO / "scripts" / "convert.py"), "to-nanochat", "--model", str(HERE / "core_model")]
+            + ["--output", str(ckpt), "--step", "0"],
+            check=True,
+            env={**os.environ, "PYTHONPATH": str(REPO / "src")},
+        )
+        meta = json.loads((ckpt / "meta_000000.json").read_text())
+        model = gpt.GPT(gpt.GPTConfig(**meta["model_config"]))
+        model.init_weights()  # the rotary tables, as nanochat's checkpoint_manager.build_model does
+        model.load_state_dict(torch.load(ckpt / "model_000000.pt", weights_only=True), strict=True, assign=True)
+        tokenizer = RustBPETokenizer.from_directory(str(Path(tmp) / "tokenizer"))
+    engine = Engine(model.eval(), tokenizer)
+    texts = []
+    for prompt in SAMPLE_PROMPTS:
+        tokens = tokenizer(prompt, prepend="<|bos|>")
+        sample, _ = engine.generate_batch(tokens, num_samples=1, max_tokens=16, temperature=0)
+        texts.append(tokenizer.decode(sample[0]))
+    reference = json.loads((HERE / "core_reference.json").read_text())
+    reference["samples"] = texts
+    (HERE / "core_reference.json").write_text(json.dumps(reference, indent=1) + "\n")
+    print("\n".join(texts))
+
+
 if __name__ == "__main__":
-    main(Path(sys.argv[1]))
+    if sys.argv[2:] == ["samples"]:
+        samples(Path(sys.argv[1]))
+    else:
+        main(Path(sys.argv[1]))
