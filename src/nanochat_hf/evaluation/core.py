@@ -338,10 +338,13 @@ def score_examples(
     progress: Progress | None = None,
 ) -> list[ExampleScore]:
     """Score examples `indices` of `task`, several examples per forward (at most `batch_size` sequences, at least
-    one example), right-padded with BOS: the causal model sees the same tokens as one example alone."""
+    one example), right-padded with BOS: the causal model sees the same tokens as one example alone. Examples of
+    similar length share a forward (less padding); the scores come back in the order of `indices`."""
     device = next(model.parameters()).device
     bos = bos_id(tokenizer)
     prepared = [example_tokens(task, i, tokenizer, bos, max_seq_len) for i in indices]
+    order = sorted(range(len(indices)), key=lambda k: max(len(t) for t in prepared[k][0]))
+    prepared, indices = [prepared[k] for k in order], [indices[k] for k in order]
     scores = []
     start = 0
     while start < len(prepared):
@@ -377,7 +380,10 @@ def score_examples(
         if progress is not None:
             progress.update(stop - start)
         start = stop
-    return scores
+    unsorted = [None] * len(scores)
+    for k, score in zip(order, scores):
+        unsorted[k] = score
+    return unsorted
 
 
 def evaluate_task(
