@@ -1,5 +1,5 @@
 """Mid-training data: task mixtures on `datasets` (the tasks themselves: `nanochat_hf.tasks`), tokenization, packing
-per rank, and the offline demo.
+per rank, and the offline demo; pretraining's shards and rows: `pretraining.py`.
 
 Mixture rows: ``{"conversation": str (JSON of nanochat's {"messages": [...]}), "task": str}``;
 tokenized rows: ``{"input_ids", "labels", "num_tokens", "task"}``.
@@ -25,6 +25,8 @@ _WHERE = {
     "read_mixture": "mixture",
     "MicroBatchStream": "packing",
     "PackedStream": "packing",
+    "PretrainStream": "pretraining",
+    "write_synthetic_shards": "pretraining",
     "tokenize_conversations": "tokenization",
     "WORD_LISTS": "words",
     "demo_words": "words",
@@ -41,6 +43,7 @@ __all__ = [
     "BestFitStream",
     "MicroBatchStream",
     "PackedStream",
+    "PretrainStream",
     "TaskSpec",
     "check_messages",
     "conversation_texts",
@@ -54,4 +57,5 @@ __all__ = [
     "read_mixture",
     "tokenize_conversations",
     "word_list",
+    "write_synthetic_shards",
 ]
