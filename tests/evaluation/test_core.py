@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanochat_hf.errors import UserError
 from nanochat_hf.evaluation import core
-from nanochat_hf.evaluation.base_eval import base_samples
+from nanochat_hf.evaluation.base_eval import base_bpb, base_samples
 
 DATA = Path(__file__).parent / "data"
 BUNDLE = DATA / "core_bundle"
@@ -292,7 +293,7 @@ def test_script_bad_bundle_is_one_line(tmp_path, capsys):
 def test_script_bad_eval_mode(capsys):
     assert _script().main(["--model", "x", "--eval", "core,bpbx"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "base_eval: error: --eval 'core,bpbx': expected a comma-separated list of core, sample"
+        "base_eval: error: --eval 'core,bpbx': expected a comma-separated list of core, bpb, sample"
     )
 
 
@@ -303,6 +304,43 @@ def test_samples(model_and_tokenizer):
     conditioned, unconditioned = base_samples(model, tokenizer, unconditioned=2, unconditioned_tokens=8, seed=0)
     assert conditioned == REFERENCE["samples"]
     assert len(unconditioned) == 2 and all(s.startswith("<|bos|>") for s in unconditioned)
+
+
+def test_bpb(model_and_tokenizer, tmp_path, capsys):
+    """Bits per byte as nanochat's base_eval: split_tokens rounded down to whole steps (5000 -> 2 rows of 1024 + 1
+    tokens, said as nanochat says it), the first rows of each split's pretraining stream, nats of the targets that
+    have bytes over ln 2 times their bytes."""
+    from nanochat_hf.data.pretraining import PretrainStream, write_synthetic_shards
+    from nanochat_hf.tokenizer import token_bytes
+
+    model, tokenizer = model_and_tokenizer
+    write_synthetic_shards(tmp_path, 3, 200)
+    result = base_bpb(model, tokenizer, device_batch_size=1, split_tokens=2500, data_dir=tmp_path)
+    assert capsys.readouterr().out == "Adjusted split_tokens to 2048 (must be divisible by 1024)\n"
+    sizes = token_bytes(tokenizer)
+    for split in ("train", "val"):
+        rows = torch.cat([b["input_ids"] for b in PretrainStream(tokenizer, 1, 1024, split, data_dir=tmp_path).read(2)])
+        with torch.no_grad():
+            logits = model(input_ids=rows).logits[:, :-1].double()
+        nats = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
+        nbytes = sizes[rows[:, 1:]]
+        expected = (nats * (nbytes > 0)).sum().item() / (math.log(2) * nbytes.sum().item())
+        assert result[split] == pytest.approx(expected, rel=1e-5)
+
+
+def test_bpb_refusals(tmp_path):
+    """No shards, or a model whose per-token losses are not nanochat's: one line each."""
+    from nanochat_hf.data.pretraining import write_synthetic_shards
+    from nanochat_hf.evaluation.base_eval import check_bpb
+
+    with pytest.raises(UserError, match=rf"^{tmp_path}: no \*\.parquet shards in the folder \(download shards with"):
+        check_bpb(tmp_path)
+
+    write_synthetic_shards(tmp_path, 2, 10)
+    gpt2 = type("M", (), {"config": type("C", (), {"model_type": "gpt2"})()})()
+    with pytest.raises(UserError) as e:
+        check_bpb(tmp_path, gpt2)
+    assert str(e.value) == "--eval bpb needs a nanochat_gpt model (per-token losses); this one is gpt2"
 
 
 @pytest.mark.slow
