@@ -101,6 +101,30 @@ def test_one_example_per_forward(model_and_tokenizer):
             assert score.losses == pytest.approx(ref[(uri, line)]["losses"], rel=1e-5, abs=1e-6)
 
 
+def test_any_causal_lm_cropped_to_its_positions(model_and_tokenizer):
+    """A transformers GPT-2 (absolute positions, n_positions 128) with the same tokenizer: sequences longer than
+    128 tokens keep their last 128 (the scored spans shifted, as nanochat crops for a model's max_seq_len), and
+    batching changes no prediction."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tokenizer = model_and_tokenizer
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2)
+    gpt2 = GPT2LMHeadModel(config).eval()
+    assert core.default_max_seq_len(gpt2) == 128
+    task = core.load_bundle(BUNDLE)[1]  # arc_easy, 10-shot: about 800 tokens
+    bos = core.bos_id(tokenizer)
+    (full, *_), starts, ends = core.example_tokens(task, 0, tokenizer, bos)
+    (cropped, *_), cstarts, cends = core.example_tokens(task, 0, tokenizer, bos, max_seq_len=128)
+    assert len(full) > 128 and cropped == full[-128:]
+    assert (cstarts[0], cends[0]) == (starts[0] - (len(full) - 128), ends[0] - (len(full) - 128))
+    one = core.score_examples(gpt2, tokenizer, task, list(range(6)), batch_size=1, max_seq_len=128)
+    batched = core.score_examples(gpt2, tokenizer, task, list(range(6)), batch_size=32, max_seq_len=128)
+    assert [s.prediction for s in one] == [s.prediction for s in batched]
+    for a, b in zip(one, batched):
+        assert a.losses == pytest.approx(b.losses, rel=1e-5)
+
+
 def _task(kind: str, shots: int, delimiter: str, *rows: dict) -> core.CoreTask:
     return core.CoreTask(kind, kind, shots, delimiter, 0.0, list(rows), list(range(1, len(rows) + 1)), Path(kind))
 
