@@ -321,8 +321,8 @@ def example_tokens(
 def default_max_seq_len(model) -> int | None:
     """Sequences longer than this are cropped from the left: None (never) for nanochat's models (rotary, as
     nanochat's GPT, which has no max_seq_len), else the model's max_position_embeddings, if it has one."""
-    config = model.config
-    if config.model_type in NANOCHAT_MODEL_TYPES:
+    config = getattr(model, "config", None)
+    if config is None or config.model_type in NANOCHAT_MODEL_TYPES:
         return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
@@ -434,7 +434,8 @@ def evaluate_core(
     max_seq_len: crop longer sequences from the left (-1: `default_max_seq_len(model)`; None: never).
     verbose: a line per task on stdout (rank 0), as nanochat prints, and progress on stderr.
     Returns {"results": {label: accuracy}, "centered_results": {label: centered}, "core_metric": mean centered},
-    the same on every rank.
+    the same on every rank. Under several processes the ranks run different numbers of forwards: the model's
+    parameters must be whole on each rank (not FSDP2-sharded; a DDP wrapper's `.module` is fine).
     """
     tasks = load_bundle(ensure_bundle(bundle_dir), max_per_task)
     if max_seq_len == -1:
