@@ -18,8 +18,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, error_line, first_rank, run_cli
-from nanochat_hf.tasks import EVAL_TASKS, check_data_file, task_by_name
+from nanochat_hf.errors import OneLineArgumentParser, UserError, add_version, run_cli
+from nanochat_hf.tasks import EVAL_TASKS, check_data_file, hub_off, task_by_name
 
 # torch, accelerate and the model stack are imported in evaluate(), once the arguments are read: --help and
 # argument errors answer at once
@@ -118,16 +118,32 @@ def evaluate(args: argparse.Namespace) -> int:
     results on the main process; bad input raises UserError / OSError before the evaluation starts."""
     check_args(args)
     check_inputs(args)
+    # offline, or the hub not answering: known now, before datasets is imported (and then offline at once)
+    hub_tasks = [t for t in args.tasks if EVAL_TASKS[t].kind == "hub" and t not in args.data_files]
+    off = hub_off() if hub_tasks else None
     import torch
     from accelerate import PartialState
 
-    from nanochat_hf.evaluation import results_table, run_chat_eval, scores_as_dicts, write_report_section
+    from nanochat_hf.evaluation import (
+        load_eval_problems,
+        results_table,
+        run_chat_eval,
+        scores_as_dicts,
+        write_report_section,
+    )
     from nanochat_hf.training.device import check_num_threads, use_cpu_threads
     from nanochat_hf.training.model_source import load_pretrained
 
     check_num_threads(args.num_threads, f"--num_threads {args.num_threads}")
     # without cuda/mps, several launched processes talk over gloo (accelerate needs to be told it is CPU)
     state = PartialState(cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()))
+
+    def skipped(task: str, reason: str) -> None:
+        if state.is_main_process:
+            print(f"chat eval {task} skipped: {reason.removeprefix(f'{task}: ')}", file=sys.stderr, flush=True)
+
+    # the data before the model: a task that cannot load is said at once, and none loading is one line (exit 2)
+    problems = load_eval_problems(args.tasks, args.data_files, args.max_problems, off, skipped)
     dtype = (
         getattr(torch, args.dtype) if args.dtype else (torch.bfloat16 if state.device.type == "cuda" else torch.float32)
     )
@@ -138,14 +154,10 @@ def evaluate(args: argparse.Namespace) -> int:
         if state.is_main_process:
             print(f"{PROG}: {line}", file=sys.stderr, flush=True)
 
-    def skipped(task: str, reason: str) -> None:
-        if state.is_main_process:
-            print(f"chat eval {task} skipped: {reason.removeprefix(f'{task}: ')}", file=sys.stderr, flush=True)
-
     scores = run_chat_eval(
         model,
         tokenizer,
-        args.tasks,
+        list(problems),  # the tasks whose data loaded (the others were said to be skipped)
         args.max_problems,
         args.batch_size,
         args.max_new_tokens,
@@ -153,12 +165,8 @@ def evaluate(args: argparse.Namespace) -> int:
         args.top_k or None,
         args.seed,
         args.data_files,
-        skip_unavailable=skipped,
+        problems=problems,
     )
-    if not scores:  # every task skipped (said above): nothing to report, though no argument was wrong
-        if first_rank():
-            print(error_line(PROG, "no task could be evaluated (see the lines above)"), file=sys.stderr)
-        return 1
     if state.is_main_process:
         print(results_table(scores))
         if args.report:

@@ -57,12 +57,33 @@ def run_cli(prog: str, main: Callable[[], int | None]) -> int:
         return 2
 
 
+UNRECOGNIZED = "unrecognized arguments: "  # argparse's wording (parse_args), which our parsers repeat
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse with its errors in the same one-line form (argparse prints the usage first), said by rank 0 only;
-    exit code 2."""
+    exit code 2. An unrecognized flag that is a known one spelled with dashes for underscores (nanochat's
+    `--device-batch-size` where the name is `--device_batch_size`), or the other way round, is named."""
 
     def error(self, message: str) -> NoReturn:
+        if message.startswith(UNRECOGNIZED):
+            message += self._spelling_hint(message.removeprefix(UNRECOGNIZED).split())
         self.exit(2, error_line(self.prog, f"{message} (see --help)") + "\n" if first_rank() else None)
+
+    def _spelling_hint(self, unknown: list[str]) -> str:
+        """'; did you mean --x_y?' for the first of `unknown` that is a flag of this parser (or of a subcommand's)
+        but for '-' / '_' in its name ('--x-y=8' and '--x-y 8' alike); '' if none is."""
+        parsers = [self] + [
+            p for a in self._actions if isinstance(a, argparse._SubParsersAction) for p in a.choices.values()
+        ]
+        known: dict[str, str] = {}
+        for option in (o for p in parsers for o in p._option_string_actions if o.startswith("--")):
+            known.setdefault(option.replace("-", "_"), option)  # a flag's first spelling, as --help lists it
+        for arg in unknown:
+            flag = arg.split("=", 1)[0]
+            if flag.startswith("--") and (name := known.get(flag.replace("-", "_"))) and name != flag:
+                return f"; did you mean {name}?"
+        return ""
 
 
 def add_version(parser: argparse.ArgumentParser) -> None:

@@ -146,3 +146,40 @@ def test_offline_hub_task_is_skipped_and_the_others_run(model_dir, tmp_path):
     ), proc.stderr
     assert [r["task"] for r in json.loads((tmp_path / "r.json").read_text())] == ["SpellingBee"]
     assert "chat eval SpellingBee: 3/3 problems in " in proc.stderr  # the progress line (stderr is not a terminal)
+
+
+def _closed_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]  # closed again: a connection there is refused at once
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("offline", ["HF_HUB_OFFLINE=1", "hub unreachable"])
+def test_offline_with_nothing_cached_is_one_line_at_once(model_dir, tmp_path, offline):
+    """The README's example where no row is cached: HF_HUB_OFFLINE set, or no network (here a hub that refuses
+    connections; each load would retry for a minute): one line naming the datasets and what to do, exit 2, before
+    the model is loaded."""
+    env = {k: v for k, v in os.environ.items() if k not in ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")}
+    env.update(HF_HOME=str(tmp_path / "hf"), HF_DATASETS_CACHE=str(tmp_path / "hf" / "datasets"))
+    env["CUDA_VISIBLE_DEVICES"] = ""
+    if offline == "HF_HUB_OFFLINE=1":
+        env["HF_HUB_OFFLINE"], why = "1", "HF_HUB_OFFLINE=1 is set"
+    else:
+        env["HF_ENDPOINT"] = endpoint = f"http://127.0.0.1:{_closed_port()}"
+        why = f"the hub ({endpoint}) cannot be reached"
+    args = ["--model", str(model_dir), "--tasks", "ARC-Easy,GSM8K", "--max_problems", "100"]
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "scripts" / "chat_eval.py"), *args],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
+    assert proc.returncode == 2 and proc.stderr.splitlines() == [
+        f"chat_eval: error: ARC-Easy (allenai/ai2_arc), GSM8K (openai/gsm8k): not in the datasets cache, and {why}: "
+        "run it once where the hub is reachable (without HF_HUB_OFFLINE; the rows are then cached for offline runs), "
+        "or give local copies with --data_files TASK=FILE"
+    ], proc.stderr[-3000:]

@@ -75,3 +75,27 @@ def test_calculator_without_its_tokens_is_one_line(llama_dir):
     with pytest.raises(UserError, match="calculator=true needs nanochat's calculator tokens") as e:
         NanoChatRollout(tok, 2, 8, 1.0, 50, calculator=True, max_sequence_len=256)
     assert "\n" not in str(e.value) and "calculator false" in str(e.value)
+
+
+def test_a_model_without_chat_template_is_one_line(llama_dir, tmp_path, capsys):
+    """A tokenizer with neither nanochat's tokens nor a chat template cannot render a prompt: one line naming
+    the model folder, exit 2, nothing written."""
+    import json
+    import shutil
+
+    bare = tmp_path / "bare"
+    shutil.copytree(llama_dir, bare)
+    config = json.loads((bare / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (bare / "tokenizer_config.json").write_text(json.dumps(config))
+    (bare / "chat_template.jinja").unlink(missing_ok=True)
+    out = tmp_path / "out"
+    flags = ["--model_source", str(bare), "--gsm8k_source", "demo", "--demo_rows", "6", "--calculator", "false"]
+    assert main([*flags, "--output_dir", str(out)]) == 2
+    err = capsys.readouterr().err  # (transformers' bar of the weights loading before it, on stderr too)
+    assert "Traceback" not in err and err.strip().splitlines()[-1] == (
+        f"chat_rl: error: model_source={bare}: its tokenizer has no chat template (chat_template in "
+        "tokenizer_config.json, or chat_template.jinja) and not nanochat's special tokens; chat_rl renders each "
+        "GSM8K problem as a chat prompt with one of them"
+    )
+    assert not out.exists()

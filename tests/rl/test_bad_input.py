@@ -2,6 +2,9 @@
 prompts per step that do not divide across processes, a prompt longer than the context, a reward function of
 the wrong length or type, a config with an unknown knob, a checkpoint that is not one."""
 
+import re
+import sys
+
 import pytest
 
 from nanochat_hf.errors import UserError
@@ -9,7 +12,7 @@ from nanochat_hf.rl.arguments import parse_args
 from nanochat_hf.rl.rewards import checked_reward
 from nanochat_hf.rl.run import main
 
-from .conftest import tiny_args
+from .conftest import REPO_ROOT, tiny_args
 
 
 def one_line_exit(capsys, argv: list[str]) -> str:
@@ -31,6 +34,11 @@ def one_line_exit(capsys, argv: list[str]) -> str:
         ({"max_new_tokens": "250"}, "exceeds the model's context (256 tokens)"),
         ({"resume_from_checkpoint": "nowhere"}, "resume_from_checkpoint=nowhere: not a complete checkpoint folder"),
         ({"gsm8k_source": "web"}, "gsm8k_source='web': expected hub, demo or files"),
+        ({"temperature": "-1"}, "temperature=-1.0: expected a number >= 0 (0: greedy)"),
+        ({"temperature": "nan"}, "temperature=nan: expected a number >= 0 (0: greedy)"),
+        ({"top_k": "-5"}, "top_k=-5: expected 0 (off) or a positive number of tokens"),
+        ({"eval_every": "2", "eval_examples": "0"}, "eval_examples=0: expected at least 1 (or eval_every -1"),
+        ({"num_threads": "0"}, "num_threads=0: expected 1 to "),
     ],
 )
 def test_bad_flags_are_one_line(capsys, tmp_path, flags, words):
@@ -71,3 +79,17 @@ def test_reward_of_wrong_length_or_type_is_one_line(returned, words):
     with pytest.raises(UserError, match=rf"reward function bad {words}".replace("(", r"\(").replace(")", r"\)")):
         reward(prompts=["a", "b"], completions=["x", "y"], completion_ids=[[1], [2]])
     assert checked_reward(lambda **k: [0.5, None])(completion_ids=[[1], [2]]) == [0.5, None]
+
+
+def test_without_trl_the_install_command_is_one_line(capsys, tmp_path, monkeypatch):
+    """`pip install -e .` (the README's set-up) leaves TRL out: chat_rl names the extra that brings it, and that
+    extra is in pyproject.toml."""
+    monkeypatch.setitem(sys.modules, "trl", None)  # `import trl` now fails as where it is not installed
+    out = tmp_path / "out"
+    line = one_line_exit(capsys, tiny_args(out))
+    assert line == (
+        "chat_rl: error: No module named 'trl': the RL stage runs on TRL's GRPOTrainer; install the rl extra: "
+        'pip install -e ".[rl]" (from the repository root)'
+    )
+    assert not out.exists()
+    assert re.search(r'^rl = \["trl>=', (REPO_ROOT / "pyproject.toml").read_text(), re.M)  # the extra it names

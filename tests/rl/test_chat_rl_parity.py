@@ -10,6 +10,7 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+import torch
 from datasets import Dataset
 from safetensors.torch import load_file
 from transformers import TrainerCallback
@@ -171,3 +172,23 @@ def test_sampling_is_seed_equal_to_head(model_and_tokenizer):
         prompt = evaluation.prompt_ids([{"role": "user", "content": test[record["idx"]]["question"]}])
         ours = evaluation.sample(model, prompt, [42])
         assert [c[:-1] if c[-1] == stop else c for c in ours] == record["samples"]
+
+
+def test_the_evaluation_samples_as_chat_rl_whatever_the_training_sampling(
+    model_and_tokenizer, tmp_path, capsys, request
+):
+    """chat_rl.py's pass@k evaluation samples with run_gsm8k_eval's own settings (temperature 1.0, top-k 50, 256
+    tokens, seed 42), not the training flags: with training sampling set to greedy, 8 tokens, the callback of
+    the script's trainer gives HEAD's pass@k on HEAD's weights, and says how far it is as it goes."""
+    from nanochat_hf.rl.trainer import PassAtKCallback
+
+    model, tok = model_and_tokenizer
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # 2 threads on a loaded machine spin-wait: 20x slower sampling here
+    request.addfinalizer(lambda: torch.set_num_threads(threads))
+    flags = {"eval_every": "1", "eval_examples": "8", "temperature": "0", "top_k": "1", "max_new_tokens": "8"}
+    trainer = build_trainer(parse_args(tiny_args(tmp_path / "out", **flags)), model.float(), tok)
+    [callback] = [c for c in trainer.callback_handler.callbacks if isinstance(c, PassAtKCallback)]
+    [evaluation] = REF["eval"]
+    assert list(callback.evaluate(0).values()) == pytest.approx(evaluation["passk"], abs=1e-7)
+    assert "chat_rl pass@k at step 0: 8 problems\n" in capsys.readouterr().err  # before the first is sampled

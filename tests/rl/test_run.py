@@ -91,3 +91,35 @@ def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path):
     final = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert rewards(final) == rewards(history)  # steps 1..5: the same samples (k / 16: exact), the same weights
     assert "| 1 | " in (out / "report.md").read_text()  # the report's curve starts at step 1, not at the resume
+
+
+@pytest.mark.parametrize("checkpoint", [False, True])
+def test_ctrl_c_says_what_is_true(tmp_path, capsys, monkeypatch, checkpoint):
+    """Ctrl-C (here: at the first step) says how to resume only when there is a complete checkpoint to resume
+    from, else that there is nothing to resume; before training, the CPU thread line mid_train prints."""
+    from nanochat_hf.rl.run import main
+    from nanochat_hf.rl.trainer import NanoChatGRPOTrainer
+    from nanochat_hf.training.checkpoint.layout import OPTIMIZER_FILE, SCHEDULER_FILE
+
+    def ctrl_c(self, *args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(NanoChatGRPOTrainer, "train", ctrl_c)
+    out = tmp_path / "out"
+    if checkpoint:  # what resolve_checkpoint counts as complete (an earlier run's, kept in output_dir)
+        for name in ("trainer_state.json", "model.safetensors", SCHEDULER_FILE, OPTIMIZER_FILE.format(rank=0)):
+            (out / "checkpoint-2" / name).parent.mkdir(parents=True, exist_ok=True)
+            (out / "checkpoint-2" / name).write_text("{}")
+    assert main(tiny_args(out, save_every="2", num_threads="1")) == 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert "chat_rl: 1 CPU thread(s) (--num_threads 1)" in err
+    if checkpoint:
+        assert err[-1] == (
+            f"chat_rl: interrupted at step 0; resume with --resume_from_checkpoint last ({out / 'checkpoint-2'}, "
+            "the newest complete checkpoint)"
+        )
+    else:
+        assert err[-1] == (
+            "chat_rl: interrupted at step 0; no checkpoint was written (they are written every 2 steps): nothing "
+            "to resume, run it again to start over"
+        )

@@ -2,7 +2,7 @@
 with the base run's group settings (its last Muon weight decay) and only the LRs reset, from the files of any number
 of processes; files of another model, or a set with a rank's file missing, stop the run in one line naming the file,
 with nothing written. The result goes back to nanochat with
-the base meta as it came in and what training changed."""
+the meta chat_sft.py writes."""
 
 import json
 import re
@@ -82,8 +82,9 @@ def base_with_optimizer(tmp_path_factory) -> Path:
 
 def test_the_base_runs_optimizer_is_loaded_and_the_meta_goes_back_out(base_with_optimizer, tmp_path, capsys):
     """The warm start says so in the run's first lines, with the weight decay it carries; to-nanochat then writes
-    the base meta as it came in (window_pattern "SSSL", user_config, loop_state) with what training changed: the
-    step and the val bpb."""
+    the meta chat_sft.py writes (its save_checkpoint call: step, val_bpb, model_config, user_config): this run's
+    step, val bpb and arguments, the base's window_pattern "SSSL"; none of base_train's keys for resuming the base
+    run (loop_state, dataloader_state_dict, its batch sizes)."""
     main([*RUN, "--model_source", str(base_with_optimizer), "--output_dir", str(tmp_path / "out")])
     out = capsys.readouterr().out
     checkpoint = base_with_optimizer / "base_checkpoints" / "d2"
@@ -97,7 +98,12 @@ def test_the_base_runs_optimizer_is_loaded_and_the_meta_goes_back_out(base_with_
     base_meta = json.loads((checkpoint / "meta_000010.json").read_text())
     val_bpb = float(re.search(r"validation bpb: ([0-9.]+)", out).group(1))
     meta = json.loads((sft / "meta_000001.json").read_text())
-    assert meta == {**base_meta, "step": 1, "val_bpb": pytest.approx(val_bpb, abs=1e-4)}
+    assert list(meta) == ["step", "val_bpb", "model_config", "user_config"]  # chat_sft.py's, in its order
+    assert meta["step"] == 1 and meta["val_bpb"] == pytest.approx(val_bpb, abs=1e-4)
+    assert meta["model_config"] == base_meta["model_config"]  # window_pattern "SSSL" included
+    user_config = meta["user_config"]  # this run's arguments (chat_sft.py: its own), not base_train's
+    assert [user_config[k] for k in ("max_seq_len", "device_batch_size", "total_batch_size")] == [64, 2, 128]
+    assert user_config["optimizer_recipe"] == "2026-07" and user_config != base_meta["user_config"]
 
 
 def test_a_file_set_of_two_processes_warm_starts_one_process(base_with_optimizer, tmp_path):

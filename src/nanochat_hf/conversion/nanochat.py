@@ -50,6 +50,21 @@ SOURCE_FOLDERS = {
 }
 NO_MID = ("G4", "G5")  # generations whose nanochat has no mid_checkpoints (6ed7d1d on)
 NANOCHAT_META_FILE = "nanochat_meta.json"  # the source meta, kept beside a converted model (step, user_config...)
+# The meta keys nanochat HEAD's chat_sft.py writes with a fine-tuned model (its save_checkpoint call), in its order
+FINETUNED_META_KEYS = ("step", "val_bpb", "model_config", "user_config")
+
+
+def finetuned_meta(source_meta: dict, step: int, val_bpb: float | None, user_config: dict) -> dict:
+    """The meta of a model fine-tuned from a nanochat checkpoint whose meta is `source_meta`, as chat_sft.py writes
+    it (`FINETUNED_META_KEYS`): this run's step, val bpb (None: not measured) and arguments, and the source's
+    model_config (its window_pattern; to_nanochat writes the model's own). Not base_train's keys for resuming the
+    base run (dataloader_state_dict, loop_state, its batch sizes): they describe that run, not this model. A model
+    fine-tuned here keeps it in NANOCHAT_META_FILE, from where to_nanochat writes it out, as it writes an RL
+    result's (which has none: step and model_config)."""
+    values = (step, val_bpb, source_meta.get("model_config", {}), user_config)
+    return dict(zip(FINETUNED_META_KEYS, values))
+
+
 _MODEL_FILE = re.compile(r"model_(\d+)\.pt")
 
 

@@ -74,6 +74,38 @@ def load_problems(
     return problems
 
 
+def load_eval_problems(
+    tasks: list[str],
+    data_files: dict[str, list[str]],
+    max_problems: int | None,
+    hub_off: str | None,
+    skip_unavailable: Callable[[str, str], None],
+) -> dict[str, list[Problem]]:
+    """Each task's problems (`load_problems`), before a model is loaded: a task whose data cannot be loaded is left
+    out after `skip_unavailable(task name, one-line reason)`, and when none can be, UserError in one line; where
+    that is because the hub is off (`hub_off`: why, from `tasks.hub_off`), it names the datasets to download and
+    how, or the local copies to give instead."""
+    problems, failed = {}, {}
+    for name in tasks:
+        try:
+            problems[name] = load_problems(EVAL_TASKS[name], data_files.get(name), max_problems)
+        except DataLoadError as e:
+            failed[name] = one_line(e)
+    if not problems:
+        hub = [n for n in failed if n not in data_files and EVAL_TASKS[n].kind == "hub"]
+        if hub_off and hub == list(failed):
+            names = ", ".join(f"{n} ({EVAL_TASKS[n].dataset})" for n in hub)
+            raise UserError(
+                f"{names}: not in the datasets cache, and {hub_off}: run it once where the hub is reachable (without "
+                "HF_HUB_OFFLINE; the rows are then cached for offline runs), or give local copies with --data_files "
+                "TASK=FILE"
+            )
+        raise UserError(f"no task could be loaded: {next(iter(failed.values()))}")
+    for name, reason in failed.items():
+        skip_unavailable(name, reason)
+    return problems
+
+
 # ---------------------------------------------------------------- the two modes
 
 
@@ -189,13 +221,15 @@ def run_chat_eval(
     data_files: dict[str, list[str]] | None = None,
     cache_dir: str | None = None,
     skip_unavailable: Callable[[str, str], None] | None = None,
+    problems: dict[str, list[Problem]] | None = None,
 ) -> list[TaskScore]:
     """nanochat's chat evaluation of `model` (the bare causal LM, on its device) on `tasks` (default: all six).
 
     `data_files` maps a task name to local files in its hub layout (for offline runs). Returns one TaskScore
     per task, the same on every process; `chatcore(scores)` gives ChatCORE. A task whose data cannot be loaded
     (`DataLoadError`: offline, a damaged file) stops the evaluation, or, given `skip_unavailable`, is left out
-    after calling `skip_unavailable(task name, one-line reason)`.
+    after calling `skip_unavailable(task name, one-line reason)`. `problems`: tasks' problems already loaded
+    (`load_eval_problems`), used as they are.
     """
     names = list(EVAL_TASKS) if tasks is None else [task_by_name(t).name for t in tasks]
     files = {task_by_name(k).name: v for k, v in (data_files or {}).items()}
@@ -206,14 +240,17 @@ def run_chat_eval(
         for name in names:
             task = EVAL_TASKS[name]
             try:
-                problems = load_problems(task, files.get(name), max_problems, cache_dir)
+                if problems is not None and name in problems:
+                    loaded = problems[name]
+                else:
+                    loaded = load_problems(task, files.get(name), max_problems, cache_dir)
             except DataLoadError as e:
                 if skip_unavailable is None:
                     raise
                 skip_unavailable(name, one_line(e))
                 continue
             scores.append(
-                evaluate_task(model, tokenizer, task, problems, batch_size, max_new_tokens, temperature, top_k, seed)
+                evaluate_task(model, tokenizer, task, loaded, batch_size, max_new_tokens, temperature, top_k, seed)
             )
         return scores
     finally:

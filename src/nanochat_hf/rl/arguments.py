@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -70,6 +71,13 @@ class RLArguments:
         default="auto", metadata={"help": "dtype of Muon's orthogonalisation: auto|bfloat16|float32"}
     )
     seed: int = field(default=42, metadata={"help": "seed of the Trainer (sampling seeds are chat_rl.py's)"})
+    num_threads: int | None = field(
+        default=None,
+        metadata={
+            "help": "CPU threads per process, 1 to the cores (default: the cores idle when it starts, divided among "
+            "the processes; as mid_train)"
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.num_samples < 1 or self.device_batch_size < 1 or self.num_samples % self.device_batch_size:
@@ -79,6 +87,17 @@ class RLArguments:
             )
         if self.examples_per_step < 1 or self.max_new_tokens < 1 or self.num_epochs < 1:
             raise UserError("examples_per_step, max_new_tokens and num_epochs must be positive")
+        # what sampling can mean (chat_rl.py takes any number): temperature 0 is greedy, top_k 0 is off
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise UserError(f"temperature={self.temperature}: expected a number >= 0 (0: greedy)")
+        if self.top_k < 0:
+            raise UserError(f"top_k={self.top_k}: expected 0 (off) or a positive number of tokens")
+        if self.eval_every > 0 and self.eval_examples < 1:
+            raise UserError(f"eval_examples={self.eval_examples}: expected at least 1 (or eval_every -1: no pass@k)")
+        if self.num_threads is not None:
+            from ..training.device import check_num_threads
+
+            check_num_threads(self.num_threads, f"num_threads={self.num_threads}")
         if self.gsm8k_source not in ("hub", "demo", "files"):
             raise UserError(f"gsm8k_source={self.gsm8k_source!r}: expected hub, demo or files")
         if self.gsm8k_source == "files" and not (self.train_data_files and self.eval_data_files):
@@ -100,6 +119,7 @@ class RLArguments:
         """The stock GRPOConfig of chat_rl.py's loop: on-policy REINFORCE with a group-mean baseline (beta 0, one
         iteration, rewards not scaled), one micro-batch per pass of one prompt, the linear schedule to 0 without
         warm-up, no clipping; ``max_steps`` = (train rows // examples_per_step) * num_epochs, as chat_rl.py."""
+        import torch
         from trl import GRPOConfig
 
         if self.examples_per_step % world_size:
@@ -136,6 +156,9 @@ class RLArguments:
             disable_tqdm=True,
             seed=self.seed,
             bf16=False,
+            # as mid_train: without CUDA or MPS say CPU, so that several processes (accelerate launch --multi_gpu,
+            # torchrun) form one gloo group; else transformers leaves each process training alone (world size 1)
+            use_cpu=not (torch.cuda.is_available() or torch.backends.mps.is_available()),
         )
 
 

@@ -31,6 +31,17 @@ def has_nanochat_format(tokenizer: Any) -> bool:
     return all(name in vocab for name in SPECIAL_TOKENS)
 
 
+def check_prompt_format(tokenizer: Any, source: str) -> None:
+    """UserError in one line, naming the model (`source`), when `render_prompt` cannot render a prompt: the
+    tokenizer has neither nanochat's special tokens nor a chat template."""
+    if not has_nanochat_format(tokenizer) and not getattr(tokenizer, "chat_template", None):
+        raise UserError(
+            f"model_source={source}: its tokenizer has no chat template (chat_template in tokenizer_config.json, or "
+            "chat_template.jinja) and not nanochat's special tokens; chat_rl renders each GSM8K problem as a chat "
+            "prompt with one of them"
+        )
+
+
 def render_prompt(tokenizer: Any, conversation: list[dict] | Mapping) -> list[int]:
     """Prompt ids: nanochat's `render_for_completion` where the tokenizer has nanochat's format, else the model's
     own chat template with the generation prompt."""

@@ -89,13 +89,39 @@ def resolve_checkpoint(output_dir: str, value: str | None) -> str | None:
     return str(found[-1][1])
 
 
+def after_interrupt(args: RLArguments) -> str:
+    """What Ctrl-C leaves to do: resume from the newest complete checkpoint in output_dir, or, with none, start
+    again (the resume would refuse)."""
+    try:
+        last = resolve_checkpoint(args.output_dir, "last")
+    except UserError:
+        every = f"every {args.save_every} steps" if args.save_every > 0 else "never: save_every is off"
+        return f"no checkpoint was written (they are written {every}): nothing to resume, run it again to start over"
+    return f"resume with --resume_from_checkpoint last ({last}, the newest complete checkpoint)"
+
+
+def require_trl() -> None:
+    """UserError in one line naming the install command when TRL, which the RL stage runs on, is not installed
+    (`pip install -e .` leaves it out: it comes with the rl extra)."""
+    try:
+        import trl  # noqa: F401
+    except ModuleNotFoundError as e:
+        if e.name != "trl":  # TRL is there but something it needs is not: its own error says what
+            raise
+        raise UserError(
+            "No module named 'trl': the RL stage runs on TRL's GRPOTrainer; install the rl extra: "
+            'pip install -e ".[rl]" (from the repository root)'
+        ) from None
+
+
 def build_trainer(args: RLArguments, model: Any, tokenizer: Any, world_size: int = 1):
     from datasets import Dataset
 
     from .rewards import gsm8k_reward
-    from .rollout import NanoChatRollout
+    from .rollout import NanoChatRollout, check_prompt_format
     from .trainer import NanoChatGRPOTrainer
 
+    check_prompt_format(tokenizer, args.model_source)
     rollout = NanoChatRollout(
         tokenizer,
         args.device_batch_size,
@@ -128,16 +154,22 @@ def train(argv: list[str] | None = None) -> int:
 
     os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")  # rollout_func is TRL's experimental API; we pin TRL
     args = parse_args(argv)
+    require_trl()
     model, tokenizer = load_model(args)
     resume = resolve_checkpoint(args.output_dir, args.resume_from_checkpoint)
     trainer = build_trainer(args, model, tokenizer, int(os.environ.get("WORLD_SIZE", "1")))
+    if trainer.args.device.type == "cpu":  # as mid_train: the cores idle now, and the line saying so
+        from ..training.device import use_cpu_threads
+
+        line = use_cpu_threads(args.num_threads, trainer.accelerator.num_processes)
+        if trainer.is_world_process_zero():
+            print(f"{PROG}: {line}", file=sys.stderr, flush=True)
     try:
         trainer.train(resume_from_checkpoint=resume)
     except KeyboardInterrupt:  # the checkpoints written so far stay as they are; one being written is skipped
         if trainer.is_world_process_zero():
             print(
-                f"{PROG}: interrupted at step {trainer.state.global_step}; resume with --resume_from_checkpoint last "
-                f"(the newest complete checkpoint in {args.output_dir})",
+                f"{PROG}: interrupted at step {trainer.state.global_step}; {after_interrupt(args)}",
                 file=sys.stderr,
                 flush=True,
             )

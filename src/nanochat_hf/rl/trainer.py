@@ -25,6 +25,8 @@ from trl.trainer.utils import split_tensor_dict
 
 from ..errors import UserError
 from ..integration import NanoChatOptimizerMixin
+from ..progress import Progress
+from .arguments import PROG
 from .rewards import checked_reward, pass_at_k
 from .rollout import NanoChatRollout, render_prompt
 
@@ -153,7 +155,7 @@ class PassAtKCallback(TrainerCallback):
     def __init__(self, trainer: NanoChatGRPOTrainer, rows: list[dict], every: int, examples: int) -> None:
         self.trainer, self.rows, self.every, self.examples = trainer, rows[:examples], every, examples
 
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, step: int = 0) -> dict[str, float]:
         t = self.trainer
         rollout, reward = t.rollout, t.reward_funcs[0]
         model = t.accelerator.unwrap_model(t.model)
@@ -170,16 +172,18 @@ class PassAtKCallback(TrainerCallback):
             **sampling,
         )
         outcomes = []
-        for row, prompt in zip(self.rows[rank::world], prompts):
-            completions = eval_rollout.sample(model, prompt, [EVAL_SEED])
-            n = len(completions)
-            scores = reward(
-                prompts=[row["prompt"]] * n,
-                completions=[None] * n,
-                completion_ids=completions,
-                answer=[row["answer"]] * n,
-            )
-            outcomes.append([s == 1.0 for s in scores])
+        # a long phase (400 problems x 256 tokens): rank 0 says how far its share is, the others the same pace
+        with Progress(f"{PROG} pass@k at step {step}", len(prompts), "problems", t.is_world_process_zero()) as bar:
+            for row, prompt in bar.wrap(zip(self.rows[rank::world], prompts)):
+                completions = eval_rollout.sample(model, prompt, [EVAL_SEED])
+                n = len(completions)
+                scores = reward(
+                    prompts=[row["prompt"]] * n,
+                    completions=[None] * n,
+                    completion_ids=completions,
+                    answer=[row["answer"]] * n,
+                )
+                outcomes.append([s == 1.0 for s in scores])
         k_max = rollout.device_batch_size
         local = torch.tensor(
             [p * len(outcomes) for p in pass_at_k(outcomes, k_max)] + [len(outcomes)]
@@ -197,7 +201,7 @@ class PassAtKCallback(TrainerCallback):
         if state.global_step % self.every:
             return
         start = time.perf_counter()
-        scores = self.evaluate()
+        scores = self.evaluate(state.global_step)
         if state.is_world_process_zero:
             ks = " | ".join(f"{k:>7}" for k in scores)
             values = " | ".join(f"{v:7.4f}" for v in scores.values())

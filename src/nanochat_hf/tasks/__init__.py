@@ -13,7 +13,7 @@ import re
 from ..errors import UserError
 from . import arc, demo, gsm8k, humaneval, identity, mmlu, smoltalk, spelling
 from .common import Problem, Task
-from .hub import HUB_SHUFFLE_SEED, SOURCE_ROW, DataLoadError, check_data_file, load_rows
+from .hub import HUB_SHUFFLE_SEED, SOURCE_ROW, DataLoadError, check_data_file, hub_off, load_rows
 
 TASKS: tuple[Task, ...] = (  # the evaluated ones first, in nanochat's chat_eval order (SpellingBee is ours)
     arc.EASY,
@@ -64,6 +64,7 @@ __all__ = [
     "Problem",
     "Task",
     "check_data_file",
+    "hub_off",
     "load_rows",
     "mixture_task",
     "task_by_name",

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import urllib.error
+import urllib.request
 from typing import TYPE_CHECKING
 
 from ..errors import UserError, one_line
@@ -25,6 +27,31 @@ if TYPE_CHECKING:
 
 class DataLoadError(UserError):
     """A task's data cannot be read (a bad file, the hub unreachable or offline); the message is one line."""
+
+
+OFFLINE_VARIABLES = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE", "TRANSFORMERS_OFFLINE")  # huggingface_hub's, datasets'
+DEFAULT_ENDPOINT = "https://huggingface.co"  # huggingface_hub's, where HF_ENDPOINT does not say another
+PROBE_TIMEOUT_S = 5.0
+
+
+def hub_off(probe_timeout: float = PROBE_TIMEOUT_S) -> str | None:
+    """Why this process cannot load from the hub, or None when it can: one of OFFLINE_VARIABLES is set, or the hub
+    does not answer one request (no retries) within `probe_timeout` seconds; then HF_HUB_OFFLINE=1 is set for this
+    process, so that cached rows load at once and the others fail at once, where each load would otherwise retry
+    for a minute. Call it before datasets and huggingface_hub are imported (they read the variable then): at a
+    command's start."""
+    for name in OFFLINE_VARIABLES:
+        if os.environ.get(name, "").upper() in ("1", "ON", "YES", "TRUE"):
+            return f"{name}={os.environ[name]} is set"
+    endpoint = os.environ.get("HF_ENDPOINT", DEFAULT_ENDPOINT)
+    try:
+        urllib.request.urlopen(urllib.request.Request(endpoint, method="HEAD"), timeout=probe_timeout).close()
+    except urllib.error.HTTPError:  # an answer, whatever its status: the hub is there
+        return None
+    except (OSError, ValueError):  # no network, refused, timed out, a malformed HF_ENDPOINT
+        os.environ["HF_HUB_OFFLINE"] = "1"
+        return f"the hub ({endpoint}) cannot be reached"
+    return None
 
 
 def check_data_file(path: str, where: str) -> None:

@@ -25,18 +25,19 @@ wanted: `super()`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 import shutil
 from pathlib import Path
 
 import torch
-from transformers import Trainer
+from transformers import Trainer, TrainingArguments
 from transformers.trainer_callback import PrinterCallback, ProgressCallback
 from transformers.trainer_jit_checkpoint import JITCheckpointCallback
 from transformers.utils import logging as hf_logging
 
-from ..conversion.nanochat import NANOCHAT_META_FILE
+from ..conversion.nanochat import NANOCHAT_META_FILE, finetuned_meta
 from ..conversion.optimizer_files import apply_settings, read_warm_start
 from ..data import BestFitStream, MicroBatchStream, PackedStream
 from ..data.shards import SHARD_LAST, DealtStream
@@ -78,6 +79,8 @@ from .device import reuse_freed_memory, to_device, use_cpu_threads
 from .evaluation import evaluate_bpb
 from .report import write_model_card
 from .schedule import nanochat_scheduler, steps_progress
+
+TRAINING_ARGUMENTS = {f.name for f in dataclasses.fields(TrainingArguments)}  # the stock fields, not a run's knobs
 
 
 class StreamLoader:
@@ -463,9 +466,12 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
             write_json(tmp / TRAINING_ARGS_FILE, self.args.to_dict())
-            if self.nanochat_meta is not None:  # as it came in, with this model's val bpb: to-nanochat writes it back
+            if self.nanochat_meta is not None:  # chat_sft.py's meta of this model: to-nanochat writes it out
                 val = [h["eval_val_bpb"] for h in self.state.log_history if "eval_val_bpb" in h]
-                write_json(tmp / NANOCHAT_META_FILE, {**self.nanochat_meta, **({"val_bpb": val[-1]} if val else {})})
+                ours = {f.name for f in dataclasses.fields(self.args)} - TRAINING_ARGUMENTS  # the run's own knobs
+                user_config = {k: v for k, v in self.args.to_dict().items() if k in ours}
+                meta = finetuned_meta(self.nanochat_meta, self.state.global_step, val[-1] if val else None, user_config)
+                write_json(tmp / NANOCHAT_META_FILE, meta)
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
