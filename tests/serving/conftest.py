@@ -92,16 +92,34 @@ TOOL_REPLY = [
 AFTER_TOOL = ["<|output_end|>", " ", "o", "k", "<|assistant_end|>"]
 
 
+def wired_model(
+    tokenizer, chains: list[list[int]], sequence_len: int = 64, width: int = 320, logit: float | None = None
+) -> NanoChatGPTForCausalLM:
+    """A model whose greedy next token depends on the current one only: in each chain of token ids, each token is
+    followed by the next. One-hot embeddings, blocks adding nothing (zero output projections), lm_head row next
+    holds a 1 at column current (as tests/inference's wired models). The final norm makes the one-hot sqrt(width)
+    long, so the next token's logit is about 12 (after the softcap), every other's 0: greedy at any temperature.
+    `logit` sets it instead (2: a sampled reply strays from the chains)."""
+    vocab = len(tokenizer)
+    model = NanoChatGPTForCausalLM(
+        NanoChatGPTConfig(vocab_size=vocab, sequence_len=sequence_len, n_layer=1, n_head=2, n_embd=width)
+    )
+    follows = {}
+    with torch.no_grad():
+        model.transformer.wte.weight.copy_(torch.eye(vocab, width))
+        model.lm_head.weight.zero_()
+        for chain in chains:
+            for src, dst in zip(chain[:-1], chain[1:]):
+                assert follows.setdefault(src, dst) == dst, f"token {src} would have two successors"
+                model.lm_head.weight[dst, src] = 1.0 if logit is None else logit / width**0.5
+    return model.eval()
+
+
 @pytest.fixture(scope="session")
 def tool_model_dir(tmp_path_factory) -> Path:
     """A model whose greedy reply to anything is <|python_start|>2+3<|python_end|>, and after the tool's output
-    " ok". One-hot embeddings, blocks adding nothing (zero output projections), lm_head row next holds a 1 at
-    column current (as tests/inference's wired models)."""
+    " ok" (``wired_model``)."""
     tokenizer = train_tokenizer(TOOL_TEXTS, vocab_size=300)
-    vocab = len(tokenizer)
-    model = NanoChatGPTForCausalLM(
-        NanoChatGPTConfig(vocab_size=vocab, sequence_len=64, n_layer=1, n_head=2, n_embd=320)
-    )
 
     def tid(piece: str) -> int:
         if piece.startswith("<|"):
@@ -109,13 +127,8 @@ def tool_model_dir(tmp_path_factory) -> Path:
         (idx,) = tokenizer.encode(piece, add_special_tokens=False)
         return idx
 
-    chain = ["<|assistant_start|>", *TOOL_REPLY]
-    with torch.no_grad():
-        model.transformer.wte.weight.copy_(torch.eye(vocab, 320))
-        model.lm_head.weight.zero_()
-        for src, dst in [*zip(chain[:-1], chain[1:]), *zip(AFTER_TOOL[:-1], AFTER_TOOL[1:])]:
-            model.lm_head.weight[tid(dst), tid(src)] = 1.0
-    return save_model(tmp_path_factory.mktemp("tool"), model.eval(), tokenizer)
+    chains = [[tid(p) for p in ["<|assistant_start|>", *TOOL_REPLY]], [tid(p) for p in AFTER_TOOL]]
+    return save_model(tmp_path_factory.mktemp("tool"), wired_model(tokenizer, chains), tokenizer)
 
 
 def free_port() -> int:

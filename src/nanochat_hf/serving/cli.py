@@ -43,6 +43,7 @@ class ServeOptions:
     engine: str = "process"  # the model in a process of its own; "thread": in the server's process (engine.py)
     body_seconds: float = 30.0  # a body that takes longer to arrive is refused (408): slow clients hold no slot
     no_calculator: bool = False
+    no_page: bool = False  # the chat page at / (chat.html) is served unless this is set
     log_level: str = "warning"
 
 
@@ -90,6 +91,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "the server's process",
     )
     parser.add_argument("--no-calculator", action="store_true", help="calculator tool off unless a request asks")
+    parser.add_argument("--no-page", action="store_true", help="no chat page at / (an API-only server: / is 404)")
     parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
     add_version(parser)
     parser.set_defaults(**{k: v for k, v in DEFAULTS.items() if k != "cors_origin"})

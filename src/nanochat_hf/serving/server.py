@@ -1,7 +1,7 @@
 """The OpenAI-compatible server: three endpoints (``POST /v1/chat/completions``, ``GET /v1/models``,
-``GET /health``, the ones docs/serving.md lists) on a FastAPI app run by uvicorn, answering with transformers
-serve's response objects (its chat handler's builders and field check), generating with our ``Batcher`` (in a
-process of its own by default: ``engine``).
+``GET /health``, the ones docs/serving.md lists) and a chat page at ``/`` (``chat.html``) on a FastAPI app run by
+uvicorn, answering with transformers serve's response objects (its chat handler's builders and field check),
+generating with our ``Batcher`` (in a process of its own by default: ``engine``).
 
 Why not ``transformers serve``'s app itself (``build_server``): it also serves ``/load_model`` (loads any local
 directory a client names), ``/reset`` (unloads the model), ``/v1/completions``, ``/v1/responses`` and audio, none of
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
+import importlib.resources
 import ipaddress
 import json
 import sys
@@ -34,7 +35,7 @@ import torch
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.middleware.cors import CORSMiddleware
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response, StreamingResponse
 from openai.types.completion_usage import CompletionUsage
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
@@ -51,8 +52,16 @@ from .batcher import Batcher, Job, QueueFull, ShuttingDown
 from .cli import ServeOptions
 from .engine import EngineProcess, load_model
 
-ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health")  # docs/serving.md lists these; nothing else is served
+ENDPOINTS = ("/v1/chat/completions", "/v1/models", "/health")  # docs/serving.md lists these; else only the page
 OPEN = "/health"  # the one endpoint an API key does not guard (load balancers probe it)
+PAGE = "/"  # the chat page (chat.html; --no-page: none): open too, it asks for the key and sends it itself
+# the page may run its own inline script and style and talk to this server, nothing else (no asset from elsewhere)
+PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
+    "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
 MAX_STOP_STRINGS = 4  # OpenAI's limit on `stop`
 MAX_STOP_CHARS = 100  # each is searched for at every token: long ones would slow everyone's decoding
 MAX_TEMPERATURE = 2.0  # OpenAI's range
@@ -479,15 +488,15 @@ class Guard:
     """ASGI middleware in front of everything: the API key (401, before anything is read), then the body's size
     (413 from Content-Length before a byte of it is read, or as soon as a chunked body passes the limit)."""
 
-    def __init__(self, app, api_key: str | None, max_bytes: int):
-        self.app, self.max_bytes = app, max_bytes
+    def __init__(self, app, api_key: str | None, max_bytes: int, open_paths: tuple[str, ...] = (OPEN,)):
+        self.app, self.max_bytes, self.open_paths = app, max_bytes, open_paths
         self.expected = f"Bearer {api_key}".encode() if api_key else None
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = dict(scope["headers"])
-        if self.expected and scope["path"] != OPEN:
+        if self.expected and scope["path"] not in self.open_paths:
             if not hmac.compare_digest(headers.get(b"authorization", b""), self.expected):
                 message = "a valid API key is needed: send the header 'Authorization: Bearer KEY'"
                 return await error_response(401, message)(scope, receive, send)
@@ -529,6 +538,13 @@ def build_app(handler: NanoChatCompletionHandler, batcher: Batcher | EngineProce
         model = {"id": handler.name, "object": "model", "created": 0, "owned_by": "local"}
         return JSONResponse({"object": "list", "data": [model]})
 
+    if not options.no_page:
+        page = importlib.resources.files(__package__).joinpath("chat.html").read_text(encoding="utf-8")
+
+        @app.get(PAGE)
+        def chat_page():
+            return HTMLResponse(page, headers=PAGE_HEADERS)
+
     @app.get(OPEN)
     def health():
         if not batcher.alive():
@@ -545,7 +561,7 @@ def build_app(handler: NanoChatCompletionHandler, batcher: Batcher | EngineProce
 
     app.add_exception_handler(HTTPException, http_error)
     app.add_exception_handler(Exception, server_error)
-    guarded = Guard(app, options.api_key, options.max_request_bytes)
+    guarded = Guard(app, options.api_key, options.max_request_bytes, (OPEN,) if options.no_page else (OPEN, PAGE))
     if not options.cors_origin:
         return guarded
     # outside the guard: a browser's preflight request carries no API key
@@ -610,6 +626,8 @@ def start(options: ServeOptions) -> Server:
     handler = NanoChatCompletionHandler(name, model_config, tokenizer, batcher, calculator=not options.no_calculator)
     app = build_app(handler, batcher, options)
     say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
+    if not options.no_page:
+        say(f"the chat page: http://{options.host}:{options.port}/")
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")
     config = uvicorn.Config(
