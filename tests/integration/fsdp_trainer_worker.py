@@ -1,9 +1,10 @@
 """A transformers Trainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama, for test_fsdp_trainer.py.
 
-    python fsdp_trainer_worker.py OUT_DIR train [--fsdp]    (under `accelerate launch` for 2 gloo processes)
+    python fsdp_trainer_worker.py OUT_DIR train [--fsdp] [--accumulation N]    (`accelerate launch`: 2 gloo processes)
     python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1|hsdp PORT  (one gloo process: refused, in one line)
 
-train: trainer_worker.py's tiny run (4 steps, global batch 4), clipping at 0.1 (every step clips); --fsdp applies
+train: trainer_worker.py's tiny run (4 steps, global batch 4, in N micro-batches per process), clipping at 0.1 (every
+step clips); --fsdp applies
 `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP on GPUs only).
 Writes rank 0's whole parameters and, per rank, the logged losses and grad norms and the optimizer's path.
 fsdp1 / shard1 / hsdp: the model wrapped by FSDP1, sharded by FSDP2 on dim 1, or by HSDP on a 2-D mesh; writes
@@ -33,7 +34,8 @@ def shard(model, **kwargs):
 
 def main():
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    model, data, args = tiny_run(out, max_grad_norm=0.1)
+    accumulation = int(sys.argv[sys.argv.index("--accumulation") + 1]) if "--accumulation" in sys.argv else 1
+    model, data, args = tiny_run(out, max_grad_norm=0.1, accumulation=accumulation)
     if mode != "train":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
         dist.init_process_group("gloo", rank=0, world_size=1)

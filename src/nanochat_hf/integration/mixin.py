@@ -38,6 +38,8 @@ batching under FSDP2 (it ignores synced_gpus: a hang). docs/distributed.md, "TRL
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -168,6 +170,23 @@ class NanoChatOptimizerMixin:
         if muon_momentum_warmup:
             self.add_callback(MuonMomentumCallback())
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
+
+    # private hook: the stock no_sync of FSDP2 reads config.distributed_config, which a model fully_shard sharded lacks
+    @contextmanager
+    def _defer_fsdp_gradient_reduction(self) -> Iterator[None]:
+        """The micro-batches of an accumulation but the last, under FSDP2: each rank sums their gradients unreduced,
+        and the last micro-batch's reduce-scatter averages the sum (Accelerate's no_sync for its own FSDP2 does the
+        same): the gradient of one process. Whole gradients meanwhile; reduce-scatter on every micro-batch instead
+        (sharded ones) with ``accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}``."""
+        if getattr(self.model.config, "distributed_config", None) is not None:  # sharded at load time: the stock way
+            with super()._defer_fsdp_gradient_reduction():
+                yield
+            return
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
 
     # The Trainer's own check of its arguments runs once the model is final (PEFT-wrapped, say) and before anything
     # is written (the output folder, a hub repo): the optimizer's settings and routing are checked with them.
