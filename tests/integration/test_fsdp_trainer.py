@@ -66,3 +66,7 @@ def test_fsdp1_and_other_shardings_refused_when_the_trainer_is_built(tmp_path, m
     said = (out / "refused.txt").read_text()
     assert re.match(words, said) and "\n" not in said, said
     assert not any((out / "run").rglob("*"))  # refused before anything was written (the Trainer made the folder)
+    if mode == "shard1":  # the optimizer on its own, built on the shards or handed them later: the parameter named
+        build, swap = ((out / f"refused_{how}.txt").read_text() for how in ("build", "swap"))
+        assert re.match(words, build), build
+        assert swap.startswith("lm_head.weight: sharded as (Shard(dim=1),) on a 1-D mesh"), swap  # (its group's first)
