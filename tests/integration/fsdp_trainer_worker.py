@@ -1,13 +1,14 @@
 """A transformers Trainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama, for test_fsdp_trainer.py.
 
-    python fsdp_trainer_worker.py OUT_DIR train [--fsdp]    (under `accelerate launch` for 2 gloo processes)
+    python fsdp_trainer_worker.py OUT_DIR train [--fsdp] [--accumulation N]    (`accelerate launch`: 2 gloo processes)
     python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1|hsdp PORT  (one gloo process: refused, in one line)
 
-train: trainer_worker.py's tiny run (4 steps, global batch 4), clipping at 0.1 (every step clips); --fsdp applies
+train: trainer_worker.py's tiny run (4 steps, global batch 4, in N micro-batches per process), clipping at 0.1 (every
+step clips); --fsdp applies
 `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP on GPUs only).
 Writes rank 0's whole parameters and, per rank, the logged losses and grad norms and the optimizer's path.
 fsdp1 / shard1 / hsdp: the model wrapped by FSDP1, sharded by FSDP2 on dim 1, or by HSDP on a 2-D mesh; writes
-the refusal's text.
+the refusal's text (shard1: the optimizer's own refusals too).
 """
 
 import json
@@ -31,9 +32,32 @@ def shard(model, **kwargs):
     fully_shard(model, **kwargs)
 
 
+def _optimizer_refusals(sharded, out: Path) -> None:
+    """build_optimizer on the sharded model, and an optimizer built on a whole model whose groups then get the
+    sharded parameters (what Accelerate's FSDP2 does after sharding): their refusals, in refused_build.txt and
+    refused_swap.txt."""
+    from nanochat_hf.optim import build_optimizer
+
+    try:
+        build_optimizer(sharded)
+    except UserError as e:
+        (out / "refused_build.txt").write_text(str(e))
+    whole, _, _ = tiny_run(out)
+    opt = build_optimizer(whole)
+    by_id = {id(p): name for name, p in whole.named_parameters()}
+    shards = dict(sharded.named_parameters())
+    for group in opt.param_groups:
+        group["params"] = [shards[by_id[id(p)]] for p in group["params"]]
+    try:
+        opt.reduces_gradients  # noqa: B018 (adopts the FSDP2 parameters, or refuses them)
+    except UserError as e:
+        (out / "refused_swap.txt").write_text(str(e))
+
+
 def main():
     out, mode = Path(sys.argv[1]), sys.argv[2]
-    model, data, args = tiny_run(out, max_grad_norm=0.1)
+    accumulation = int(sys.argv[sys.argv.index("--accumulation") + 1]) if "--accumulation" in sys.argv else 1
+    model, data, args = tiny_run(out, max_grad_norm=0.1, accumulation=accumulation)
     if mode != "train":
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
         dist.init_process_group("gloo", rank=0, world_size=1)
@@ -53,6 +77,8 @@ def main():
             NanoTrainer(model=model, args=args, train_dataset=data)
         except UserError as e:
             (out / "refused.txt").write_text(str(e))
+        if mode == "shard1":  # the optimizer's own refusals name the parameter too (they named its group)
+            _optimizer_refusals(model, out)
         return
     _ = args.device  # initialises torch.distributed under accelerate launch (fully_shard needs it)
     if "--fsdp" in sys.argv:

@@ -29,3 +29,41 @@ def test_expert_stacks_state_round_trips(state_worker, tmp_path, recipe):
         for key, value in st.items():
             if torch.is_tensor(value):
                 assert torch.equal(again.state[p][key], value), (names[id(p)], key)
+
+
+@pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "olmoe"])
+def test_an_moe_model_resumes_through_a_trainer(state_worker, tmp_path, arch):
+    """Issue 52: save_pretrained writes an MoE's fused expert stacks expert by expert, and the resume refused the
+    checkpoint (missing experts.gate_up_proj, unexpected experts.0.*). Resumed at step 2 of 4 (the checkpoint's
+    experts read as from_pretrained reads them), the run logs the uninterrupted run's losses and ends with its
+    weights, bit for bit. (The 2-process FSDP2 load: test_fsdp2_save.py; ZeRO-2 loads as one process does.)"""
+    from datasets import Dataset
+    from safetensors import safe_open
+    from transformers import Trainer, TrainingArguments
+
+    from nanochat_hf.integration import NanoChatOptimizerMixin
+
+    class MoETrainer(NanoChatOptimizerMixin, Trainer):
+        pass
+
+    g = torch.Generator().manual_seed(1)
+    data = Dataset.from_list(
+        [{"input_ids": r, "labels": r} for r in torch.randint(0, 128, (8, 8), generator=g).tolist()]
+    )
+
+    def run(resume=None):
+        model = state_worker.helpers.tiny_hf(arch)
+        args = TrainingArguments(
+            output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, save_steps=2, logging_steps=1,
+            report_to=[], use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
+        )  # fmt: skip
+        trainer = MoETrainer(model=model, args=args, train_dataset=data, nanochat_optimizer={"polar_dtype": "float32"})
+        trainer.train(resume_from_checkpoint=resume)
+        return [h["loss"] for h in trainer.state.log_history if "loss" in h], model.state_dict()
+
+    losses, weights = run()
+    with safe_open(tmp_path / "checkpoint-2" / "model.safetensors", framework="pt") as f:
+        assert any(".experts.0." in name for name in f.keys())  # one by one, where the model's are fused
+    resumed_losses, resumed = run(resume=str(tmp_path / "checkpoint-2"))
+    assert resumed_losses == losses and len(losses) == 4
+    assert weights.keys() == resumed.keys() and all(torch.equal(resumed[k], weights[k]) for k in weights)

@@ -1,6 +1,7 @@
 """NanoChatOptimizerMixin with a real transformers Trainer on an FSDP2-sharded model (fsdp_trainer_worker.py): 2 gloo
-processes train like one, clipping included, and FSDP1, an FSDP2 sharding on dim 1 and HSDP (a 2-D mesh) are refused
-in one line when the Trainer is built (each fails if the mixin stops calling its check)."""
+processes train like one, clipping and gradient accumulation included, and FSDP1, an FSDP2 sharding on dim 1 and
+HSDP (a 2-D mesh) are refused in one line when the Trainer is built (each fails if the mixin stops calling its
+check)."""
 
 import json
 import os
@@ -24,11 +25,13 @@ def _run(tmp_path, name, nproc, *flags):
 
 
 def test_two_fsdp2_processes_train_like_one(tmp_path):
-    """The same global batch of 4: 2 FSDP2 processes log the losses and clipped grad norms of one plain process,
-    and end with its parameters (within 1e-5 relative per tensor: the batch's 4 rows are summed in one forward
-    there, as 2 + 2 here, and Newton-Schulz amplifies the last bits)."""
+    """The same global batch of 4: 2 FSDP2 processes, each accumulating 2 micro-batches of 1 row (the first's
+    reduce-scatter deferred: transformers 5.24's deferral crashed on a model the caller sharded), log the losses and
+    clipped grad norms of one plain process, and end with its parameters (within 1e-5 relative per tensor: the
+    batch's 4 rows are summed in one forward there, as (1 + 1) + (1 + 1) here, and Newton-Schulz amplifies the last
+    bits)."""
     single = _run(tmp_path, "single", 1, "train")
-    fsdp = _run(tmp_path, "fsdp", 2, "train", "--fsdp")
+    fsdp = _run(tmp_path, "fsdp", 2, "train", "--fsdp", "--accumulation", "2")
     one = json.loads((single / "rank0.json").read_text())
     assert not one["fsdp"]
     ref = load_file(single / "params.safetensors")
@@ -63,3 +66,7 @@ def test_fsdp1_and_other_shardings_refused_when_the_trainer_is_built(tmp_path, m
     said = (out / "refused.txt").read_text()
     assert re.match(words, said) and "\n" not in said, said
     assert not any((out / "run").rglob("*"))  # refused before anything was written (the Trainer made the folder)
+    if mode == "shard1":  # the optimizer on its own, built on the shards or handed them later: the parameter named
+        build, swap = ((out / f"refused_{how}.txt").read_text() for how in ("build", "swap"))
+        assert re.match(words, build), build
+        assert swap.startswith("lm_head.weight: sharded as (Shard(dim=1),) on a 1-D mesh"), swap  # (its group's first)

@@ -262,19 +262,23 @@ def test_every_setting_mistake_is_one_line_when_the_trainer_is_built(tokenizer, 
     assert not (tmp_path / "out").exists()
 
 
-def test_resume_whose_weights_do_not_load_is_refused(tokenizer, tmp_path):
-    """transformers 5.24 saves GPT-NeoX's head as embed_out.weight and its Trainer's resume, finding no
-    lm_head.weight, would only warn and train on from a restarted head: the mixin stops before loading, in one
-    line naming the keys, and the checkpoint is left as it was. A tied head saved once is not missing."""
+def test_resume_converts_renamed_weights_and_refuses_others(tokenizer, tmp_path):
+    """transformers 5.24 saves GPT-NeoX's head as embed_out.weight, and its Trainer's resume, finding no
+    lm_head.weight, would only warn and train on from a restarted head: the mixin reads such a checkpoint as
+    from_pretrained does (the head is the saved one). A checkpoint whose weights do not fit even so (one layer
+    fewer) stops before loading, in one line naming the keys, and the checkpoint is left as it was. A tied head
+    saved once is not missing."""
+    from safetensors.torch import load_file
     from transformers import GPTNeoXConfig
 
-    from nanochat_hf.integration.mixin import check_checkpoint_weights
+    from nanochat_hf.integration.mixin import renamed_weights
 
-    def neox():
+    def neox(layers=2):
         torch.manual_seed(0)
         config = GPTNeoXConfig(
-            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64
-        )
+            vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=layers, num_attention_heads=4,
+            intermediate_size=64,
+        )  # fmt: skip
         return AutoModelForCausalLM.from_config(config)
 
     ids = [tokenizer.encode(" ".join(WORDS[i : i + 8]))[:8] for i in range(8)]
@@ -284,34 +288,39 @@ def test_resume_whose_weights_do_not_load_is_refused(tokenizer, tmp_path):
     )
     NanoTrainer(model=neox(), args=args, train_dataset=data).train()
     ckpt = tmp_path / "checkpoint-2"
+    assert "embed_out.weight" in load_file(ckpt / "model.safetensors")  # the name the model has not
+    resumed = NanoTrainer(model=neox(), args=args, train_dataset=data)
+    resumed._load_from_checkpoint(str(ckpt))  # what train(resume_from_checkpoint=...) calls first
+    saved = load_file(ckpt / "model.safetensors")
+    assert torch.equal(resumed.model.lm_head.weight.detach(), saved["embed_out.weight"])
     before = {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()}
     args = TrainingArguments(
         output_dir=str(tmp_path), max_steps=4, per_device_train_batch_size=2, save_steps=2, **COMMON
     )
-    resumed = NanoTrainer(model=neox(), args=args, train_dataset=data)
+    resumed = NanoTrainer(model=neox(layers=3), args=args, train_dataset=data)
     with pytest.raises(UserError) as e:
         resumed.train(resume_from_checkpoint=str(ckpt))
     msg = str(e.value)
-    assert "missing ['lm_head.weight']" in msg and "unexpected ['embed_out.weight']" in msg and "\n" not in msg, msg
+    assert "missing ['gpt_neox.layers.2." in msg and "unexpected []" in msg and "\n" not in msg, msg
     assert resumed.state.global_step == 0 and not (tmp_path / "checkpoint-4").exists()
     assert {p.name: p.read_bytes() for p in ckpt.iterdir() if p.is_file()} == before
     tied = tiny_llama(tokenizer)
     tied.config.tie_word_embeddings = True
     tied.tie_weights()
     tied.save_pretrained(tmp_path / "tied")
-    check_checkpoint_weights(tied, str(tmp_path / "tied"))  # lm_head.weight is embed_tokens.weight: present
+    assert renamed_weights(tied, str(tmp_path / "tied")) is None  # lm_head.weight is embed_tokens.weight: present
 
 
 def test_resume_with_a_weight_shard_missing_is_refused(tokenizer, tmp_path):
     """A checkpoint whose weight index lists a shard file that is not there: one line naming the file."""
-    from nanochat_hf.integration.mixin import check_checkpoint_weights
+    from nanochat_hf.integration.mixin import renamed_weights
 
     model = tiny_llama(tokenizer)
     model.save_pretrained(tmp_path, max_shard_size="20KB")
     shards = sorted(tmp_path.glob("model-*.safetensors"))
     assert len(shards) > 1
-    check_checkpoint_weights(model, str(tmp_path))  # whole: accepted
+    assert renamed_weights(model, str(tmp_path)) is None  # whole, under the model's names: the stock loader's
     shards[-1].unlink()
     with pytest.raises(UserError) as e:
-        check_checkpoint_weights(model, str(tmp_path))
+        renamed_weights(model, str(tmp_path))
     assert str(e.value) == f"{shards[-1]}: missing (listed in {tmp_path}'s weight index): a partial checkpoint"

@@ -71,9 +71,9 @@ def _option(name: str, default: str | None = None) -> str | None:
     return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
 
 
-def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0):
-    """(model, dataset, args): the tiny Llama, 16 rows of 8 tokens, 4 steps of global batch 4 at any world size;
-    checkpoints in out/run every ``save_steps`` (0: none)."""
+def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0, accumulation: int = 1):
+    """(model, dataset, args): the tiny Llama, 16 rows of 8 tokens, 4 steps of global batch 4 at any world size, in
+    ``accumulation`` micro-batches per process; checkpoints in out/run every ``save_steps`` (0: none)."""
     torch.manual_seed(0)
     config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
                          num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32)  # fmt: skip
@@ -82,8 +82,9 @@ def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0):
     rows = [torch.randint(0, 64, (8,), generator=g).tolist() for _ in range(16)]
     data = Dataset.from_list([{"input_ids": r, "labels": r} for r in rows])
     world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
-    args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, per_device_train_batch_size=4 // world,
-                             logging_steps=1, save_strategy="steps" if save_steps else "no", save_steps=save_steps,
+    args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, gradient_accumulation_steps=accumulation,
+                             per_device_train_batch_size=4 // world // accumulation, logging_steps=1,
+                             save_strategy="steps" if save_steps else "no", save_steps=save_steps,
                              report_to=[], use_cpu=True, seed=0, disable_tqdm=True, dataloader_num_workers=0,
                              max_grad_norm=max_grad_norm, ddp_backend="gloo" if world > 1 else None)  # fmt: skip
     return model, data, args

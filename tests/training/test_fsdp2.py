@@ -1,7 +1,7 @@
 """mid_train under FSDP2 (`--fully_shard true`: Accelerate enables FSDP on GPUs only, so CPU gloo processes shard
-with fully_shard): 2 processes train like one, the final folder is one ordinary model folder (from_pretrained in a
-fresh process, convert.py to-nanochat), a FSDP2 checkpoint resumes on 2 FSDP2 processes and on 1 plain process, and
-the switch is refused where it makes no sense."""
+with fully_shard): 2 processes accumulating 2 micro-batches each train like one, the final folder is one ordinary
+model folder (from_pretrained in a fresh process, convert.py to-nanochat), a FSDP2 checkpoint resumes on 2 FSDP2
+processes and on 1 plain process (4 micro-batches), and the switch is refused where it makes no sense."""
 
 import json
 import os
@@ -21,9 +21,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from mp_launch import MP_ARGS, launch_mid_train  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
-# a spelling evaluation and the sample chat after training: generation, which FSDP2 needs a whole copy for
-RUN = ["--model_source", "demo", "--demo_depth", "2", *MP_ARGS, "--num_iterations", "6", "--save_steps", "3",
-       "--eval_every", "3", "--polar_dtype", "float32", "--spelling_eval_rows", "2"]  # fmt: skip
+# a spelling evaluation and the sample chat after training: generation, which FSDP2 needs a whole copy for; 2
+# micro-batches per process and step (4 on one process): FSDP2 defers the first one's reduce-scatter
+RUN = ["--model_source", "demo", "--demo_depth", "2", *MP_ARGS, "--total_batch_size", "512", "--num_iterations", "6",
+       "--save_steps", "3", "--eval_every", "3", "--polar_dtype", "float32", "--spelling_eval_rows", "2"]  # fmt: skip
 FSDP2 = ["--fully_shard", "true"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
@@ -59,10 +60,18 @@ def test_fsdp2_trains_like_one_process_and_writes_one_ordinary_folder(runs):
     got, expected = _losses(fsdp2), _losses(one)
     assert [g[0] for g in got] == list(range(1, 7))
     assert got == [pytest.approx(e, rel=1e-5) for e in expected]
+    # each step's accumulated, averaged gradient (2 probed parameters, gathered whole on each rank: mp_worker.py) is
+    # the one process's of the same 4 micro-batches, up to float32 summation order: (a0 + a1) + (b0 + b1) here,
+    # ((a0 + b0) + a1) + b1 there
+    g0, g = load_file(fsdp2 / "grads.rank0.safetensors"), load_file(one / "grads.rank0.safetensors")
+    assert sorted(g0) == sorted(g) and len(g) == 12  # 6 steps x 2 probed parameters
+    assert all((g0[k] - g[k]).norm() <= 1e-5 * g[k].norm() for k in g)  # measured: 1.6e-6 at most (step 6)
     # the final parameters, gathered on each rank (mp_worker.py): whole, alike, the one process's up to summation order
     p0, p1 = (load_file(fsdp2 / f"params.rank{r}.safetensors") for r in (0, 1))
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
-    assert _worst(p0, load_file(one / "params.rank0.safetensors")) < 1e-5
+    # 6 Muon steps amplify that order's last bits: 1.8e-5 with 2 micro-batches per process (1.9e-5 when each
+    # micro-batch is reduce-scattered at once; under 1e-5 with one micro-batch per process)
+    assert _worst(p0, load_file(one / "params.rank0.safetensors")) < 3e-5
     # one ordinary folder: the one process's files (no per-rank ones, none of torch's _fsdp_*.py), and the model's own
     # class in its config (not fully_shard's FSDP subclass); params/grads.rank<r> are mp_worker.py's
     ours = ("params.", "grads.")
@@ -70,7 +79,7 @@ def test_fsdp2_trains_like_one_process_and_writes_one_ordinary_folder(runs):
     assert files[0] == files[1]
     config, ref_config = (json.loads((run / "config.json").read_text()) for run in (fsdp2, one))
     assert config["auto_map"] == ref_config["auto_map"] and config["architectures"] == ref_config["architectures"]
-    # loaded by from_pretrained (its remote code) in a fresh process: the one-process run's weights
+    # loaded by from_pretrained (its remote code) in a fresh process: the run's own weights
     script = (
         "import sys; from safetensors.torch import save_file; from transformers import AutoModelForCausalLM; "
         "m = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True); "
@@ -82,7 +91,7 @@ def test_fsdp2_trains_like_one_process_and_writes_one_ordinary_folder(runs):
     assert proc.returncode == 0, proc.stderr[-3000:]
     state = load_file(loaded)
     ref = load_file(one / "model.safetensors")
-    assert _worst({k: state[k] for k in ref}, ref) < 1e-5
+    assert sorted(ref) == sorted(p0) and all(torch.equal(state[k], p0[k]) for k in p0)
     # and convert.py to-nanochat reads it: nanochat's model file holds the same weights
     out = runs / "base" / "mid_checkpoints" / "d2"
     proc = subprocess.run([sys.executable, str(REPO / "scripts" / "convert.py"), "to-nanochat", "--model", str(fsdp2),
@@ -90,7 +99,7 @@ def test_fsdp2_trains_like_one_process_and_writes_one_ordinary_folder(runs):
     assert proc.returncode == 0, proc.stderr[-3000:]
     (model_file,) = out.glob("model_*.pt")
     nanochat = torch.load(model_file, map_location="cpu", weights_only=True)
-    assert "lm_head.weight" in nanochat and _worst({k: nanochat[k] for k in ref if k in nanochat}, ref) < 1e-5
+    assert "lm_head.weight" in nanochat and _worst({k: nanochat[k] for k in p0 if k in nanochat}, p0) < 1e-5
 
 
 @pytest.mark.slow
@@ -137,11 +146,12 @@ def test_sigterm_preempts_a_fsdp2_run_and_it_resumes(tmp_path):
     from mp_launch import assert_preempted, launch_command
 
     out = tmp_path / "run"
-    # 100 steps: the signal takes effect 3 s after it arrives (transformers' wait), and the run must still be going
-    args = [*RUN, *FSDP2, "--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000",
-            "--spelling_eval_rows", "0", "--output_dir", str(out)]  # fmt: skip
+    # 100 steps: the signal takes effect 3 s after it arrives (transformers' wait), and the run must still be going;
+    # one micro-batch per step (accumulation is the other tests')
+    short = ["--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000", "--spelling_eval_rows", "0",
+             "--total_batch_size", "256"]  # fmt: skip
+    args = [*RUN, *FSDP2, *short, "--output_dir", str(out)]
     assert_preempted([*launch_command(2, str(REPO / "scripts" / "mid_train.py")), *args], tmp_path, out, timeout=300)
-    _launch(tmp_path, out, 2, [*FSDP2, "--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000",
-                               "--spelling_eval_rows", "0", "--resume_from_checkpoint", "true"])  # fmt: skip
+    _launch(tmp_path, out, 2, [*FSDP2, *short, "--resume_from_checkpoint", "true"])
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     assert [h["step"] for h in history if "lrm" in h] == list(range(1, 101)) and (out / "model.safetensors").is_file()

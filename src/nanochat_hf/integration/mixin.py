@@ -24,8 +24,8 @@ What the mixin changes, and nothing else:
 - checkpoints: each rank writes its part of the optimizer state as safetensors (the stock hook pickles rank 0's
   only), the scheduler as JSON; a resume on any number of processes reads every rank's file and keeps its part
   (integration/optimizer_state.py), after checking that they are one complete set of this model and grouping, and
-  that the checkpoint's weights are the model's (`check_checkpoint_weights`: the stock resume only warns, and trains
-  on restarted ones).
+  that the checkpoint's weights are the model's (`renamed_weights`: the stock resume only warns, and trains on
+  restarted ones), converted where save_pretrained wrote them under other names (an MoE's experts one by one).
 - every optimizer setting and the routing are checked when the Trainer is built (`check_optimizer_settings`).
 - FSDP2 (Accelerate's ``fsdp_version: 2``, configs/accelerate_fsdp2.yaml, or a model the caller sharded with
   ``fully_shard``): the optimizer steps the sharded parameters (optim/fsdp.py); FSDP2 averages the gradients. With
@@ -38,6 +38,9 @@ batching under FSDP2 (it ignores synced_gpus: a hang). docs/distributed.md, "TRL
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -56,19 +59,32 @@ from .optimizer_state import (
     load_optimizer_state,
     save_optimizer_state,
 )
-from .saving import is_sharded, load_whole_state_dict, safetensors_files, unsharded_class, whole_state_dict
+from .saving import is_sharded, load_whole_state_dict, own_class, safetensors_files, unsharded_class, whole_state_dict
 
 
 def _few(names: list[str]) -> str:
     return str(names[:3])[:-1] + (f", ... {len(names) - 3} more]" if len(names) > 3 else "]")
 
 
-def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
-    """Refuse, in one line and before anything is loaded, a checkpoint whose safetensors weight names are not the
-    model's. transformers 5's Trainer loads them by their saved names and only warns about the rest, and
-    save_pretrained writes some models (GPT-NeoX, Mixtral) under older names, so the resumed run would train from
-    restarted weights. A tied weight saved once (the head of a tied embedding) is present; other formats (adapters,
-    pickles) are left to the stock loader."""
+def _misfit(model: torch.nn.Module, saved: set[str]) -> tuple[list[str], list[str]]:
+    """(missing, unexpected): the model's tensors a checkpoint of these names lacks, and its names the model has not.
+    A tied weight saved once (the head of a tied embedding) is present; a name the model leaves out on purpose
+    (`_keys_to_ignore_on_save`) is not missing (the stock check's rule too)."""
+    tensors = model.state_dict(keep_vars=True)
+    present = {id(t) for name, t in tensors.items() if name in saved}
+    unsaved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())
+    missing = [n for n, t in tensors.items() if n not in saved and id(t) not in present and n not in unsaved]
+    return missing, sorted(saved - set(tensors))
+
+
+def renamed_weights(model: torch.nn.Module, checkpoint: str) -> dict[str, torch.Tensor] | None:
+    """A checkpoint's safetensors weights under the model's own names, in CPU memory, where they were saved under
+    others; None where the names are the model's (the loaders by name do) or the folder has no safetensors weights
+    (adapters, pickles: the stock loader's). transformers 5's save_pretrained writes some models under their hub
+    checkpoint names, not the model's (MoE experts one by one where the model holds fused stacks, GPT-NeoX's head
+    as embed_out): such a folder is read by from_pretrained, which converts it as it converts any hub checkpoint
+    (stacks and splits: the same bits). Weights that still do not fit are refused in one line naming them, before
+    anything is loaded: the stock resume loads what fits, warns, and trains on from restarted weights."""
     from safetensors import safe_open
 
     folder = Path(checkpoint)
@@ -78,20 +94,32 @@ def check_checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> None:
             raise UserError(f"{file}: missing (listed in {folder}'s weight index): a partial checkpoint")
         with safe_open(file, framework="pt") as f:  # the header only
             saved.update(f.keys())
-    if not saved:
-        return
     model = getattr(model, "module", model)  # DDP's wrapper names every weight module.<name>
-    tensors = model.state_dict(keep_vars=True)
-    present = {id(t) for name, t in tensors.items() if name in saved}
-    unsaved = set(getattr(model, "_keys_to_ignore_on_save", None) or ())  # left out on purpose (the stock check too)
-    missing = [n for n, t in tensors.items() if n not in saved and id(t) not in present and n not in unsaved]
-    unexpected = sorted(saved - set(tensors))
-    if missing or unexpected:
+    if not saved or _misfit(model, saved) == ([], []):
+        return None
+    dtypes = {p.dtype for p in model.parameters()}  # loaded as trained (float32 holds any lower precision exactly)
+    whole, info = own_class(model).from_pretrained(
+        folder, config=copy.deepcopy(model.config), dtype=dtypes.pop() if len(dtypes) == 1 else torch.float32,
+        output_loading_info=True, ignore_mismatched_sizes=True,  # mismatched: listed in info, refused below
+    )  # fmt: skip
+    missing, unexpected, mismatched = (sorted(info[k]) for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    if missing or unexpected or mismatched:
         raise UserError(
-            f"{folder}: its weights are not {type(model).__name__}'s (missing {_few(missing)}, unexpected "
-            f"{_few(unexpected)}): resuming would train from restarted weights; load it with "
-            f"from_pretrained({str(folder)!r}), which converts the saved names, and train on without resuming"
+            f"{folder}: its weights are not {own_class(model).__name__}'s (missing {_few(missing)}, unexpected "
+            f"{_few(unexpected)}{f', other shapes {_few([m[0] for m in mismatched])}' if mismatched else ''}): "
+            f"resuming would train from restarted weights"
         )
+    return whole.state_dict()
+
+
+def checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> dict[str, torch.Tensor]:
+    """All of a checkpoint's safetensors weights under the model's names (`renamed_weights`), in CPU memory."""
+    from safetensors.torch import load_file
+
+    renamed = renamed_weights(model, checkpoint)
+    if renamed is not None:
+        return renamed
+    return {name: t for file in safetensors_files(Path(checkpoint)) for name, t in load_file(file).items()}
 
 
 def check_distributed_setup(trainer: Any) -> None:
@@ -169,6 +197,23 @@ class NanoChatOptimizerMixin:
             self.add_callback(MuonMomentumCallback())
         self.add_callback(LocalGradients(self))  # before the Trainer wraps the model: DDP must not keep gradients
 
+    # private hook: the stock no_sync of FSDP2 reads config.distributed_config, which a model fully_shard sharded lacks
+    @contextmanager
+    def _defer_fsdp_gradient_reduction(self) -> Iterator[None]:
+        """The micro-batches of an accumulation but the last, under FSDP2: each rank sums their gradients unreduced,
+        and the last micro-batch's reduce-scatter averages the sum (Accelerate's no_sync for its own FSDP2 does the
+        same): the gradient of one process. Whole gradients meanwhile; reduce-scatter on every micro-batch instead
+        (sharded ones) with ``accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": True}}``."""
+        if getattr(self.model.config, "distributed_config", None) is not None:  # sharded at load time: the stock way
+            with super()._defer_fsdp_gradient_reduction():
+                yield
+            return
+        self.model.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self.model.set_requires_gradient_sync(True)
+
     # The Trainer's own check of its arguments runs once the model is final (PEFT-wrapped, say) and before anything
     # is written (the output folder, a hub repo): the optimizer's settings and routing are checked with them.
     # private hook: the stock check of the constructor's arguments, where ours belongs (nothing written yet)
@@ -231,11 +276,19 @@ class NanoChatOptimizerMixin:
 
     # FSDP2 (the caller's fully_shard, or Accelerate's, which calls this after sharding): the stock copy of whole
     # tensors into DTensors fails, and Accelerate's loader would read a pytorch_model_fsdp.bin never written
-    # private hook: the stock resume only warns about weight names that do not fit, and cannot load FSDP2 shards
+    # private hook: the stock resume loads a checkpoint by its saved names, warns about the rest, and fails on shards
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
+        """A model FSDP2 shards: the main process alone reads the checkpoint's weights (`checkpoint_weights`) and
+        sends every process its rows. Otherwise weights saved under other names than the model's are converted
+        (`renamed_weights`), and the stock loader loads the others by name. A checkpoint whose weights are not the
+        model's is refused in one line, before anything is loaded."""
         model = self.model if model is None else model
-        check_checkpoint_weights(model, resume_from_checkpoint)
-        if not load_whole_state_dict(model, Path(resume_from_checkpoint)):
+        folder = Path(resume_from_checkpoint)
+        if is_sharded(model) and safetensors_files(folder):
+            load_whole_state_dict(model, lambda: checkpoint_weights(model, resume_from_checkpoint))
+        elif (renamed := renamed_weights(model, resume_from_checkpoint)) is not None:
+            getattr(model, "module", model).load_state_dict(renamed, strict=False)
+        else:
             super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)

@@ -5,17 +5,17 @@ whole copy to generate with."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from safetensors.torch import load_file
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, set_model_state_dict
 from torch.distributed.fsdp import FSDPModule
 from transformers.utils import SAFE_WEIGHTS_INDEX_NAME, SAFE_WEIGHTS_NAME
 
+from ..errors import UserError
 from ..jsonfile import read_json
 
 
@@ -42,21 +42,21 @@ def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_whole_state_dict(model: torch.nn.Module, folder: Path) -> bool:
-    """`whole_state_dict`'s counterpart: the main process reads the folder's safetensors weights and torch's
-    full-state-dict loading sends every process its rows (a collective). False, nothing done, for a model FSDP2
-    does not shard or a folder without safetensors weights (the stock loader's case). Not strict: the names are
-    checked before (`check_checkpoint_weights`, which lets a tied weight saved once be absent from the file)."""
-    files = safetensors_files(folder)
-    if not is_sharded(model) or not files:
-        return False
-    state = {}
+def load_whole_state_dict(model: torch.nn.Module, read: Callable[[], dict[str, torch.Tensor]]) -> None:
+    """`whole_state_dict`'s counterpart for a model FSDP2 shards (a collective): the main process reads the whole
+    weights (`read`; its `UserError`, a checkpoint refused, is raised on every process) and torch's full-state-dict
+    loading sends every process its rows. Not strict: `read` checks the names (a tied weight saved once is absent)."""
+    state, refused = {}, [None]
     if dist.get_rank() == 0:  # the others receive their rows by broadcast: one whole copy in memory, not W
-        for file in files:
-            state.update(load_file(file))
+        try:
+            state = read()
+        except UserError as e:
+            refused = [str(e)]
+    dist.broadcast_object_list(refused, src=0)
+    if refused[0] is not None:
+        raise UserError(refused[0])
     options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
     set_model_state_dict(model, state, options=options)
-    return True
 
 
 def own_class(model: torch.nn.Module) -> type:

@@ -18,7 +18,8 @@ NorMuon per shard under FSDP; here a whole bucket rides in one all_to_all each w
 
 from __future__ import annotations
 
-from typing import Any, Iterable
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -67,12 +68,23 @@ def adopt_fsdp(opt: Any) -> None:
     Trainer does under ``fsdp_version: 2``). The mesh gives the ranks; FSDP2 averaged the gradients."""
     if opt.fsdp_mesh is not None:
         return
-    mesh = fsdp_mesh((f"param group {g['name']!r}", p) for g in opt.param_groups for p in g["params"])
+    mesh = fsdp_mesh(_named_group_params(opt))
     if mesh is None:
         return
     opt.fsdp_mesh, opt.process_group = mesh, mesh.get_group()
     opt.world_size, opt.rank, opt.grads_averaged = mesh.size(), mesh.get_local_rank(), True
     opt.__dict__.pop("_owners", None)  # the Muon owners, cached by _plan for the parameters it was built with
+
+
+def _named_group_params(opt: Any) -> Iterator[tuple[str, Tensor]]:
+    """The parameters of ``opt``'s groups under their model names (``opt.routing``: build_optimizer's, attached
+    after the constructor; its names are in each group's order), else by group and place."""
+    routing = getattr(opt, "routing", None)
+    routes = {r.group: r.names for r in routing.routes} if routing is not None else {}
+    for g in opt.param_groups:
+        names = routes.get(g["name"], ())
+        for i, p in enumerate(g["params"]):
+            yield (names[i] if len(names) == len(g["params"]) else f"parameter {i} of group {g['name']!r}"), p
 
 
 def fsdp_step(opt: Any) -> None:

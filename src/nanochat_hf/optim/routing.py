@@ -47,6 +47,7 @@ import torch
 from torch import Tensor, nn
 
 from ..errors import UserError
+from .fsdp import fsdp_mesh
 from .head import NorMuonAdamW
 from .optimizer import MuonAdamW
 from .precision import polar_dtype_name, resolve_polar_dtype
@@ -772,6 +773,7 @@ def build_optimizer(
     for g in groups:
         g["initial_lr"] = g["lr"]
     routing = _routing(model, groups, layout, recipe)
+    fsdp_mesh((n, p) for n, p in model.named_parameters() if p.requires_grad)  # a sharding it cannot step: named
     cls = MuonAdamW if recipe == "2025-12" else NorMuonAdamW
     optimizer = cls(groups, process_group=process_group, sharded=sharded)
     optimizer.routing = routing
