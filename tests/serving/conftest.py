@@ -8,7 +8,6 @@ and a "wired" one (the tiny tokenizer of tests/inference) whose greedy reply cal
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -118,12 +117,6 @@ def tool_model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("tool"), model.eval(), tokenizer)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def until(condition, seconds: float = 60) -> None:
     """Wait for `condition()` to hold (a failure after `seconds`)."""
     deadline = time.monotonic() + seconds
@@ -146,8 +139,8 @@ class Running:
     test (for references)."""
 
     def __init__(self, folder: Path, **options):
-        self.port = free_port()
-        self.server = start(ServeOptions(model=str(folder), port=self.port, **options))
+        self.server = start(ServeOptions(model=str(folder), port=0, **options))
+        self.port = self.server.port  # the free port the system gave it
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

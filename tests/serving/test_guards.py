@@ -11,8 +11,9 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from nanochat_hf.serving import server as server_module
 from nanochat_hf.serving.cli import ServeOptions
-from nanochat_hf.serving.server import start
+from nanochat_hf.serving.server import listen, start
 
 from .conftest import openai, until
 from .test_tool_and_bad_input import QUESTION, chat, post
@@ -120,9 +121,13 @@ def test_cors_headers_only_for_the_origins_asked(serve, model_dir):
 @pytest.mark.parametrize(
     "host, api_key, warned", [("0.0.0.0", None, True), ("0.0.0.0", KEY, False), ("127.0.0.1", None, False)]
 )
-def test_listening_beyond_loopback_without_a_key_warns_in_one_line(model_dir, capfd, host, api_key, warned):
+def test_listening_beyond_loopback_without_a_key_warns_in_one_line(
+    model_dir, capfd, monkeypatch, host, api_key, warned
+):
+    monkeypatch.setattr(server_module, "listen", lambda host, port: listen("127.0.0.1", 0))  # the test's on loopback
     server = start(ServeOptions(model=str(model_dir("g0")), host=host, port=0, api_key=api_key))
     server.batcher.stop()
+    server.socket.close()
     lines = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
     expected = "serve: warning: listening on 0.0.0.0 without an API key: anyone who can reach it can use it (--api-key)"
     assert lines == ([expected] if warned else [])

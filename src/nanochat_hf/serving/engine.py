@@ -25,12 +25,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from ..errors import UserError
 from ..model import NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import STOP_TOKENS, special_token_ids
 from .batcher import Batcher, Job, QueueFull, ShuttingDown, Sink
+from .cli import exit_now
 
 REQUEST = ("prompt", "max_new", "temperature", "top_k", "seed", "calculator")  # what of a Job the child is sent
 GONE = "the model's process has exited (the server's log says why)"
@@ -195,6 +197,9 @@ def _child(conn, path: str, dtype: str, device: str, threads: int, max_batch: in
     """The child: load the model, say so, then take requests and cancels until the server says stop (or goes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server stops us
     torch.set_num_threads(threads)
+    # transformers' loading bar would make tqdm's lock a named semaphore that only the interpreter's teardown (which
+    # exit_now skips) unregisters; one process writes these bars, a thread's lock is enough
+    tqdm.set_lock(threading.RLock())
     try:
         model, tokenizer = load_model(Path(path), dtype, device), AutoTokenizer.from_pretrained(path)
     except Exception as e:  # whatever from_pretrained raises, as one line for the server to print
@@ -232,3 +237,4 @@ def _child(conn, path: str, dtype: str, device: str, threads: int, max_batch: in
         for done in [i for i, relay in relays.items() if relay.finished]:
             del relays[done]
     batcher.stop()
+    exit_now(0)

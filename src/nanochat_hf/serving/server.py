@@ -22,6 +22,7 @@ import asyncio
 import hmac
 import ipaddress
 import json
+import socket
 import sys
 import threading
 import uuid
@@ -578,25 +579,45 @@ def _loopback(host: str) -> bool:
         return False
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server that stops the batcher first when it shuts down (the requests in flight get an error at
-    once, so the connections close and Ctrl-C ends it within seconds)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (port 0: a free one), as uvicorn binds one (IPv6 for an address with ':'), but
+    before the model loads and as a one-line error: a port in use, a host that does not resolve or is not this
+    machine's is said at once, and what the server announces is what listens."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:  # socket.gaierror (a host that does not resolve) is one too
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port} ({e.strerror or e}): see --host and --port") from None
+    sock.listen()  # connections wait in its backlog until uvicorn takes them (it listens again, with its backlog)
+    return sock
 
-    def __init__(self, config: uvicorn.Config, batcher: Batcher | EngineProcess):
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server on the socket ``listen`` bound, that stops the batcher first when it shuts down (the
+    requests in flight get an error at once, so the connections close and Ctrl-C ends it within seconds)."""
+
+    def __init__(self, config: uvicorn.Config, batcher: Batcher | EngineProcess, sock: socket.socket):
         super().__init__(config)
-        self.batcher = batcher
+        self.batcher, self.socket = batcher, sock
+        self.port = sock.getsockname()[1]  # the one listening (--port 0: the free port the system chose)
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        super().run(sockets=sockets or [self.socket])
 
     async def shutdown(self, sockets=None) -> None:
         await asyncio.to_thread(self.batcher.stop)
         await super().shutdown(sockets)
 
 
-def start(options: ServeOptions) -> Server:
-    """Load the model and build the server around it; returns the uvicorn server (``.run()`` serves)."""
-    path = Path(options.model)
-    model_config = _check_model_dir(path)
-    name = options.name or path.resolve().name
-    check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
+def _load(path: Path, config: NanoChatGPTConfig, options: ServeOptions) -> tuple[NanoChatCompletionHandler, str]:
+    """The model (in its own process, or in a thread of this one) and the chat handler around it; the device."""
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
         say(use_cpu_threads(options.num_threads, flag="--num-threads"))
@@ -607,16 +628,25 @@ def start(options: ServeOptions) -> Server:
         )
     else:
         batcher = Batcher(load_model(path, options.dtype, device), tokenizer, options.max_batch, options.max_queue)
-    handler = NanoChatCompletionHandler(name, model_config, tokenizer, batcher, calculator=not options.no_calculator)
-    app = build_app(handler, batcher, options)
-    say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
+    name = options.name or path.resolve().name
+    return NanoChatCompletionHandler(name, config, tokenizer, batcher, calculator=not options.no_calculator), device
+
+
+def start(options: ServeOptions) -> Server:
+    """Bind the socket, load the model and build the server around them; returns the uvicorn server (``.run()``
+    serves)."""
+    path = Path(options.model)
+    model_config = _check_model_dir(path)
+    check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
+    sock = listen(options.host, options.port)  # before the model loads: a port in use is said at once
+    try:
+        handler, device = _load(path, model_config, options)
+    except BaseException:  # nothing is left bound
+        sock.close()
+        raise
+    app = build_app(handler, handler.batcher, options)
+    say(f"{_url(sock)}/v1 serves {handler.name!r} ({path}) on {device}")
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")
-    config = uvicorn.Config(
-        app,
-        host=options.host,
-        port=options.port,
-        log_level=options.log_level,
-        timeout_graceful_shutdown=SHUTDOWN_SECONDS,
-    )
-    return Server(config, batcher)
+    config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+    return Server(config, handler.batcher, sock)
