@@ -54,7 +54,7 @@ def test_help_and_bad_arguments(tmp_path, capsys):
         capsys.readouterr().err
         == "serve: error: --port must be 1 to 65535 (0: any free port), got 70000 (see --help)\n"
     )
-    for flag in ("--max-batch", "--max-queue", "--max-request-bytes", "--body-seconds"):
+    for flag in ("--max-batch", "--max-queue", "--max-request-bytes", "--body-seconds", "--head-seconds"):
         with pytest.raises(SystemExit):
             main([str(tmp_path), flag, "0"])
         assert capsys.readouterr().err == f"serve: error: {flag} must be positive, got 0 (see --help)\n"

@@ -5,6 +5,7 @@ that go away stop their generation. Every refusal is one line; the server goes o
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -55,7 +56,7 @@ def works(server) -> bool:
 
 @pytest.fixture(scope="module")
 def guarded(serve, model_dir):
-    return serve(model_dir("g0"), api_key=KEY, max_request_bytes=10_000, body_seconds=1.0)
+    return serve(model_dir("g0"), api_key=KEY, max_request_bytes=10_000, body_seconds=1.0, head_seconds=1.0)
 
 
 def test_the_api_key_guards_every_endpoint_but_health(guarded):
@@ -162,6 +163,40 @@ def test_a_slow_body_is_refused_and_blocks_nobody(guarded):
         answer = slow.result()
     assert answer.startswith(b"HTTP/1.1 408")
     assert b"the request body did not arrive within 1 s" in answer
+
+
+def closed_after(s: socket.socket, trickle: bytes, limit: int = 10) -> float | None:
+    """Seconds until the server closes `s` while `trickle` is sent to it a byte a second (None: still open after
+    `limit` seconds)."""
+    began = time.monotonic()
+    for byte in trickle[:limit]:
+        try:
+            s.sendall(bytes([byte]))
+            ready, _, _ = select.select([s], [], [], 1.0)
+            if ready and s.recv(65536) == b"":
+                return time.monotonic() - began
+        except OSError:  # reset: closed
+            return time.monotonic() - began
+    return None
+
+
+def test_a_slow_head_is_closed_and_blocks_nobody(guarded):
+    head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
+    with ThreadPoolExecutor(2) as pool:
+        with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as new:
+            slow = pool.submit(closed_after, new, head)  # a byte a second from the start
+            with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as kept:
+                kept.sendall(head)  # a whole request, answered; then the next head a byte a second
+                assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+                again = pool.submit(closed_after, kept, head)
+                client = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
+                reply = client.chat.completions.create(model=guarded.name, messages=QUESTION, max_tokens=3)
+                assert reply.usage.completion_tokens == 3  # served meanwhile
+                for closed in (slow.result(), again.result()):  # head_seconds is 1
+                    assert closed is not None and closed < 4, closed
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as silent:  # nothing at all
+        ready, _, _ = select.select([silent], [], [], 4)
+        assert ready and silent.recv(65536) == b""
 
 
 def test_a_full_queue_answers_429(serve, model_dir):

@@ -45,12 +45,13 @@ class ServeOptions:
     max_queue: int = 64  # requests waiting for a place in the batch; more get 429
     engine: str = "process"  # the model in a process of its own; "thread": in the server's process (engine.py)
     body_seconds: float = 30.0  # a body that takes longer to arrive is refused (408): slow clients hold no slot
+    head_seconds: float = 10.0  # a connection whose request head takes longer (from its first byte) is closed
     no_calculator: bool = False
     log_level: str = "warning"
 
 
 DEFAULTS = {f.name: f.default for f in fields(ServeOptions) if f.name != "model"}
-POSITIVE = ("max_request_bytes", "max_batch", "max_queue", "body_seconds")
+POSITIVE = ("max_request_bytes", "max_batch", "max_queue", "body_seconds", "head_seconds")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,6 +86,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--body-seconds", type=float, help="refuse a body slower to arrive with 408 (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--head-seconds",
+        type=float,
+        help="close a connection whose request line and headers take longer to arrive (default: %(default)s)",
     )
     parser.add_argument(
         "--engine",

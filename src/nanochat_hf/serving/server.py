@@ -41,6 +41,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from transformers import AutoTokenizer, PretrainedConfig
 from transformers.cli.serving.chat_completion import ChatCompletionHandler, TransformersCompletionCreateParamsStreaming
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import UserError
 from ..model import NanoChatGPTConfig
@@ -599,6 +600,42 @@ def _url(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
 
 
+class HeadLimit(AutoHTTPProtocol):
+    """uvicorn's HTTP protocol (httptools, or h11 where it is missing) that closes a connection whose request head
+    (request line and headers) is not whole ``seconds`` after the connection opened or after the head's first byte.
+    uvicorn has no such limit: its keep-alive timeout is cancelled by any byte, and a new connection has none, so a
+    client sending its head a byte a second held its connection, and a socket, for ever. An idle kept-alive
+    connection is still uvicorn's to close (``timeout_keep_alive``, 5 s)."""
+
+    seconds = ServeOptions.head_seconds  # the server's own: ``HeadLimit.limited(seconds)``
+
+    @classmethod
+    def limited(cls, seconds: float) -> type[HeadLimit]:
+        return type(cls.__name__, (cls,), {"seconds": seconds})
+
+    def connection_made(self, transport) -> None:
+        self.head_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.cycle is None or self.cycle.response_complete  # for the next request's head
+        if waiting and self.head_timer is None:
+            self._arm()
+        super().data_received(data)  # parses at once: a whole head starts its request here
+        if self.cycle is not None and not self.cycle.response_complete and self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self.head_timer = self.loop.call_later(self.seconds, self.transport.close)
+
+
 class Server(uvicorn.Server):
     """uvicorn's server on the socket ``listen`` bound, that stops the batcher first when it shuts down (the
     requests in flight get an error at once, so the connections close and Ctrl-C ends it within seconds)."""
@@ -648,5 +685,10 @@ def start(options: ServeOptions) -> Server:
     say(f"{_url(sock)}/v1 serves {handler.name!r} ({path}) on {device}")
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")
-    config = uvicorn.Config(app, log_level=options.log_level, timeout_graceful_shutdown=SHUTDOWN_SECONDS)
+    config = uvicorn.Config(
+        app,
+        http=HeadLimit.limited(options.head_seconds),
+        log_level=options.log_level,
+        timeout_graceful_shutdown=SHUTDOWN_SECONDS,
+    )
     return Server(config, handler.batcher, sock)
