@@ -76,6 +76,24 @@ def test_the_api_key_guards_every_endpoint_but_health(guarded):
     assert reply.choices[0].message.content == guarded.reference(QUESTION, max_tokens=4)
 
 
+def test_the_api_key_guards_streamed_requests_too(guarded):
+    """The official client streaming: a wrong key and no key at all are refused before anything is streamed."""
+    wrong = openai.OpenAI(base_url=guarded.url, api_key="wrong", max_retries=0, timeout=60)
+    no_key = {"Authorization": openai.Omit()}  # the header left out
+    for client, headers in ((wrong, None), (wrong, no_key), (guarded.client, None)):  # the fixture's: "none"
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client.chat.completions.create(
+                model=guarded.name, messages=QUESTION, max_tokens=4, stream=True, extra_headers=headers
+            )
+        assert refused.value.message.endswith(
+            " - a valid API key is needed: send the header 'Authorization: Bearer KEY'"
+        ), refused.value.message
+    right = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
+    chunks = list(right.chat.completions.create(model=guarded.name, messages=QUESTION, max_tokens=4, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == guarded.reference(QUESTION, max_tokens=4) and chunks[-1].usage.completion_tokens == 4
+
+
 @pytest.mark.parametrize(
     "path",
     [
