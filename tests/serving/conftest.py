@@ -117,6 +117,11 @@ def tool_model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("tool"), model.eval(), tokenizer)
 
 
+CHAT_HEAD = (
+    "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # raw sockets' requests
+)
+
+
 def until(condition, seconds: float = 60) -> None:
     """Wait for `condition()` to hold (a failure after `seconds`)."""
     deadline = time.monotonic() + seconds

@@ -24,7 +24,7 @@ from nanochat_hf.serving.cli import ServeOptions
 from nanochat_hf.serving.engine import EngineProcess
 from nanochat_hf.serving.server import start
 
-from .conftest import G0, openai, randomize, save_model, until
+from .conftest import CHAT_HEAD, G0, openai, randomize, save_model, until
 from .test_batcher import Collected, load
 from .test_batching import REQUESTS, ask_all, reference
 from .test_tool_and_bad_input import QUESTION, post
@@ -66,7 +66,7 @@ def long_request(port: int, stream: bool) -> socket.socket:
     """A request for the rest of the context (a million tokens), sent on a connection left open."""
     body = json.dumps({"messages": QUESTION, "stream": stream}).encode()
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.sendall(f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n".encode() + body)
     return s
 
 

@@ -16,7 +16,7 @@ from nanochat_hf.serving import server as server_module
 from nanochat_hf.serving.cli import ServeOptions
 from nanochat_hf.serving.server import listen, start
 
-from .conftest import openai, until
+from .conftest import CHAT_HEAD, openai, until
 from .test_tool_and_bad_input import QUESTION, chat, post
 
 KEY = "s3cret-key"
@@ -52,6 +52,11 @@ def slow_down(server, seconds: float) -> None:
 def works(server) -> bool:
     reply = server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
     return reply.usage.completion_tokens == 3
+
+
+@pytest.fixture(scope="module")
+def plain(serve, model_dir):
+    return serve(model_dir("g0"))
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +112,8 @@ def test_the_api_key_guards_streamed_requests_too(guarded):
         "/openapi.json",
     ],
 )
-def test_only_the_documented_endpoints_are_served(serve, model_dir, path):
-    server = serve(model_dir("g0"))
+def test_only_the_documented_endpoints_are_served(plain, path):
+    server = plain
     for body in (json.dumps({"model": "/etc", "prompt": "hi"}).encode(), None):
         code, answer = post(server, body, path)
         assert (code, answer["error"]["message"]) == (
@@ -118,9 +123,8 @@ def test_only_the_documented_endpoints_are_served(serve, model_dir, path):
     assert works(server)
 
 
-def test_cors_headers_only_for_the_origins_asked(serve, model_dir):
+def test_cors_headers_only_for_the_origins_asked(serve, model_dir, plain):
     origin = {"Origin": "http://localhost:3000"}
-    plain = serve(model_dir("g0"))
     asked = serve(model_dir("g0"), cors_origin=["http://localhost:3000"], api_key=KEY)
 
     def allowed(server, method: str, headers: dict) -> str | None:
@@ -135,6 +139,24 @@ def test_cors_headers_only_for_the_origins_asked(serve, model_dir):
     assert allowed(asked, "OPTIONS", preflight) == "http://localhost:3000"  # a preflight carries no key
     assert allowed(asked, "GET", {**origin, "Authorization": f"Bearer {KEY}"}) == "http://localhost:3000"
     assert allowed(asked, "GET", {"Origin": "http://evil.example", "Authorization": f"Bearer {KEY}"}) is None
+
+
+@pytest.mark.parametrize(
+    "kind", ["text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]
+)
+def test_a_post_that_is_not_json_is_refused_unread(plain, kind):
+    """What a web page of any origin may POST without a CORS preflight (a "simple" request: the browser sends it
+    and only hides the answer) starts no generation: 415, before the body is read, and the connection is closed."""
+    body = json.dumps({"model": plain.name, "messages": QUESTION, "max_tokens": 3}).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\n"
+    head += f"Content-Type: {kind}\r\n" if kind else ""
+    answer = raw(plain.port, f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    got = repr(kind.split(";")[0]) if kind else "none"
+    assert answer.startswith(b"HTTP/1.1 415") and json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["message"] == (
+        f"the request body must be JSON, sent with 'Content-Type: application/json' (got {got})"
+    )
+    assert b"connection: close" in answer.lower()
+    assert works(plain)
 
 
 @pytest.mark.parametrize(
@@ -155,7 +177,7 @@ def test_listening_beyond_loopback_without_a_key_warns_in_one_line(
 def test_a_body_over_the_limit_is_refused_before_it_is_read(guarded):
     auth = f"Authorization: Bearer {KEY}\r\n"
     # 50 MB announced, none sent: the answer comes at once, so nothing was waited for
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 50000000\r\n\r\n"
+    head = f"{CHAT_HEAD}{auth}Content-Length: 50000000\r\n\r\n"
     began = time.monotonic()
     answer = raw(guarded.port, head.encode())
     assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - began < 10
@@ -164,15 +186,13 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(guarded):
     # chunked, no length announced: refused once the limit is passed
     chunk = b"x" * 4000
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(4)) + b"0\r\n\r\n"
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Transfer-Encoding: chunked\r\n\r\n"
+    head = f"{CHAT_HEAD}{auth}Transfer-Encoding: chunked\r\n\r\n"
     answer = raw(guarded.port, head.encode() + body)
     assert answer.startswith(b"HTTP/1.1 413") and message.encode() in answer
 
 
 def test_a_slow_body_is_refused_and_blocks_nobody(guarded):
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
-    )
+    head = f"{CHAT_HEAD}Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(raw, guarded.port, head.encode() + b'{"model"')  # 8 of 100 bytes, then nothing
         client = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
@@ -248,7 +268,7 @@ def test_a_client_that_goes_away_stops_its_generation(serve, model_dir, stream):
     submit = batcher.submit
     batcher.submit = lambda job: (jobs.append(job), submit(job))[1]
     body = json.dumps({"messages": QUESTION, "max_tokens": 100, "stream": stream}).encode()
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    head = f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n".encode()
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.sendall(head + body)
         deadline = time.monotonic() + 30
@@ -264,9 +284,7 @@ def test_a_client_that_goes_away_stops_its_generation(serve, model_dir, stream):
 
 
 def test_a_client_gone_before_its_body_is_in_leaves_no_trace(guarded, capfd):
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
-    )
+    head = f"{CHAT_HEAD}Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
     with socket.create_connection(("127.0.0.1", guarded.port)) as s:
         s.sendall(head.encode() + b'{"mess')
     time.sleep(0.5)

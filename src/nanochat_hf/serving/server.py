@@ -479,7 +479,10 @@ async def _disconnected(request: Request) -> None:
 
 class Guard:
     """ASGI middleware in front of everything: the API key (401, before anything is read), then the body's size
-    (413 from Content-Length before a byte of it is read, or as soon as a chunked body passes the limit)."""
+    (413 from Content-Length before a byte of it is read, or as soon as a chunked body passes the limit), then a
+    POST's Content-Type (415 unless JSON: a web page of any origin may POST a form or text/plain to a server on
+    this machine without asking first, as a "simple" request; a JSON one needs the CORS preflight, refused unless
+    --cors-origin allows that origin)."""
 
     def __init__(self, app, api_key: str | None, max_bytes: int):
         self.app, self.max_bytes = app, max_bytes
@@ -496,6 +499,11 @@ class Guard:
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_bytes:
             return await error_response(413, self._too_large(), close=True)(scope, receive, send)
+        kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if scope["method"] == "POST" and kind != b"application/json":  # a browser's form or text/plain: no preflight
+            got = repr(kind.decode("latin-1")[:40]) if kind else "none"
+            message = f"the request body must be JSON, sent with 'Content-Type: application/json' (got {got})"
+            return await error_response(415, message, close=True)(scope, receive, send)
         seen = 0
 
         async def counted():
