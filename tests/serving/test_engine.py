@@ -7,6 +7,7 @@ stopped would hold its place for many minutes."""
 from __future__ import annotations
 
 import json
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -102,9 +103,29 @@ def test_a_full_queue_answers_429(serve, long_dir):
     assert answered(server)
 
 
+class Late:
+    """The engine's connection, whose end (the model's process gone) reaches the reader `seconds` late: the first
+    instant after the process died, stretched."""
+
+    def __init__(self, conn, seconds: float):
+        self.conn, self.seconds = conn, seconds
+
+    def recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            time.sleep(self.seconds)
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
 def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, long_dir, capfd):
     server = serve(long_dir)
+    engine = server.server.batcher
     assert post(server, None, "/health")[0] == 200
+    engine.conn = Late(engine.conn, 2)  # the reader takes it after its next message: the request's first step
     failed = []
 
     def ask() -> None:
@@ -115,10 +136,17 @@ def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, 
 
     asking = threading.Thread(target=ask)
     asking.start()
-    until(lambda: server.server.batcher.sinks)
-    os.kill(server.server.batcher.process.pid, signal.SIGKILL)
-    asking.join(timeout=60)
+    until(lambda: engine.sinks and next(iter(engine.sinks.values())).tokens)  # one step read: Late in place
+    os.kill(engine.process.pid, signal.SIGKILL)
+    assert multiprocessing.connection.wait([engine.process.sentinel], 30)  # it has exited
+    # before the reader has read the pipe's end, /health and a chat say the same (they said 200 and 500)
     gone = "the model's process has exited (the server's log says why)"
+    assert post(server, None, "/health")[0] == 503
+    with pytest.raises(openai.APIStatusError) as after:
+        server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
+    assert after.value.status_code == 503 and gone in after.value.message
+    assert engine.reader.is_alive() and not failed  # still the first instant
+    asking.join(timeout=60)
     assert len(failed) == 1 and failed[0][0] == 500 and failed[0][1].endswith(f" - {gone}")
     assert post(server, None, "/health")[0] == 503
     with pytest.raises(openai.APIStatusError) as after:

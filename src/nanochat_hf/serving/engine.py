@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import multiprocessing.connection
 import signal
 import sys
 import threading
@@ -78,21 +79,27 @@ class EngineProcess:
         self.reader.start()
 
     def alive(self) -> bool:
-        return self.reader.is_alive()
+        """The model's process runs and its replies are read. Its exit is seen here at once (the process's sentinel),
+        not only once the reader has read the end of the pipe: /health and a chat give the same answer."""
+        return self.reader.is_alive() and not multiprocessing.connection.wait([self.process.sentinel], 0)
 
     def submit(self, job: Job) -> None:
         fields = {name: getattr(job, name) for name in REQUEST}
         with self.lock:
             if self.stopping:
                 raise ShuttingDown
-            if not self.reader.is_alive():
+            if not self.alive():
                 raise ShuttingDown(GONE)
             # the child's own queue is never the one that is full: it takes this many (see _child)
             if len(self.sinks) >= self.max_batch + self.max_queue:
                 raise QueueFull
             index = next(self.ids)
-            self.sinks[index] = job.sink
-            self.conn.send(("submit", index, fields))
+            self.sinks[index] = job.sink  # before it is sent: the reader may hand on its first tokens at once
+            try:
+                self.conn.send(("submit", index, fields))
+            except OSError:  # it died since alive() was asked
+                del self.sinks[index]
+                raise ShuttingDown(GONE) from None
         if job.sink.cancelled.is_set():  # gone already
             self._drop([index])
         else:  # the server sets it when the client goes: the child hears at once
