@@ -163,7 +163,7 @@ def test_weights_that_do_not_load_are_one_line(model_dir, tmp_path):
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(UserError) as e:
-        start(ServeOptions(model=str(folder)))
+        start(ServeOptions(model=str(folder), port=0))  # bound before the model loads: any free port
     assert str(e.value).startswith(f"{folder}: could not load the model: ")
     assert "\n" not in str(e.value)
 
