@@ -8,7 +8,6 @@ and a "wired" one (the tiny tokenizer of tests/inference) whose greedy reply cal
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from pathlib import Path
@@ -131,10 +130,9 @@ def tool_model_dir(tmp_path_factory) -> Path:
     return save_model(tmp_path_factory.mktemp("tool"), wired_model(tokenizer, chains), tokenizer)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+CHAT_HEAD = (
+    "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"  # raw sockets' requests
+)
 
 
 def until(condition, seconds: float = 60) -> None:
@@ -159,8 +157,8 @@ class Running:
     test (for references)."""
 
     def __init__(self, folder: Path, **options):
-        self.port = free_port()
-        self.server = start(ServeOptions(model=str(folder), port=self.port, **options))
+        self.server = start(ServeOptions(model=str(folder), port=0, **options))
+        self.port = self.server.port  # the free port the system gave it
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         self.thread.start()
         deadline = time.monotonic() + 60

@@ -7,6 +7,7 @@ stopped would hold its place for many minutes."""
 from __future__ import annotations
 
 import json
+import multiprocessing.connection
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from nanochat_hf.serving.cli import ServeOptions
 from nanochat_hf.serving.engine import EngineProcess
 from nanochat_hf.serving.server import start
 
-from .conftest import G0, openai, randomize, save_model, until
+from .conftest import CHAT_HEAD, G0, openai, randomize, save_model, until
 from .test_batcher import Collected, load
 from .test_batching import REQUESTS, ask_all, reference
 from .test_tool_and_bad_input import QUESTION, post
@@ -66,7 +67,7 @@ def long_request(port: int, stream: bool) -> socket.socket:
     """A request for the rest of the context (a million tokens), sent on a connection left open."""
     body = json.dumps({"messages": QUESTION, "stream": stream}).encode()
     s = socket.create_connection(("127.0.0.1", port))
-    s.sendall(f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+    s.sendall(f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n".encode() + body)
     return s
 
 
@@ -102,9 +103,29 @@ def test_a_full_queue_answers_429(serve, long_dir):
     assert answered(server)
 
 
+class Late:
+    """The engine's connection, whose end (the model's process gone) reaches the reader `seconds` late: the first
+    instant after the process died, stretched."""
+
+    def __init__(self, conn, seconds: float):
+        self.conn, self.seconds = conn, seconds
+
+    def recv(self):
+        try:
+            return self.conn.recv()
+        except EOFError:
+            time.sleep(self.seconds)
+            raise
+
+    def __getattr__(self, name):
+        return getattr(self.conn, name)
+
+
 def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, long_dir, capfd):
     server = serve(long_dir)
+    engine = server.server.batcher
     assert post(server, None, "/health")[0] == 200
+    engine.conn = Late(engine.conn, 2)  # the reader takes it after its next message: the request's first step
     failed = []
 
     def ask() -> None:
@@ -115,10 +136,17 @@ def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, 
 
     asking = threading.Thread(target=ask)
     asking.start()
-    until(lambda: server.server.batcher.sinks)
-    os.kill(server.server.batcher.process.pid, signal.SIGKILL)
-    asking.join(timeout=60)
+    until(lambda: engine.sinks and next(iter(engine.sinks.values())).tokens)  # one step read: Late in place
+    os.kill(engine.process.pid, signal.SIGKILL)
+    assert multiprocessing.connection.wait([engine.process.sentinel], 30)  # it has exited
+    # before the reader has read the pipe's end, /health and a chat say the same (they said 200 and 500)
     gone = "the model's process has exited (the server's log says why)"
+    assert post(server, None, "/health")[0] == 503
+    with pytest.raises(openai.APIStatusError) as after:
+        server.client.chat.completions.create(model=server.name, messages=QUESTION, max_tokens=3)
+    assert after.value.status_code == 503 and gone in after.value.message
+    assert engine.reader.is_alive() and not failed  # still the first instant
+    asking.join(timeout=60)
     assert len(failed) == 1 and failed[0][0] == 500 and failed[0][1].endswith(f" - {gone}")
     assert post(server, None, "/health")[0] == 503
     with pytest.raises(openai.APIStatusError) as after:
@@ -135,7 +163,7 @@ def test_weights_that_do_not_load_are_one_line(model_dir, tmp_path):
     weights = folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:100])
     with pytest.raises(UserError) as e:
-        start(ServeOptions(model=str(folder)))
+        start(ServeOptions(model=str(folder), port=0))  # bound before the model loads: any free port
     assert str(e.value).startswith(f"{folder}: could not load the model: ")
     assert "\n" not in str(e.value)
 

@@ -5,16 +5,18 @@ that go away stop their generation. Every refusal is one line; the server goes o
 from __future__ import annotations
 
 import json
+import select
 import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
+from nanochat_hf.serving import server as server_module
 from nanochat_hf.serving.cli import ServeOptions
-from nanochat_hf.serving.server import start
+from nanochat_hf.serving.server import listen, start
 
-from .conftest import openai, until
+from .conftest import CHAT_HEAD, openai, until
 from .test_tool_and_bad_input import QUESTION, chat, post
 
 KEY = "s3cret-key"
@@ -53,8 +55,13 @@ def works(server) -> bool:
 
 
 @pytest.fixture(scope="module")
+def plain(serve, model_dir):
+    return serve(model_dir("g0"))
+
+
+@pytest.fixture(scope="module")
 def guarded(serve, model_dir):
-    return serve(model_dir("g0"), api_key=KEY, max_request_bytes=10_000, body_seconds=1.0)
+    return serve(model_dir("g0"), api_key=KEY, max_request_bytes=10_000, body_seconds=1.0, head_seconds=1.0)
 
 
 def test_the_api_key_guards_every_endpoint_but_health(guarded):
@@ -74,6 +81,24 @@ def test_the_api_key_guards_every_endpoint_but_health(guarded):
     assert reply.choices[0].message.content == guarded.reference(QUESTION, max_tokens=4)
 
 
+def test_the_api_key_guards_streamed_requests_too(guarded):
+    """The official client streaming: a wrong key and no key at all are refused before anything is streamed."""
+    wrong = openai.OpenAI(base_url=guarded.url, api_key="wrong", max_retries=0, timeout=60)
+    no_key = {"Authorization": openai.Omit()}  # the header left out
+    for client, headers in ((wrong, None), (wrong, no_key), (guarded.client, None)):  # the fixture's: "none"
+        with pytest.raises(openai.AuthenticationError) as refused:
+            client.chat.completions.create(
+                model=guarded.name, messages=QUESTION, max_tokens=4, stream=True, extra_headers=headers
+            )
+        assert refused.value.message.endswith(
+            " - a valid API key is needed: send the header 'Authorization: Bearer KEY'"
+        ), refused.value.message
+    right = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
+    chunks = list(right.chat.completions.create(model=guarded.name, messages=QUESTION, max_tokens=4, stream=True))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text == guarded.reference(QUESTION, max_tokens=4) and chunks[-1].usage.completion_tokens == 4
+
+
 @pytest.mark.parametrize(
     "path",
     [
@@ -87,8 +112,8 @@ def test_the_api_key_guards_every_endpoint_but_health(guarded):
         "/openapi.json",
     ],
 )
-def test_only_the_documented_endpoints_are_served(serve, model_dir, path):
-    server = serve(model_dir("g0"))
+def test_only_the_documented_endpoints_are_served(plain, path):
+    server = plain
     for body in (json.dumps({"model": "/etc", "prompt": "hi"}).encode(), None):
         code, answer = post(server, body, path)
         assert (code, answer["error"]["message"]) == (
@@ -98,9 +123,8 @@ def test_only_the_documented_endpoints_are_served(serve, model_dir, path):
     assert works(server)
 
 
-def test_cors_headers_only_for_the_origins_asked(serve, model_dir):
+def test_cors_headers_only_for_the_origins_asked(serve, model_dir, plain):
     origin = {"Origin": "http://localhost:3000"}
-    plain = serve(model_dir("g0"))
     asked = serve(model_dir("g0"), cors_origin=["http://localhost:3000"], api_key=KEY)
 
     def allowed(server, method: str, headers: dict) -> str | None:
@@ -118,11 +142,33 @@ def test_cors_headers_only_for_the_origins_asked(serve, model_dir):
 
 
 @pytest.mark.parametrize(
+    "kind", ["text/plain;charset=UTF-8", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None]
+)
+def test_a_post_that_is_not_json_is_refused_unread(plain, kind):
+    """What a web page of any origin may POST without a CORS preflight (a "simple" request: the browser sends it
+    and only hides the answer) starts no generation: 415, before the body is read, and the connection is closed."""
+    body = json.dumps({"model": plain.name, "messages": QUESTION, "max_tokens": 3}).encode()
+    head = "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nOrigin: http://evil.example\r\n"
+    head += f"Content-Type: {kind}\r\n" if kind else ""
+    answer = raw(plain.port, f"{head}Content-Length: {len(body)}\r\n\r\n".encode() + body)
+    got = repr(kind.split(";")[0]) if kind else "none"
+    assert answer.startswith(b"HTTP/1.1 415") and json.loads(answer.split(b"\r\n\r\n", 1)[1])["error"]["message"] == (
+        f"the request body must be JSON, sent with 'Content-Type: application/json' (got {got})"
+    )
+    assert b"connection: close" in answer.lower()
+    assert works(plain)
+
+
+@pytest.mark.parametrize(
     "host, api_key, warned", [("0.0.0.0", None, True), ("0.0.0.0", KEY, False), ("127.0.0.1", None, False)]
 )
-def test_listening_beyond_loopback_without_a_key_warns_in_one_line(model_dir, capfd, host, api_key, warned):
+def test_listening_beyond_loopback_without_a_key_warns_in_one_line(
+    model_dir, capfd, monkeypatch, host, api_key, warned
+):
+    monkeypatch.setattr(server_module, "listen", lambda host, port: listen("127.0.0.1", 0))  # the test's on loopback
     server = start(ServeOptions(model=str(model_dir("g0")), host=host, port=0, api_key=api_key))
     server.batcher.stop()
+    server.socket.close()
     lines = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]
     expected = "serve: warning: listening on 0.0.0.0 without an API key: anyone who can reach it can use it (--api-key)"
     assert lines == ([expected] if warned else [])
@@ -131,7 +177,7 @@ def test_listening_beyond_loopback_without_a_key_warns_in_one_line(model_dir, ca
 def test_a_body_over_the_limit_is_refused_before_it_is_read(guarded):
     auth = f"Authorization: Bearer {KEY}\r\n"
     # 50 MB announced, none sent: the answer comes at once, so nothing was waited for
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: 50000000\r\n\r\n"
+    head = f"{CHAT_HEAD}{auth}Content-Length: 50000000\r\n\r\n"
     began = time.monotonic()
     answer = raw(guarded.port, head.encode())
     assert answer.startswith(b"HTTP/1.1 413") and time.monotonic() - began < 10
@@ -140,15 +186,13 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(guarded):
     # chunked, no length announced: refused once the limit is passed
     chunk = b"x" * 4000
     body = b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for _ in range(4)) + b"0\r\n\r\n"
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\n{auth}Transfer-Encoding: chunked\r\n\r\n"
+    head = f"{CHAT_HEAD}{auth}Transfer-Encoding: chunked\r\n\r\n"
     answer = raw(guarded.port, head.encode() + body)
     assert answer.startswith(b"HTTP/1.1 413") and message.encode() in answer
 
 
 def test_a_slow_body_is_refused_and_blocks_nobody(guarded):
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
-    )
+    head = f"{CHAT_HEAD}Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(raw, guarded.port, head.encode() + b'{"model"')  # 8 of 100 bytes, then nothing
         client = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
@@ -157,6 +201,40 @@ def test_a_slow_body_is_refused_and_blocks_nobody(guarded):
         answer = slow.result()
     assert answer.startswith(b"HTTP/1.1 408")
     assert b"the request body did not arrive within 1 s" in answer
+
+
+def closed_after(s: socket.socket, trickle: bytes, limit: int = 10) -> float | None:
+    """Seconds until the server closes `s` while `trickle` is sent to it a byte a second (None: still open after
+    `limit` seconds)."""
+    began = time.monotonic()
+    for byte in trickle[:limit]:
+        try:
+            s.sendall(bytes([byte]))
+            ready, _, _ = select.select([s], [], [], 1.0)
+            if ready and s.recv(65536) == b"":
+                return time.monotonic() - began
+        except OSError:  # reset: closed
+            return time.monotonic() - began
+    return None
+
+
+def test_a_slow_head_is_closed_and_blocks_nobody(guarded):
+    head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
+    with ThreadPoolExecutor(2) as pool:
+        with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as new:
+            slow = pool.submit(closed_after, new, head)  # a byte a second from the start
+            with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as kept:
+                kept.sendall(head)  # a whole request, answered; then the next head a byte a second
+                assert kept.recv(65536).startswith(b"HTTP/1.1 200")
+                again = pool.submit(closed_after, kept, head)
+                client = openai.OpenAI(base_url=guarded.url, api_key=KEY, max_retries=0, timeout=60)
+                reply = client.chat.completions.create(model=guarded.name, messages=QUESTION, max_tokens=3)
+                assert reply.usage.completion_tokens == 3  # served meanwhile
+                for closed in (slow.result(), again.result()):  # head_seconds is 1
+                    assert closed is not None and closed < 4, closed
+    with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as silent:  # nothing at all
+        ready, _, _ = select.select([silent], [], [], 4)
+        assert ready and silent.recv(65536) == b""
 
 
 def test_a_full_queue_answers_429(serve, model_dir):
@@ -190,7 +268,7 @@ def test_a_client_that_goes_away_stops_its_generation(serve, model_dir, stream):
     submit = batcher.submit
     batcher.submit = lambda job: (jobs.append(job), submit(job))[1]
     body = json.dumps({"messages": QUESTION, "max_tokens": 100, "stream": stream}).encode()
-    head = f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+    head = f"{CHAT_HEAD}Content-Length: {len(body)}\r\n\r\n".encode()
     with socket.create_connection(("127.0.0.1", server.port)) as s:
         s.sendall(head + body)
         deadline = time.monotonic() + 30
@@ -206,9 +284,7 @@ def test_a_client_that_goes_away_stops_its_generation(serve, model_dir, stream):
 
 
 def test_a_client_gone_before_its_body_is_in_leaves_no_trace(guarded, capfd):
-    head = (
-        f"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
-    )
+    head = f"{CHAT_HEAD}Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
     with socket.create_connection(("127.0.0.1", guarded.port)) as s:
         s.sendall(head.encode() + b'{"mess')
     time.sleep(0.5)

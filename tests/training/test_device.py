@@ -167,10 +167,16 @@ def test_mid_train_refuses_a_count_outside_one_to_the_cores_in_one_line(requeste
 # A fresh process trains a depth-1 model on 8 x 256 tokens of a 4096-token vocabulary (its logits 32 MiB, over
 # glibc's largest mmap threshold) for 11 forward/backward passes and prints the minor page faults of the last 3 (the
 # first 8 settle the heap): the kernel's own count (getrusage), not ours. Measured over the last 3 passes: glibc's
-# defaults 148,000-180,000; no mmap but the heap trimmed (MALLOC_MMAP_MAX_=0 alone) 90,000-131,000; both settings 1,
-# or in about one run of six 8,192 (one 32 MiB block placed anew).
+# defaults 148,000-180,000 (81,863-147,276 on an AMD EPYC, 2026-11-29); no mmap but the heap trimmed
+# (MALLOC_MMAP_MAX_=0 alone) 90,000-131,000; both settings 1, or in about one run of six 8,192 (one 32 MiB block placed
+# anew). The process counts in 4 KiB pages whatever the machine's transparent huge pages: it turns them off for
+# itself (PR_SET_THP_DISABLE). Backed by 2 MiB pages, a fresh 32 MiB block is 16 faults, not 8,192: glibc's defaults
+# gave 8,225 on a run of the quick loop (the test's bound was 50,000) and 9,170 with malloc's memory in huge pages
+# (GLIBC_TUNABLES=glibc.malloc.hugetlb=1), though every step still took fresh memory from the kernel.
 ONE_BLOCK = 2**25 // 4096  # a 32 MiB block's 4 KiB pages
 FAULTS = """
+import ctypes
+ctypes.CDLL(None).prctl(41, 1, 0, 0, 0)  # PR_SET_THP_DISABLE, before anything is allocated: faults of 4 KiB pages
 import resource, sys, torch
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.training.device import reuse_freed_memory
@@ -199,6 +205,8 @@ def test_training_steps_reuse_freed_memory_without_new_page_faults():
     assert _faults("system", untuned)[1] > 50_000  # glibc's default: fresh pages from the kernel every step
     said, faults = _faults("reuse", untuned)
     assert said == "True" and faults < 2 * ONE_BLOCK  # at most one block placed anew
-    # a malloc setting in the environment is the user's: left as it is (glibc's behaviour, faults every step)
-    said, faults = _faults("reuse", {**untuned, "MALLOC_TOP_PAD_": "131072"})
+    # a malloc setting in the environment is the user's: left as it is (glibc's behaviour, faults every step). This one
+    # puts malloc's memory in huge pages, as a machine with transparent huge pages "always" does: counted in 4 KiB
+    # pages all the same (9,170 faults before the process turned them off for itself)
+    said, faults = _faults("reuse", {**untuned, "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"})
     assert said == "False" and faults > 50_000

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import itertools
 import multiprocessing
+import multiprocessing.connection
 import signal
 import sys
 import threading
@@ -25,12 +26,14 @@ from pathlib import Path
 from typing import Callable
 
 import torch
+from tqdm import tqdm
 from transformers import AutoTokenizer
 
 from ..errors import UserError
 from ..model import NanoChatGPTForCausalLM
 from ..tokenizer.chat_format import STOP_TOKENS, special_token_ids
 from .batcher import Batcher, Job, QueueFull, ShuttingDown, Sink
+from .cli import exit_now
 
 REQUEST = ("prompt", "max_new", "temperature", "top_k", "seed", "calculator")  # what of a Job the child is sent
 GONE = "the model's process has exited (the server's log says why)"
@@ -76,21 +79,27 @@ class EngineProcess:
         self.reader.start()
 
     def alive(self) -> bool:
-        return self.reader.is_alive()
+        """The model's process runs and its replies are read. Its exit is seen here at once (the process's sentinel),
+        not only once the reader has read the end of the pipe: /health and a chat give the same answer."""
+        return self.reader.is_alive() and not multiprocessing.connection.wait([self.process.sentinel], 0)
 
     def submit(self, job: Job) -> None:
         fields = {name: getattr(job, name) for name in REQUEST}
         with self.lock:
             if self.stopping:
                 raise ShuttingDown
-            if not self.reader.is_alive():
+            if not self.alive():
                 raise ShuttingDown(GONE)
             # the child's own queue is never the one that is full: it takes this many (see _child)
             if len(self.sinks) >= self.max_batch + self.max_queue:
                 raise QueueFull
             index = next(self.ids)
-            self.sinks[index] = job.sink
-            self.conn.send(("submit", index, fields))
+            self.sinks[index] = job.sink  # before it is sent: the reader may hand on its first tokens at once
+            try:
+                self.conn.send(("submit", index, fields))
+            except OSError:  # it died since alive() was asked
+                del self.sinks[index]
+                raise ShuttingDown(GONE) from None
         if job.sink.cancelled.is_set():  # gone already
             self._drop([index])
         else:  # the server sets it when the client goes: the child hears at once
@@ -195,6 +204,9 @@ def _child(conn, path: str, dtype: str, device: str, threads: int, max_batch: in
     """The child: load the model, say so, then take requests and cancels until the server says stop (or goes)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole process group: the server stops us
     torch.set_num_threads(threads)
+    # transformers' loading bar would make tqdm's lock a named semaphore that only the interpreter's teardown (which
+    # exit_now skips) unregisters; one process writes these bars, a thread's lock is enough
+    tqdm.set_lock(threading.RLock())
     try:
         model, tokenizer = load_model(Path(path), dtype, device), AutoTokenizer.from_pretrained(path)
     except Exception as e:  # whatever from_pretrained raises, as one line for the server to print
@@ -232,3 +244,4 @@ def _child(conn, path: str, dtype: str, device: str, threads: int, max_batch: in
         for done in [i for i, relay in relays.items() if relay.finished]:
             del relays[done]
     batcher.stop()
+    exit_now(0)

@@ -23,6 +23,7 @@ import hmac
 import importlib.resources
 import ipaddress
 import json
+import socket
 import sys
 import threading
 import uuid
@@ -41,6 +42,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 from transformers import AutoTokenizer, PretrainedConfig
 from transformers.cli.serving.chat_completion import ChatCompletionHandler, TransformersCompletionCreateParamsStreaming
+from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
 from ..errors import UserError
 from ..model import NanoChatGPTConfig
@@ -486,7 +488,10 @@ async def _disconnected(request: Request) -> None:
 
 class Guard:
     """ASGI middleware in front of everything: the API key (401, before anything is read), then the body's size
-    (413 from Content-Length before a byte of it is read, or as soon as a chunked body passes the limit)."""
+    (413 from Content-Length before a byte of it is read, or as soon as a chunked body passes the limit), then a
+    POST's Content-Type (415 unless JSON: a web page of any origin may POST a form or text/plain to a server on
+    this machine without asking first, as a "simple" request; a JSON one needs the CORS preflight, refused unless
+    --cors-origin allows that origin)."""
 
     def __init__(self, app, api_key: str | None, max_bytes: int, open_paths: tuple[str, ...] = (OPEN,)):
         self.app, self.max_bytes, self.open_paths = app, max_bytes, open_paths
@@ -503,6 +508,11 @@ class Guard:
         length = headers.get(b"content-length", b"0")
         if not length.isdigit() or int(length) > self.max_bytes:
             return await error_response(413, self._too_large(), close=True)(scope, receive, send)
+        kind = headers.get(b"content-type", b"").split(b";")[0].strip().lower()
+        if scope["method"] == "POST" and kind != b"application/json":  # a browser's form or text/plain: no preflight
+            got = repr(kind.decode("latin-1")[:40]) if kind else "none"
+            message = f"the request body must be JSON, sent with 'Content-Type: application/json' (got {got})"
+            return await error_response(415, message, close=True)(scope, receive, send)
         seen = 0
 
         async def counted():
@@ -594,25 +604,81 @@ def _loopback(host: str) -> bool:
         return False
 
 
-class Server(uvicorn.Server):
-    """uvicorn's server that stops the batcher first when it shuts down (the requests in flight get an error at
-    once, so the connections close and Ctrl-C ends it within seconds)."""
+def listen(host: str, port: int) -> socket.socket:
+    """A socket listening on host:port (port 0: a free one), as uvicorn binds one (IPv6 for an address with ':'), but
+    before the model loads and as a one-line error: a port in use, a host that does not resolve or is not this
+    machine's is said at once, and what the server announces is what listens."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:  # socket.gaierror (a host that does not resolve) is one too
+        sock.close()
+        raise UserError(f"cannot listen on {host}:{port} ({e.strerror or e}): see --host and --port") from None
+    sock.listen()  # connections wait in its backlog until uvicorn takes them (it listens again, with its backlog)
+    return sock
 
-    def __init__(self, config: uvicorn.Config, batcher: Batcher | EngineProcess):
+
+def _url(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if sock.family == socket.AF_INET6 else f"http://{host}:{port}"
+
+
+class HeadLimit(AutoHTTPProtocol):
+    """uvicorn's HTTP protocol (httptools, or h11 where it is missing) that closes a connection whose request head
+    (request line and headers) is not whole ``seconds`` after the connection opened or after the head's first byte.
+    uvicorn has no such limit: its keep-alive timeout is cancelled by any byte, and a new connection has none, so a
+    client sending its head a byte a second held its connection, and a socket, for ever. An idle kept-alive
+    connection is still uvicorn's to close (``timeout_keep_alive``, 5 s)."""
+
+    seconds = ServeOptions.head_seconds  # the server's own: ``HeadLimit.limited(seconds)``
+
+    @classmethod
+    def limited(cls, seconds: float) -> type[HeadLimit]:
+        return type(cls.__name__, (cls,), {"seconds": seconds})
+
+    def connection_made(self, transport) -> None:
+        self.head_timer: asyncio.TimerHandle | None = None
+        super().connection_made(transport)
+        self._arm()
+
+    def data_received(self, data: bytes) -> None:
+        waiting = self.cycle is None or self.cycle.response_complete  # for the next request's head
+        if waiting and self.head_timer is None:
+            self._arm()
+        super().data_received(data)  # parses at once: a whole head starts its request here
+        if self.cycle is not None and not self.cycle.response_complete and self.head_timer is not None:
+            self.head_timer.cancel()
+            self.head_timer = None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self.head_timer is not None:
+            self.head_timer.cancel()
+        super().connection_lost(exc)
+
+    def _arm(self) -> None:
+        self.head_timer = self.loop.call_later(self.seconds, self.transport.close)
+
+
+class Server(uvicorn.Server):
+    """uvicorn's server on the socket ``listen`` bound, that stops the batcher first when it shuts down (the
+    requests in flight get an error at once, so the connections close and Ctrl-C ends it within seconds)."""
+
+    def __init__(self, config: uvicorn.Config, batcher: Batcher | EngineProcess, sock: socket.socket):
         super().__init__(config)
-        self.batcher = batcher
+        self.batcher, self.socket = batcher, sock
+        self.port = sock.getsockname()[1]  # the one listening (--port 0: the free port the system chose)
+
+    def run(self, sockets: list[socket.socket] | None = None) -> None:
+        super().run(sockets=sockets or [self.socket])
 
     async def shutdown(self, sockets=None) -> None:
         await asyncio.to_thread(self.batcher.stop)
         await super().shutdown(sockets)
 
 
-def start(options: ServeOptions) -> Server:
-    """Load the model and build the server around it; returns the uvicorn server (``.run()`` serves)."""
-    path = Path(options.model)
-    model_config = _check_model_dir(path)
-    name = options.name or path.resolve().name
-    check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
+def _load(path: Path, config: NanoChatGPTConfig, options: ServeOptions) -> tuple[NanoChatCompletionHandler, str]:
+    """The model (in its own process, or in a thread of this one) and the chat handler around it; the device."""
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     if device.startswith("cpu"):  # measured once, at start: requests come later, on the cores idle then
         say(use_cpu_threads(options.num_threads, flag="--num-threads"))
@@ -623,18 +689,32 @@ def start(options: ServeOptions) -> Server:
         )
     else:
         batcher = Batcher(load_model(path, options.dtype, device), tokenizer, options.max_batch, options.max_queue)
-    handler = NanoChatCompletionHandler(name, model_config, tokenizer, batcher, calculator=not options.no_calculator)
-    app = build_app(handler, batcher, options)
-    say(f"http://{options.host}:{options.port}/v1 serves {name!r} ({path}) on {device}")
+    name = options.name or path.resolve().name
+    return NanoChatCompletionHandler(name, config, tokenizer, batcher, calculator=not options.no_calculator), device
+
+
+def start(options: ServeOptions) -> Server:
+    """Bind the socket, load the model and build the server around them; returns the uvicorn server (``.run()``
+    serves)."""
+    path = Path(options.model)
+    model_config = _check_model_dir(path)
+    check_num_threads(options.num_threads, f"--num-threads {options.num_threads}")
+    sock = listen(options.host, options.port)  # before the model loads: a port in use is said at once
+    try:
+        handler, device = _load(path, model_config, options)
+    except BaseException:  # nothing is left bound
+        sock.close()
+        raise
+    app = build_app(handler, handler.batcher, options)
+    say(f"{_url(sock)}/v1 serves {handler.name!r} ({path}) on {device}")
     if not options.no_page:
-        say(f"the chat page: http://{options.host}:{options.port}/")
+        say(f"the chat page: {_url(sock)}/")
     if not options.api_key and not _loopback(options.host):
         say(f"warning: listening on {options.host} without an API key: anyone who can reach it can use it (--api-key)")
     config = uvicorn.Config(
         app,
-        host=options.host,
-        port=options.port,
+        http=HeadLimit.limited(options.head_seconds),
         log_level=options.log_level,
         timeout_graceful_shutdown=SHUTDOWN_SECONDS,
     )
-    return Server(config, batcher)
+    return Server(config, handler.batcher, sock)
