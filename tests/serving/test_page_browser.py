@@ -318,7 +318,9 @@ def test_a_busy_server_s_429_is_one_line(browser, server):
     new_chat(browser)
     batcher, question = server.server.batcher, [{"role": "user", "content": "Hi"}]
     client = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
-    with slowed(server), ThreadPoolExecutor(2) as pool:  # one request decoded (max_batch 1), one waiting (max_queue 1)
+    # one request decoded (max_batch 1), one waiting (max_queue 1); 1 s a forward, so both are still there when the
+    # page's request arrives on a loaded machine (at 0.15 s the first could finish first: a queued reply, not a 429)
+    with slowed(server, 1.0), ThreadPoolExecutor(2) as pool:
         held = [pool.submit(client.chat.completions.create, model=NAME, messages=question, max_tokens=6)]
         until(lambda: batcher.active)
         held.append(pool.submit(client.chat.completions.create, model=NAME, messages=question, max_tokens=6))
