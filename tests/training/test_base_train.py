@@ -43,7 +43,7 @@ class Vocab(SimpleNamespace):
 def test_derived_run_equals_heads(row):
     extra = [f"--{k}={row[k]}" for k in ("target_param_data_ratio", "device_batch_size") if k in row]
     args = parse_base_args([f"--depth={row['depth']}", *extra, "--output_dir=/nonexistent", "--use_cpu=true"])
-    plan = plan_run(args, Vocab(size=32768, bos_token_id=0, pad_token_id=None), row["world_size"])
+    plan = plan_run(args, Vocab(size=32768, bos_token_id=0, eos_token_id=None, pad_token_id=None), row["world_size"])
     assert (plan.num_iterations, plan.total_batch_size, plan.grad_accum_steps) == (
         row["num_iterations"],
         row["total_batch_size"],
@@ -141,7 +141,7 @@ def test_bad_input_one_line(tmp_path):
         parse_base_args(["--fp8=true", "--use_cpu=true"])
     with pytest.raises(UserError, match=r"total_batch_size=200 is not divisible by .* = 128"):
         parse_base_args(flags(REF["argv"]) + ["--total_batch_size=200", "--output_dir", str(tmp_path)])
-    tok = Vocab(size=320, bos_token_id=0, pad_token_id=None)
+    tok = Vocab(size=320, bos_token_id=0, eos_token_id=None, pad_token_id=None)
     args = parse_base_args(flags(REF["argv"]) + ["--output_dir", str(tmp_path)])
     with pytest.raises(UserError, match=r"= 384"):  # 256 tokens on 3 processes of 2 x 64
         plan_run(args, tok, 3)

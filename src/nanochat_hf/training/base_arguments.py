@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from ..errors import UserError
+from ..errors import UserError, add_version
 from .arguments import MidTrainingArguments, _OneLineParser
 from .checkpoint.layout import checkpoint_name
 from .cli import REFUSED, HelpFormatter, config_defaults, drop_overridden, own_help
@@ -169,6 +169,7 @@ def parse_base_args(argv: list[str] | None = None) -> BaseTrainingArguments:
     known = {action.dest for action in parser._actions}
     if argv and argv[0].endswith((".yaml", ".yml")):
         parser.set_defaults(**drop_overridden(config_defaults(Path(argv.pop(0)), known), argv))
+    add_version(parser)
     own_help(parser)
     args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
