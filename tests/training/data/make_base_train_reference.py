@@ -218,6 +218,7 @@ def main(out: Path) -> None:
     assert all(abs(a - b) < 1e-6 for a, b in zip(printed, logged)) and len(printed) == len(logged), (printed, logged)
     table = [derivation(d, 8) for d in (12, 20, 24, 26)]
     table.append(derivation(24, 8, target_param_data_ratio=8, device_batch_size=16))  # runs/speedrun.sh
+    table.append(derivation(3, 1, device_batch_size=4))  # 3 x 64 wide: rounded up to 2 heads of 128
     head_load = head_loads_ours(out, tensors["val_rows"][0, :1, :-1])
     json.dump(
         {
