@@ -161,3 +161,22 @@ def test_bad_input_is_one_line(run, tmp_path, capsys):
         == f"base_train: error: {nobos}: the tokenizer has no <|bos|> token, which nanochat puts before every document"
     )
     assert not (tmp_path / "o").exists()
+
+
+def test_sft_starts_from_the_folder(run):
+    """mid_train's SFT recipe takes the folder as --model_source and inherits its batch settings and LRs from
+    base_train's meta (as HEAD's chat_sft.py from a base checkpoint)."""
+    from nanochat_hf.training.run import main as mid_train
+
+    tmp, out, _, _ = run
+    sft = tmp / "sft"
+    argv = ["--model_source", str(out), "--inherit_from_base", "true", "--optimizer_recipe", "2026-07"]
+    argv += ["--packing", "bestfit", "--completion_only_loss", "true", "--load_optimizer", "false"]
+    argv += ["--num_iterations", "2", "--eval_every", "-1", "--eval_tokens", "256", "--spelling_eval_rows", "0"]
+    argv += ["--chat_eval_tasks", "", "--torch_compile", "false", "--disable_tqdm", "true", "--output_dir", str(sft)]
+    with contextlib.redirect_stdout(io.StringIO()):
+        metrics = mid_train(argv)
+    assert metrics["steps"] == 2
+    saved = json.loads((sft / "training_args.json").read_text())
+    assert (saved["max_seq_len"], saved["device_batch_size"], saved["total_batch_size"]) == (64, 2, 256)
+    assert saved["embedding_lr"] == 0.3 and saved["unembedding_lr"] == 0.008  # base_train's, from its user_config
