@@ -74,7 +74,7 @@ def list_shards(data_dir: str | os.PathLike | None = None) -> list[str]:
     folder = Path(data_dir) if data_dir is not None else default_data_dir()
     if not folder.is_dir():
         raise UserError(f"{folder}: no such shard folder ({GET_SHARDS})")
-    shards = sorted(folder / f for f in os.listdir(folder) if f.endswith(".parquet") and not f.endswith(".tmp"))
+    shards = sorted(folder / f for f in os.listdir(folder) if f.endswith(".parquet"))
     if not shards:
         raise UserError(f"{folder}: no *.parquet shards in the folder ({GET_SHARDS})")
     for path in shards:
