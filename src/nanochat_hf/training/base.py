@@ -270,11 +270,12 @@ class BaseTrainer(NanoChatTrainer):
         model.train()
 
     # ---- the final model: with base_train's meta, for to-nanochat ------------------------------------------
-    def write_model(self, output_dir: str | None = None) -> None:
+    def final_meta(self) -> dict:
         a, log = self.args, self.nanochat_log
         stream = self.get_train_dataloader().stream
-        self.nanochat_meta = {
+        return {
             "step": self.state.global_step,
+            "val_bpb": self.last_val_bpb(),
             "model_config": meta_model_config(self.model.config, a.window_pattern.upper()),
             "user_config": self.user_config,
             "device_batch_size": a.device_batch_size,
@@ -287,7 +288,6 @@ class BaseTrainer(NanoChatTrainer):
                 "total_training_time": log.total_time,
             },
         }
-        super().write_model(output_dir)
 
 
 def user_config(args: BaseTrainingArguments) -> dict:

@@ -404,12 +404,22 @@ class NanoChatTrainer(NanoChatOptimizerMixin, Trainer):
             if self.processing_class is not None:
                 self.processing_class.save_pretrained(tmp)
             write_json(tmp / TRAINING_ARGS_FILE, self.args.to_dict())
-            if self.nanochat_meta is not None:  # chat_sft.py's meta of this model: to-nanochat writes it out
-                val = [h["eval_val_bpb"] for h in self.state.log_history if "eval_val_bpb" in h]
-                ours = {f.name for f in dataclasses.fields(self.args)} - TRAINING_ARGUMENTS  # the run's own knobs
-                user_config = {k: v for k, v in self.args.to_dict().items() if k in ours}
-                meta = finetuned_meta(self.nanochat_meta, self.state.global_step, val[-1] if val else None, user_config)
+            if (meta := self.final_meta()) is not None:  # to-nanochat writes it out
                 write_json(tmp / NANOCHAT_META_FILE, meta)
+
+    def final_meta(self) -> dict | None:
+        """The nanochat meta of the final model: chat_sft.py's for a model fine-tuned from a nanochat checkpoint
+        (None without one: the demo model, a hub id). BaseTrainer writes base_train's instead."""
+        if self.nanochat_meta is None:
+            return None
+        ours = {f.name for f in dataclasses.fields(self.args)} - TRAINING_ARGUMENTS  # the run's own knobs
+        user_config = {k: v for k, v in self.args.to_dict().items() if k in ours}
+        return finetuned_meta(self.nanochat_meta, self.state.global_step, self.last_val_bpb(), user_config)
+
+    def last_val_bpb(self) -> float | None:
+        """The last validation's bits per byte (None: never validated)."""
+        val = [h["eval_val_bpb"] for h in self.state.log_history if "eval_val_bpb" in h]
+        return val[-1] if val else None
 
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
