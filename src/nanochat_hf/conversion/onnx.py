@@ -1,0 +1,206 @@
+"""ONNX export of the decoder with its KV cache, in the layout Optimum writes for causal LMs and transformers.js reads.
+
+    <output>/config.json, generation_config.json, tokenizer files      (as the source model folder has them)
+    <output>/onnx/model.onnx             float32
+    <output>/onnx/model_quantized.onnx   int8 weights (onnxruntime's quantize_dynamic; transformers.js's "q8")
+
+Inputs ``input_ids`` (batch, sequence), ``attention_mask`` (batch, past + sequence), ``position_ids`` (batch,
+sequence), ``past_key_values.{i}.key`` / ``.value`` (batch, n_kv_head, past, head_dim); outputs ``logits`` (batch,
+sequence, vocab_size) and ``present.{i}.key`` / ``.value`` (the past with the new tokens appended). A first step
+passes empty pasts (past = 0). The graph is our model's own forward (traced, so the same code computes the logits)
+with the cache and the masks handed to it as tensors:
+
+- Every generation exports (G0 to G5). G0's config.json is transformers' native NanoChat config (``model_type
+  "nanochat"``, ``NanoChatForCausalLM``), which is what transformers.js loads nanochat from; the later ones keep our
+  config (transformers' and transformers.js's NanoChat have none of their features), for onnxruntime directly.
+- Sliding-window layers (G2 on) get their window as a mask over the whole past (the past is never trimmed, as
+  Optimum's caches are not), which gives the same keys as the model's own cache.
+- Smear (G5) mixes the previous token's embedding into the first new position, and no key or value holds it: G5's
+  graph has one more input, ``previous_input_ids`` (batch,), the token before ``input_ids`` (any value on a first
+  step, where nothing is mixed into position 0), as our model's forward takes it.
+
+The legacy TorchScript exporter (``dynamo=False``) is used: tracing fixes the Python control flow at one example
+(a non-empty past, which is also the general path: see ``Decoder``) and records the size arithmetic, so one graph
+takes any batch, sequence and past length; torch.export instead needs every data-dependent branch of the model and
+of transformers' cache written for it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import GenerationConfig
+from transformers.cache_utils import DynamicCache
+
+from ..atomic import staged_dir
+from ..errors import UserError
+from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from .files import check_output, files_in
+from .generations import generation_of, hf_names
+from .native import CARRIED_FILES, native_config, read_hf_model
+
+OPSET = 17
+FLOAT32, INT8 = "onnx/model.onnx", "onnx/model_quantized.onnx"
+EXTERNAL_DATA_SUFFIX = "_data"  # onnx/model.onnx_data for a model past protobuf's 2 GB (transformers.js's name)
+MISSING = "to-onnx needs onnx, onnxscript and onnxruntime: pip install 'nanochat-hf[onnx]'"
+
+
+def input_names(config: NanoChatGPTConfig) -> list[str]:
+    names = ["input_ids", "attention_mask", "position_ids"]
+    names += [f"past_key_values.{i}.{kv}" for i in range(config.n_layer) for kv in ("key", "value")]
+    return names + (["previous_input_ids"] if config.smear else [])
+
+
+def output_names(config: NanoChatGPTConfig) -> list[str]:
+    return ["logits"] + [f"present.{i}.{kv}" for i in range(config.n_layer) for kv in ("key", "value")]
+
+
+class Decoder(torch.nn.Module):
+    """Our causal LM with its cache as flat tensors (Optimum's decoder signature): builds a DynamicCache from the
+    pasts, one boolean mask per layer type from ``attention_mask`` (the model takes masks already built as a dict),
+    and returns the logits and the grown pasts."""
+
+    def __init__(self, model: NanoChatGPTForCausalLM):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, attention_mask, position_ids, *past_and_previous):
+        c = self.model.config
+        pasts = past_and_previous[: 2 * c.n_layer]
+        cache = DynamicCache(list(zip(pasts[0::2], pasts[1::2])))
+        seq = input_ids.shape[1]
+        total = attention_mask.shape[1]
+        keys = torch.arange(total, device=input_ids.device)
+        queries = keys[total - seq :, None]  # the key slot of each new token
+        causal = keys <= queries  # (seq, total)
+        # a query sees the keys before it that are not padding, and always itself (a padding row stays finite)
+        visible = (attention_mask.bool()[:, None, None, :] & causal) | (keys == queries)
+        masks = {"full_attention": visible}
+        if "sliding_attention" in c.layer_types:  # the last `sliding_window` keys, itself included
+            masks["sliding_attention"] = visible & (keys > queries - c.sliding_window)
+        extra = {"previous_input_ids": past_and_previous[-1]} if c.smear else {}
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=masks,
+            position_ids=position_ids,
+            cache=cache,
+            use_cache=True,
+            **extra,
+        )
+        presents = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
+        return (out.logits, *presents)
+
+
+def load_for_export(model_dir: Path) -> NanoChatGPTForCausalLM:
+    """The model of `model_dir` (ours or transformers' native NanoChat) in float32 with eager attention (plain
+    matmul-softmax: the graph needs no attention kernel onnxruntime may lack)."""
+    state_dict, config = read_hf_model(model_dir)
+    generation_of(config, model_dir / "config.json")  # a combination of fields no nanochat had: one line here
+    config._attn_implementation = "eager"
+    model = NanoChatGPTForCausalLM(config)
+    names = hf_names(config)
+    model.load_state_dict({names.get(k, k): v.float() for k, v in state_dict.items()}, strict=True)
+    return model.float().eval()
+
+
+def example_inputs(config: NanoChatGPTConfig, batch: int = 2, seq: int = 3, past: int = 4) -> tuple[torch.Tensor, ...]:
+    """Inputs with a non-empty past, the path that covers every step (see the module docstring)."""
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(0, config.vocab_size, (batch, seq), generator=g)
+    shape = (batch, config.n_kv_head, past, config.head_dim)
+    pasts = [torch.randn(shape, generator=g) for _ in range(2 * config.n_layer)]
+    mask = torch.ones(batch, past + seq, dtype=torch.long)
+    positions = torch.arange(past, past + seq).expand(batch, -1)
+    previous = [torch.randint(0, config.vocab_size, (batch,), generator=g)] if config.smear else []
+    return (ids, mask, positions, *pasts, *previous)
+
+
+def _rms_norm(g, x, normalized_shape, weight, eps):
+    """aten::rms_norm, which the TorchScript exporter has no symbolic for (ONNX has RMSNormalization from opset 23
+    only): ``x / sqrt(mean(x^2, -1) + eps)`` with float32's eps, F.rms_norm's default (our norms have no weight)."""
+    eps = g.op("Constant", value_t=torch.tensor(torch.finfo(torch.float32).eps))
+    mean_square = g.op("ReduceMean", g.op("Mul", x, x), axes_i=[-1], keepdims_i=1)
+    return g.op("Div", x, g.op("Sqrt", g.op("Add", mean_square, eps)))
+
+
+def export_decoder(model: NanoChatGPTForCausalLM, path: Path) -> None:
+    """`model`'s decoder as ONNX at `path` (a file beside it holds the weights past protobuf's 2 GB)."""
+    import onnx
+
+    config = model.config
+    axes = {
+        "input_ids": {0: "batch_size", 1: "sequence_length"},
+        "position_ids": {0: "batch_size", 1: "sequence_length"},
+    }
+    axes["attention_mask"] = {0: "batch_size", 1: "past_sequence_length + sequence_length"}
+    axes["logits"] = {0: "batch_size", 1: "sequence_length"}
+    for name in input_names(config)[3:]:
+        axes[name] = {0: "batch_size"} if name == "previous_input_ids" else {0: "batch_size", 2: "past_sequence_length"}
+    for name in output_names(config)[1:]:
+        axes[name] = {0: "batch_size", 2: "past_sequence_length + sequence_length"}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.onnx.register_custom_op_symbolic("aten::rms_norm", _rms_norm, OPSET)
+    try:
+        with warnings.catch_warnings(), torch.no_grad():
+            warnings.simplefilter("ignore", torch.jit.TracerWarning)  # the traced branches are the general ones
+            warnings.simplefilter("ignore", DeprecationWarning)  # "legacy exporter": chosen (the module docstring)
+            torch.onnx.export(
+                Decoder(model),
+                example_inputs(config),
+                str(path),
+                input_names=input_names(config),
+                output_names=output_names(config),
+                dynamic_axes=axes,
+                opset_version=OPSET,
+                dynamo=False,
+            )
+    finally:
+        torch.onnx.unregister_custom_op_symbolic("aten::rms_norm", OPSET)
+    tensor_files = [p for p in path.parent.iterdir() if p != path]
+    if tensor_files:  # past 2 GB the exporter writes one file per tensor beside the graph: gather them in one
+        proto = onnx.load(str(path))
+        for tensor_file in tensor_files:
+            tensor_file.unlink()
+        onnx.save(proto, str(path), save_as_external_data=True, location=path.name + EXTERNAL_DATA_SUFFIX)
+
+
+def quantize(source: Path, path: Path) -> None:
+    """int8 weights, activations quantized on the fly (onnxruntime's dynamic quantization, Optimum's "q8")."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    external = source.with_name(source.name + EXTERNAL_DATA_SUFFIX).exists()
+    quantize_dynamic(source, path, weight_type=QuantType.QInt8, use_external_data_format=external)
+
+
+def to_onnx(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overwrite: bool = False) -> Path:
+    """Export our model directory (or transformers' native NanoChat) to ONNX with a KV cache, float32 and int8.
+
+    `output_dir` must be new or empty and apart from the source; `overwrite` lets it replace the files it writes
+    (other files are kept; the source's files are never replaced)."""
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import onnxscript  # noqa: F401  (torch.onnx imports it)
+    except ImportError:
+        raise UserError(MISSING) from None
+    model_dir, output_dir = Path(model_dir), Path(output_dir)
+    check_output(output_dir, [model_dir], overwrite)
+    model = load_for_export(model_dir)
+    config = model.config
+    with staged_dir(output_dir, overwrite, protect=files_in(model_dir)) as tmp:
+        export_decoder(model, tmp / FLOAT32)
+        quantize(tmp / FLOAT32, tmp / INT8)
+        if generation_of(config, model_dir / "config.json").name == "G0":
+            native_config(config).save_pretrained(tmp)  # what transformers.js reads nanochat from
+        else:
+            config.save_pretrained(tmp)
+        for path in model_dir.iterdir():
+            if path.is_file() and CARRIED_FILES.fullmatch(path.name):
+                shutil.copyfile(path, tmp / path.name)  # not copy2: the mode comes from the umask
+        if not (tmp / "generation_config.json").exists():
+            GenerationConfig.from_model_config(config).save_pretrained(tmp)
+    return output_dir

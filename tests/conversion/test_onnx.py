@@ -1,0 +1,199 @@
+"""`convert.py to-onnx`: the exported decoder run by onnxruntime on CPU against our torch model.
+
+The models are the suite's nanochat checkpoints of G0 (December 2025) and G5 (HEAD), converted by from-nanochat
+(3 layers; G5's short layers have a 129-key window, so a 110-token prompt and 32 new tokens go past it). Each is
+exported once per module. The decoding loop below is transformers.js's: empty pasts first, then each step feeds the
+`present.*` outputs back as `past_key_values.*` with the new token alone."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from nanochat_hf import NanoChatGPTForCausalLM
+from nanochat_hf.conversion import from_nanochat, to_onnx
+from nanochat_hf.errors import UserError
+
+ort = pytest.importorskip("onnxruntime")
+
+COMMITS = {"G0": "790f3be", "G5": "a825e63"}
+PROMPT = [(5 * i * i + 7 * i + 3) % 290 for i in range(110)]
+NEW_TOKENS = 32
+
+
+@pytest.fixture(scope="module")
+def exported(generation_base, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
+    """generation -> (our model folder, its ONNX export)."""
+    out = {}
+    for gen, commit in COMMITS.items():
+        root = tmp_path_factory.mktemp(f"onnx_{gen}")
+        model = from_nanochat(
+            generation_base / "base_checkpoints" / commit, root / "hf", generation_base / "tokenizer", trust_pickle=True
+        )
+        out[gen] = model, to_onnx(model, root / "onnx_export")
+    return out
+
+
+@pytest.fixture(scope="module")
+def torch_models(exported) -> dict[str, NanoChatGPTForCausalLM]:
+    return {gen: NanoChatGPTForCausalLM.from_pretrained(model).float().eval() for gen, (model, _) in exported.items()}
+
+
+def session(path: Path) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1  # a shared machine
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+class Decoder:
+    """transformers.js's loop over an exported decoder (input names read from the graph, as it does)."""
+
+    def __init__(self, path: Path, config: NanoChatGPTForCausalLM):
+        self.session = session(path)
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.config = config
+
+    def empty(self, batch: int) -> list[np.ndarray]:
+        c = self.config
+        return [np.zeros((batch, c.n_kv_head, 0, c.head_dim), np.float32)] * (2 * c.n_layer)
+
+    def __call__(self, ids, mask, positions, pasts, previous) -> tuple[np.ndarray, list[np.ndarray]]:
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "previous_input_ids": previous}
+        feed.update(zip([n for n in self.names if n.startswith("past_key_values.")], pasts))
+        logits, *presents = self.session.run(None, {n: feed[n] for n in self.names})
+        return logits, presents
+
+    def greedy(self, prompts: list[list[int]], steps: int, pad: int) -> list[list[int]]:
+        """Left-padded batch; positions count from each row's first real token, as generate() does."""
+        width = max(map(len, prompts))
+        ids = np.array([[pad] * (width - len(p)) + p for p in prompts])
+        mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+        pasts, previous, out = self.empty(len(prompts)), np.zeros(len(prompts), np.int64), []
+        for _ in range(steps):
+            positions = np.clip(mask.cumsum(-1) - 1, 0, None)[:, -ids.shape[1] :]
+            logits, pasts = self(ids, mask, positions, pasts, previous)
+            previous = ids[:, -1]
+            ids = logits[:, -1].argmax(-1)[:, None]
+            mask = np.concatenate([mask, np.ones_like(ids)], axis=1)
+            out.append(ids[:, 0])
+        return np.stack(out, axis=1).tolist()
+
+
+def test_optimum_layout_names_and_files(exported):
+    model, out = exported["G0"]
+    assert {p.name for p in (out / "onnx").iterdir()} == {"model.onnx", "model_quantized.onnx"}
+    config = json.loads((out / "config.json").read_text())  # G0: transformers' NanoChat, what transformers.js reads
+    assert config["model_type"] == "nanochat" and config["architectures"] == ["NanoChatForCausalLM"]
+    assert config["num_key_value_heads"] == 2 and config["num_hidden_layers"] == 3
+    for name in ("generation_config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert (out / name).read_bytes() == (model / name).read_bytes()
+    graph = session(out / "onnx" / "model.onnx")
+    inputs = {i.name: i.shape for i in graph.get_inputs()}
+    pasts = [f"past_key_values.{i}.{kv}" for i in range(3) for kv in ("key", "value")]
+    assert list(inputs) == ["input_ids", "attention_mask", "position_ids", *pasts]
+    assert inputs["input_ids"] == ["batch_size", "sequence_length"]
+    assert inputs["past_key_values.0.key"] == ["batch_size", 2, "past_sequence_length", 16]
+    outputs = [o.name for o in graph.get_outputs()]
+    assert outputs == ["logits"] + [p.replace("past_key_values", "present") for p in pasts]
+    g5 = json.loads((exported["G5"][1] / "config.json").read_text())
+    assert g5["model_type"] == "nanochat_gpt" and g5["smear"]  # our config: only we know G5
+    assert [i.name for i in session(exported["G5"][1] / "onnx" / "model.onnx").get_inputs()][-1] == "previous_input_ids"
+
+
+@pytest.mark.parametrize("gen", list(COMMITS))
+def test_logits_equal_the_torch_model(gen, exported, torch_models):
+    """The whole prompt at once, then its last 30 tokens again over a cache of the first 80 (past and new > 1)."""
+    model = torch_models[gen]
+    decoder = Decoder(exported[gen][1] / "onnx" / "model.onnx", model.config)
+    ids = np.array([PROMPT + PROMPT[:40]])  # 150 tokens: past G5's window
+    with torch.no_grad():
+        want = model(torch.from_numpy(ids)).logits.numpy()
+    n = ids.shape[1]
+    logits, _ = decoder(ids, np.ones((1, n), np.int64), np.arange(n)[None], decoder.empty(1), np.zeros(1, np.int64))
+    assert np.abs(logits - want).max() < 1e-4
+    _, pasts = decoder(ids[:, :120], np.ones((1, 120), np.int64), np.arange(120)[None], decoder.empty(1), ids[:, 0])
+    logits, _ = decoder(ids[:, 120:], np.ones((1, n), np.int64), np.arange(120, n)[None], pasts, ids[:, 119])
+    assert np.abs(logits - want[:, 120:]).max() < 1e-4
+
+
+@pytest.mark.parametrize("gen", list(COMMITS))
+def test_cached_greedy_tokens_equal_generate(gen, exported, torch_models):
+    """A left-padded batch of two prompts, 32 tokens each, against generate() on the same batch."""
+    model = torch_models[gen]
+    prompts = [PROMPT, PROMPT[40:]]
+    pad = model.config.pad_token_id
+    decoder = Decoder(exported[gen][1] / "onnx" / "model.onnx", model.config)
+    got = decoder.greedy(prompts, NEW_TOKENS, pad)
+    ids = torch.tensor([PROMPT, [pad] * 40 + PROMPT[40:]])
+    mask = torch.tensor([[1] * 110, [0] * 40 + [1] * 70])
+    with torch.no_grad():
+        want = model.generate(
+            ids, attention_mask=mask, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    assert got == want[:, 110:].tolist()
+
+
+def test_int8_runs_and_mostly_picks_the_same_tokens(exported, torch_models):
+    """Dynamic int8 quantization changes the logits, so tokens can differ; what must hold: it runs with the cache,
+    and given the float32 model's greedy text, it picks the same next token at most positions (measured on these
+    random weights: 31/32 for G0, 32/32 for G5)."""
+    for gen in COMMITS:
+        model = torch_models[gen]
+        out = exported[gen][1] / "onnx"
+        float32 = Decoder(out / "model.onnx", model.config).greedy([PROMPT], NEW_TOKENS, 0)[0]
+        int8 = Decoder(out / "model_quantized.onnx", model.config)
+        assert (out / "model_quantized.onnx").stat().st_size < (out / "model.onnx").stat().st_size / 2
+        ids = np.array([PROMPT + float32])
+        n = ids.shape[1]
+        logits, _ = int8(ids, np.ones((1, n), np.int64), np.arange(n)[None], int8.empty(1), np.zeros(1, np.int64))
+        picks = logits[0, len(PROMPT) - 1 : -1].argmax(-1)
+        assert (picks == np.array(float32)).mean() >= 0.75, (gen, picks.tolist(), float32)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+
+
+def test_bad_input_is_one_line_and_nothing_is_written(exported, load_script, capsys, tmp_path):
+    main = load_script("convert").main
+    model = exported["G0"][0]
+
+    def run(*args) -> str:
+        assert main(["to-onnx", *map(str, args)]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and err[0].startswith("convert: error: "), err
+        return err[0]
+
+    not_a_model = tmp_path / "notes"
+    not_a_model.mkdir()
+    (not_a_model / "a.txt").write_text("hello")
+    assert "notes/config.json" in run("--model", not_a_model, "--output", tmp_path / "out")
+    assert not (tmp_path / "out").exists()
+
+    taken = tmp_path / "taken"
+    (taken / "onnx").mkdir(parents=True)
+    (taken / "onnx" / "model.onnx").write_text("mine")
+    assert "--output is not empty" in run("--model", model, "--output", taken)
+    assert [p.name for p in taken.rglob("*")] == ["onnx", "model.onnx"]
+    assert (taken / "onnx" / "model.onnx").read_text() == "mine"
+
+    odd = tmp_path / "odd"  # a G0 model with G4's q/k scale: no nanochat generation is that model
+    odd.mkdir()
+    for path in model.iterdir():
+        (odd / path.name).write_bytes(path.read_bytes())
+    config = json.loads((odd / "config.json").read_text())
+    (odd / "config.json").write_text(json.dumps({**config, "qk_scale": 1.3}))
+    line = run("--model", odd, "--output", tmp_path / "out")
+    assert "odd/config.json" in line and "no nanochat generation" in line and "qk_scale=1.3" in line
+    assert not (tmp_path / "out").exists()
+
+
+def test_without_the_onnx_extra_it_says_what_to_install(exported, monkeypatch, tmp_path):
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # `import onnxruntime` raises ImportError
+    with pytest.raises(UserError, match=r"pip install 'nanochat-hf\[onnx\]'"):
+        to_onnx(exported["G0"][0], tmp_path / "out")
+    assert not (tmp_path / "out").exists()
