@@ -2,12 +2,14 @@
 
 The models are the suite's nanochat checkpoints of G0 (December 2025) and G5 (HEAD), converted by from-nanochat
 (3 layers; G5's short layers have a 129-key window, so a 110-token prompt and 32 new tokens go past it). Each is
-exported once per module. The decoding loop below is transformers.js's: empty pasts first, then each step feeds the
-`present.*` outputs back as `past_key_values.*` with the new token alone."""
+exported once per module. The decoding loop is transformers.js's (`OnnxDecoder`: empty pasts first, then each step
+feeds the `present.*` outputs back as `past_key_values.*` with the new token alone)."""
 
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -17,11 +19,14 @@ import torch
 
 from nanochat_hf import NanoChatGPTForCausalLM
 from nanochat_hf.conversion import from_nanochat, to_onnx
+from nanochat_hf.conversion.onnx import OnnxDecoder
 from nanochat_hf.errors import UserError
 
-ort = pytest.importorskip("onnxruntime")
+pytest.importorskip("onnxruntime")
 
 COMMITS = {"G0": "790f3be", "G5": "a825e63"}
+# transformers.js in Node, installed by .ci/run (npm install --ignore-scripts: its CPU onnxruntime ships in the package)
+TRANSFORMERS_JS = Path(os.environ.get("NANOCHAT_TRANSFORMERS_JS", Path(__file__).parents[2] / ".ci" / "node"))
 PROMPT = [(5 * i * i + 7 * i + 3) % 290 for i in range(110)]
 NEW_TOKENS = 32
 
@@ -44,44 +49,8 @@ def torch_models(exported) -> dict[str, NanoChatGPTForCausalLM]:
     return {gen: NanoChatGPTForCausalLM.from_pretrained(model).float().eval() for gen, (model, _) in exported.items()}
 
 
-def session(path: Path) -> ort.InferenceSession:
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1  # a shared machine
-    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-
-
-class Decoder:
-    """transformers.js's loop over an exported decoder (input names read from the graph, as it does)."""
-
-    def __init__(self, path: Path, config: NanoChatGPTForCausalLM):
-        self.session = session(path)
-        self.names = [i.name for i in self.session.get_inputs()]
-        self.config = config
-
-    def empty(self, batch: int) -> list[np.ndarray]:
-        c = self.config
-        return [np.zeros((batch, c.n_kv_head, 0, c.head_dim), np.float32)] * (2 * c.n_layer)
-
-    def __call__(self, ids, mask, positions, pasts, previous) -> tuple[np.ndarray, list[np.ndarray]]:
-        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "previous_input_ids": previous}
-        feed.update(zip([n for n in self.names if n.startswith("past_key_values.")], pasts))
-        logits, *presents = self.session.run(None, {n: feed[n] for n in self.names})
-        return logits, presents
-
-    def greedy(self, prompts: list[list[int]], steps: int, pad: int) -> list[list[int]]:
-        """Left-padded batch; positions count from each row's first real token, as generate() does."""
-        width = max(map(len, prompts))
-        ids = np.array([[pad] * (width - len(p)) + p for p in prompts])
-        mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        pasts, previous, out = self.empty(len(prompts)), np.zeros(len(prompts), np.int64), []
-        for _ in range(steps):
-            positions = np.clip(mask.cumsum(-1) - 1, 0, None)[:, -ids.shape[1] :]
-            logits, pasts = self(ids, mask, positions, pasts, previous)
-            previous = ids[:, -1]
-            ids = logits[:, -1].argmax(-1)[:, None]
-            mask = np.concatenate([mask, np.ones_like(ids)], axis=1)
-            out.append(ids[:, 0])
-        return np.stack(out, axis=1).tolist()
+def session(path: Path):
+    return OnnxDecoder(path).session
 
 
 def test_optimum_layout_names_and_files(exported):
@@ -109,7 +78,7 @@ def test_optimum_layout_names_and_files(exported):
 def test_logits_equal_the_torch_model(gen, exported, torch_models):
     """The whole prompt at once, then its last 30 tokens again over a cache of the first 80 (past and new > 1)."""
     model = torch_models[gen]
-    decoder = Decoder(exported[gen][1] / "onnx" / "model.onnx", model.config)
+    decoder = OnnxDecoder(exported[gen][1] / "onnx" / "model.onnx")
     ids = np.array([PROMPT + PROMPT[:40]])  # 150 tokens: past G5's window
     with torch.no_grad():
         want = model(torch.from_numpy(ids)).logits.numpy()
@@ -127,7 +96,7 @@ def test_cached_greedy_tokens_equal_generate(gen, exported, torch_models):
     model = torch_models[gen]
     prompts = [PROMPT, PROMPT[40:]]
     pad = model.config.pad_token_id
-    decoder = Decoder(exported[gen][1] / "onnx" / "model.onnx", model.config)
+    decoder = OnnxDecoder(exported[gen][1] / "onnx" / "model.onnx")
     got = decoder.greedy(prompts, NEW_TOKENS, pad)
     ids = torch.tensor([PROMPT, [pad] * 40 + PROMPT[40:]])
     mask = torch.tensor([[1] * 110, [0] * 40 + [1] * 70])
@@ -138,21 +107,62 @@ def test_cached_greedy_tokens_equal_generate(gen, exported, torch_models):
     assert got == want[:, 110:].tolist()
 
 
-def test_int8_runs_and_mostly_picks_the_same_tokens(exported, torch_models):
+def test_int8_runs_and_mostly_picks_the_same_tokens(exported):
     """Dynamic int8 quantization changes the logits, so tokens can differ; what must hold: it runs with the cache,
     and given the float32 model's greedy text, it picks the same next token at most positions (measured on these
     random weights: 31/32 for G0, 32/32 for G5)."""
     for gen in COMMITS:
-        model = torch_models[gen]
         out = exported[gen][1] / "onnx"
-        float32 = Decoder(out / "model.onnx", model.config).greedy([PROMPT], NEW_TOKENS, 0)[0]
-        int8 = Decoder(out / "model_quantized.onnx", model.config)
+        float32 = OnnxDecoder(out / "model.onnx").greedy([PROMPT], NEW_TOKENS, 0)[0]
+        int8 = OnnxDecoder(out / "model_quantized.onnx")
         assert (out / "model_quantized.onnx").stat().st_size < (out / "model.onnx").stat().st_size / 2
         ids = np.array([PROMPT + float32])
         n = ids.shape[1]
         logits, _ = int8(ids, np.ones((1, n), np.int64), np.arange(n)[None], int8.empty(1), np.zeros(1, np.int64))
         picks = logits[0, len(PROMPT) - 1 : -1].argmax(-1)
         assert (picks == np.array(float32)).mean() >= 0.75, (gen, picks.tolist(), float32)
+
+
+TRANSFORMERS_JS_CHECK = """
+import { AutoModelForCausalLM, Tensor, env } from '@huggingface/transformers';
+const { folder, name, prompt } = JSON.parse(process.env.CHECK);
+env.allowRemoteModels = false;
+env.localModelPath = folder;
+const out = {};
+for (const dtype of ['fp32', 'q8']) {  // onnx/model.onnx, onnx/model_quantized.onnx
+  const model = await AutoModelForCausalLM.from_pretrained(name, { dtype });
+  const input_ids = new Tensor('int64', BigInt64Array.from(prompt.map(BigInt)), [1, prompt.length]);
+  const ids = await model.generate({ input_ids, max_new_tokens: 32, min_new_tokens: 32, do_sample: false });
+  out[dtype] = { cls: model.constructor.name, tokens: Array.from(ids.data, Number).slice(prompt.length) };
+}
+console.log(JSON.stringify(out));
+"""
+
+
+@pytest.mark.multiprocess
+def test_transformers_js_loads_g0_and_generates_the_same_tokens(exported, torch_models):
+    """transformers.js (Node) reads the G0 export as nanochat (NanoChatForCausalLM): its own greedy loop, cache and
+    position_ids give generate()'s tokens with the float32 graph; the int8 one (its default "q8") runs."""
+    if not (TRANSFORMERS_JS / "node_modules" / "@huggingface" / "transformers").is_dir():
+        pytest.skip(f"transformers.js is not installed in {TRANSFORMERS_JS} (.ci/run installs it with npm)")
+    out = exported["G0"][1]
+    check = {"folder": f"{out.parent}/", "name": out.name, "prompt": PROMPT}
+    result = subprocess.run(
+        ["node", "--input-type=module", "-e", TRANSFORMERS_JS_CHECK],
+        cwd=TRANSFORMERS_JS,
+        env={**os.environ, "CHECK": json.dumps(check)},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert result.returncode == 0, result.stderr
+    got = json.loads(result.stdout.strip().splitlines()[-1])
+    with torch.no_grad():
+        want = torch_models["G0"].generate(
+            torch.tensor([PROMPT]), max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS, do_sample=False
+        )
+    assert got["fp32"] == {"cls": "NanoChatForCausalLM", "tokens": want[0, len(PROMPT) :].tolist()}
+    assert got["q8"]["cls"] == "NanoChatForCausalLM" and len(got["q8"]["tokens"]) == NEW_TOKENS
 
 
 # ---------------------------------------------------------------------------------------------- bad input

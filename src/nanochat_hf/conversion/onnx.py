@@ -32,6 +32,7 @@ import shutil
 import warnings
 from pathlib import Path
 
+import numpy as np
 import torch
 from transformers import GenerationConfig
 from transformers.cache_utils import DynamicCache
@@ -93,6 +94,55 @@ class Decoder(torch.nn.Module):
         )
         presents = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
         return (out.logits, *presents)
+
+
+class OnnxDecoder:
+    """An exported decoder in onnxruntime (CPU), decoded as transformers.js does: empty pasts on the first step, then
+    each step feeds the ``present.*`` outputs back as ``past_key_values.*`` with the new token alone. The inputs it
+    feeds are the graph's own (``previous_input_ids`` only for G5); the cache's shape is read from the graph too."""
+
+    def __init__(self, path: str | os.PathLike, threads: int = 1):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = options.inter_op_num_threads = threads
+        self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        self.names = [i.name for i in self.session.get_inputs()]
+        self.pasts = [i for i in self.session.get_inputs() if i.name.startswith("past_key_values.")]
+
+    def empty(self, batch: int) -> list[np.ndarray]:
+        return [np.zeros((batch, p.shape[1], 0, p.shape[3]), np.float32) for p in self.pasts]
+
+    def __call__(
+        self,
+        ids: np.ndarray,
+        mask: np.ndarray,
+        positions: np.ndarray,
+        pasts: list[np.ndarray],
+        previous: np.ndarray | None = None,
+    ) -> tuple[np.ndarray, list[np.ndarray]]:
+        """(logits, presents) of one step; `previous`: the token before each row's `ids` (G5's smear)."""
+        if previous is None:
+            previous = np.zeros(len(ids), np.int64)
+        feed = {"input_ids": ids, "attention_mask": mask, "position_ids": positions, "previous_input_ids": previous}
+        feed.update(zip([p.name for p in self.pasts], pasts))
+        logits, *presents = self.session.run(None, {name: feed[name] for name in self.names})
+        return logits, presents
+
+    def greedy(self, prompts: list[list[int]], steps: int, pad: int = 0) -> list[list[int]]:
+        """`steps` greedy tokens after each prompt (left-padded with `pad`; positions count from each row's first
+        real token, as generate() does)."""
+        width = max(map(len, prompts))
+        ids = np.array([[pad] * (width - len(p)) + p for p in prompts], np.int64)
+        mask = np.array([[0] * (width - len(p)) + [1] * len(p) for p in prompts], np.int64)
+        pasts, previous, out = self.empty(len(prompts)), None, []
+        for _ in range(steps):
+            positions = np.clip(mask.cumsum(-1) - 1, 0, None)[:, -ids.shape[1] :]
+            logits, pasts = self(ids, mask, positions, pasts, previous)
+            previous, ids = ids[:, -1], logits[:, -1].argmax(-1)[:, None]
+            mask = np.concatenate([mask, np.ones_like(ids)], axis=1)
+            out.append(ids[:, 0])
+        return np.stack(out, axis=1).tolist()
 
 
 def load_for_export(model_dir: Path) -> NanoChatGPTForCausalLM:
