@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 import warnings
 from pathlib import Path
 
@@ -178,9 +179,8 @@ def _rms_norm(g, x, normalized_shape, weight, eps):
 
 
 def export_decoder(model: NanoChatGPTForCausalLM, path: Path) -> None:
-    """`model`'s decoder as ONNX at `path` (a file beside it holds the weights past protobuf's 2 GB)."""
-    import onnx
-
+    """`model`'s decoder as ONNX at `path`, alone in its folder (past protobuf's 2 GB the exporter writes the weights
+    beside it, one file per tensor: see ``save_whole``)."""
     config = model.config
     axes = {
         "input_ids": {0: "batch_size", 1: "sequence_length"},
@@ -192,7 +192,6 @@ def export_decoder(model: NanoChatGPTForCausalLM, path: Path) -> None:
         axes[name] = {0: "batch_size"} if name == "previous_input_ids" else {0: "batch_size", 2: "past_sequence_length"}
     for name in output_names(config)[1:]:
         axes[name] = {0: "batch_size", 2: "past_sequence_length + sequence_length"}
-    path.parent.mkdir(parents=True, exist_ok=True)
     torch.onnx.register_custom_op_symbolic("aten::rms_norm", _rms_norm, OPSET)
     try:
         with warnings.catch_warnings(), torch.no_grad():
@@ -210,12 +209,19 @@ def export_decoder(model: NanoChatGPTForCausalLM, path: Path) -> None:
             )
     finally:
         torch.onnx.unregister_custom_op_symbolic("aten::rms_norm", OPSET)
-    tensor_files = [p for p in path.parent.iterdir() if p != path]
-    if tensor_files:  # past 2 GB the exporter writes one file per tensor beside the graph: gather them in one
-        proto = onnx.load(str(path))
-        for tensor_file in tensor_files:
-            tensor_file.unlink()
-        onnx.save(proto, str(path), save_as_external_data=True, location=path.name + EXTERNAL_DATA_SUFFIX)
+
+
+def save_whole(graph: Path, target: Path) -> None:
+    """Move `graph`, alone in a scratch folder (the exporter's or the quantizer's), to `target`. Past protobuf's 2 GB
+    they write its weights as external data beside it (torch: one file per tensor): those go to one file,
+    `<target>_data`, the name transformers.js looks for."""
+    import onnx
+
+    if not any(p != graph for p in graph.parent.iterdir()):
+        os.replace(graph, target)
+        return
+    proto = onnx.load(str(graph))  # reads the external data
+    onnx.save(proto, str(target), save_as_external_data=True, location=target.name + EXTERNAL_DATA_SUFFIX)
 
 
 def quantize(source: Path, path: Path) -> None:
@@ -242,8 +248,13 @@ def to_onnx(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overwri
     model = load_for_export(model_dir)
     config = model.config
     with staged_dir(output_dir, overwrite, protect=files_in(model_dir)) as tmp:
-        export_decoder(model, tmp / FLOAT32)
-        quantize(tmp / FLOAT32, tmp / INT8)
+        (tmp / FLOAT32).parent.mkdir()
+        with tempfile.TemporaryDirectory(dir=tmp) as scratch:  # each graph alone in a folder: see save_whole
+            export_decoder(model, Path(scratch) / "model.onnx")
+            save_whole(Path(scratch) / "model.onnx", tmp / FLOAT32)
+        with tempfile.TemporaryDirectory(dir=tmp) as scratch:
+            quantize(tmp / FLOAT32, Path(scratch) / "model.onnx")
+            save_whole(Path(scratch) / "model.onnx", tmp / INT8)
         if generation_of(config, model_dir / "config.json").name == "G0":
             native_config(config).save_pretrained(tmp)  # what transformers.js reads nanochat from
         else:
