@@ -91,8 +91,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = sub.add_parser(
         "to-onnx", help="ONNX decoder with a KV cache (float32 and int8) for onnxruntime, transformers.js"
     )
-    p.add_argument("--model", required=True, type=Path)
-    p.add_argument("--output", required=True, type=Path)
+    p.add_argument("--model", required=True, type=Path, help="our model folder (any generation), or a native one")
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help="a new folder: onnx/model.onnx, onnx/model_quantized.onnx, config, tokenizer, generation config",
+    )
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
     add_version(parser)
     return parser.parse_args(argv)
