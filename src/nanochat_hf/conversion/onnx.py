@@ -41,6 +41,7 @@ from transformers.cache_utils import DynamicCache
 from ..atomic import staged_dir
 from ..errors import UserError
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
+from ..model.modeling_nanochat_gpt import CACHE
 from .files import check_output, files_in
 from .generations import generation_of, hf_names
 from .native import CARRIED_FILES, native_config, read_hf_model
@@ -93,7 +94,7 @@ class Decoder(torch.nn.Module):
             use_cache=True,
             **extra,
         )
-        presents = [t for layer in out.cache.layers for t in (layer.keys, layer.values)]
+        presents = [t for layer in getattr(out, CACHE).layers for t in (layer.keys, layer.values)]
         return (out.logits, *presents)
 
 
