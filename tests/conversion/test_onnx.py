@@ -19,7 +19,8 @@ import torch
 
 from nanochat_hf import NanoChatGPTForCausalLM
 from nanochat_hf.conversion import from_nanochat, to_onnx
-from nanochat_hf.conversion.onnx import OnnxDecoder, save_whole
+from nanochat_hf.conversion import onnx as onnx_export
+from nanochat_hf.conversion.onnx import OnnxDecoder
 from nanochat_hf.errors import UserError
 
 pytest.importorskip("onnxruntime")
@@ -165,30 +166,31 @@ def test_transformers_js_loads_g0_and_generates_the_same_tokens(exported, torch_
     assert got["q8"]["cls"] == "NanoChatForCausalLM" and len(got["q8"]["tokens"]) == NEW_TOKENS
 
 
-def test_weights_written_beside_the_graph_are_gathered_in_one_file(exported, tmp_path):
-    """Past protobuf's 2 GB the exporter writes one file per tensor beside the graph (too big to do here: the same
-    layout is made with onnx's own writer); save_whole leaves the graph and one `<name>_data` file, and the model
-    computes the same logits."""
+def test_weights_past_2gb_go_to_one_data_file_transformers_js_is_told_of(exported, monkeypatch, tmp_path):
+    """Past protobuf's 2 GB torch writes one file per tensor beside the graph (too big to make here: the export is
+    made to come out so, with onnx's own writer), and the quantizer its own data file: each graph gets one
+    `<name>_data` file, config.json says so to transformers.js, and both compute what the one-file export does."""
     import onnx
 
-    graph = exported["G0"][1] / "onnx" / "model.onnx"
-    scratch = tmp_path / "scratch"
-    scratch.mkdir()
-    onnx.save(
-        onnx.load(str(graph)),
-        str(scratch / "model.onnx"),
-        save_as_external_data=True,
-        all_tensors_to_one_file=False,
-        size_threshold=0,
-    )
-    assert len(list(scratch.iterdir())) > 10
-    (tmp_path / "out").mkdir()
-    save_whole(scratch / "model.onnx", tmp_path / "out" / "model.onnx")
-    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["model.onnx", "model.onnx_data"]
+    export_decoder = onnx_export.export_decoder
+
+    def export_in_pieces(model, path):
+        export_decoder(model, path)
+        onnx.save(onnx.load(str(path)), str(path), save_as_external_data=True, all_tensors_to_one_file=False)
+
+    monkeypatch.setattr(onnx_export, "export_decoder", export_in_pieces)
+    out = to_onnx(exported["G0"][0], tmp_path / "out")
+    names = ["model.onnx", "model.onnx_data", "model_quantized.onnx", "model_quantized.onnx_data"]
+    assert sorted(p.name for p in (out / "onnx").iterdir()) == names
+    config = json.loads((out / "config.json").read_text())
+    assert config["transformers.js_config"] == {
+        "use_external_data_format": {"model.onnx": 1, "model_quantized.onnx": 1}
+    }
     ids = np.array([PROMPT[:20]])
     inputs = (ids, np.ones((1, 20), np.int64), np.arange(20)[None])
-    whole, gathered = OnnxDecoder(graph), OnnxDecoder(tmp_path / "out" / "model.onnx")
-    assert np.array_equal(whole(*inputs, whole.empty(1))[0], gathered(*inputs, gathered.empty(1))[0])
+    for name in ("model.onnx", "model_quantized.onnx"):
+        whole, pieces = OnnxDecoder(exported["G0"][1] / "onnx" / name), OnnxDecoder(out / "onnx" / name)
+        assert np.array_equal(whole(*inputs, whole.empty(1))[0], pieces(*inputs, pieces.empty(1))[0])
 
 
 # ---------------------------------------------------------------------------------------------- bad input

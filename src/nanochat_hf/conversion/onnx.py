@@ -40,6 +40,7 @@ from transformers.cache_utils import DynamicCache
 
 from ..atomic import staged_dir
 from ..errors import UserError
+from ..jsonfile import read_json, write_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from ..model.modeling_nanochat_gpt import CACHE
 from .files import check_output, files_in
@@ -260,6 +261,14 @@ def to_onnx(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overwri
             native_config(config).save_pretrained(tmp)  # what transformers.js reads nanochat from
         else:
             config.save_pretrained(tmp)
+        external = {
+            p.name: 1
+            for p in (tmp / FLOAT32).parent.glob("*.onnx")
+            if p.with_name(p.name + EXTERNAL_DATA_SUFFIX).exists()
+        }
+        if external:  # transformers.js fetches <name>_data only when told so, per file: the number of data files
+            raw = read_json(tmp / "config.json")
+            write_json(tmp / "config.json", {**raw, "transformers.js_config": {"use_external_data_format": external}})
         for path in model_dir.iterdir():
             if path.is_file() and CARRIED_FILES.fullmatch(path.name):
                 shutil.copyfile(path, tmp / path.name)  # not copy2: the mode comes from the umask
