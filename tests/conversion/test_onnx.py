@@ -32,6 +32,16 @@ PROMPT = [(5 * i * i + 7 * i + 3) % 290 for i in range(110)]
 NEW_TOKENS = 32
 
 
+@pytest.fixture(scope="module", autouse=True)
+def one_torch_thread():
+    """generate() on these tiny models is 20x slower with 2 threads on a loaded machine (spin-waits), as onnxruntime's
+    sessions here also use one."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 @pytest.fixture(scope="module")
 def exported(generation_base, tmp_path_factory) -> dict[str, tuple[Path, Path]]:
     """generation -> (our model folder, its ONNX export)."""

@@ -22,7 +22,9 @@ with the cache and the masks handed to it as tensors:
 The legacy TorchScript exporter (``dynamo=False``) is used: tracing fixes the Python control flow at one example
 (a non-empty past, which is also the general path: see ``Decoder``) and records the size arithmetic, so one graph
 takes any batch, sequence and past length; torch.export instead needs every data-dependent branch of the model and
-of transformers' cache written for it.
+of transformers' cache written for it. The tracer lacks two things the model uses: ``aten::rms_norm`` (ONNX has it
+from opset 23 only), given here as its formula, and the bit view that rounds nanochat's bfloat16 rotary tables, for
+which the model casts when traced (onnxruntime's Cast rounds to nearest even, as torch does).
 """
 
 from __future__ import annotations
@@ -66,7 +68,9 @@ def output_names(config: NanoChatGPTConfig) -> list[str]:
 class Decoder(torch.nn.Module):
     """Our causal LM with its cache as flat tensors (Optimum's decoder signature): builds a DynamicCache from the
     pasts, one boolean mask per layer type from ``attention_mask`` (the model takes masks already built as a dict),
-    and returns the logits and the grown pasts."""
+    and returns the logits and the grown pasts. The one branch on the past's length, smear's (G5), is traced with a
+    non-empty past: that path prepends ``previous_input_ids`` and zeroes the gate at position 0, which on an empty
+    past gives what the other path computes."""
 
     def __init__(self, model: NanoChatGPTForCausalLM):
         super().__init__()
