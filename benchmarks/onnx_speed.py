@@ -3,12 +3,14 @@ torch model's `generate()`, on the same CPU.
 
     python benchmarks/onnx_speed.py                    # demo shape (depth 4, width 256, vocab 4096), 1 thread
     python benchmarks/onnx_speed.py --depth 12 --threads 4
+    python benchmarks/onnx_speed.py --generation G5      # nanochat HEAD's model (windows, smear, ...)
 
-The model has random weights (benchmarks/generation.py's `random_model`, a G0 model), is saved and exported with
-`to_onnx` into a temporary folder. Batch 1, one prompt of `--prompt_len` tokens, exactly `--new_tokens` new ones
-(the prompt's forward included, in all three). onnxruntime decodes as transformers.js does (`OnnxDecoder`). The three
-alternate within each repeat (a change in load on shared cores hits all alike), after one untimed warm-up each; the
-table shows the best repeat, and whether each picked the torch model's tokens (int8: how many of them).
+The model has random weights (G0: benchmarks/generation.py's `random_model`; G5: benchmarks/generations.py's
+`build`), is saved and exported with `to_onnx` into a temporary folder. Batch 1, one prompt of `--prompt_len`
+tokens, exactly `--new_tokens` new ones (the prompt's forward included, in all three). onnxruntime decodes as
+transformers.js does (`OnnxDecoder`). The three alternate within each repeat (a change in load on shared cores hits
+all alike), after one untimed warm-up each; the table shows the best repeat, and whether each picked the torch
+model's tokens (int8: how many of them).
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from pathlib import Path
 
 import torch
 from generation import BOS, PAD, random_model
+from generations import build
 from transformers import GenerationConfig
 
 from nanochat_hf.conversion.onnx import FLOAT32, INT8, OnnxDecoder, to_onnx
@@ -39,6 +42,7 @@ def cpu_name() -> str:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--generation", choices=["G0", "G5"], default="G0")
     parser.add_argument("--depth", type=int, default=4, help="nanochat depth dial: layers, width 64*depth")
     parser.add_argument("--vocab", type=int, default=DEMO_VOCAB_SIZE, help="vocabulary (default: the demo's)")
     parser.add_argument("--prompt_len", type=int, default=32)
@@ -48,7 +52,11 @@ def main(argv: list[str] | None = None) -> list[dict]:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
 
-    model = random_model(args.depth, args.vocab, args.prompt_len + args.new_tokens, torch.float32)
+    seq = args.prompt_len + args.new_tokens
+    if args.generation == "G0":
+        model = random_model(args.depth, args.vocab, seq, torch.float32)
+    else:
+        model = build("G5", args.depth, args.vocab, seq, torch.device("cpu")).eval()
     g = torch.Generator().manual_seed(1)
     prompt = [BOS] + torch.randint(2, args.vocab, (args.prompt_len - 1,), generator=g).tolist()
     gen = GenerationConfig(
@@ -82,8 +90,8 @@ def main(argv: list[str] | None = None) -> list[dict]:
 
     print(
         f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC; {cpu_name()}, {args.threads} thread(s); torch "
-        f"{torch.__version__}, onnxruntime {__import__('onnxruntime').__version__}; d{args.depth} (width "
-        f"{model.config.n_embd}, vocab {args.vocab}, float32 {sizes['float32'] / 2**20:.0f} MiB, int8 "
+        f"{torch.__version__}, onnxruntime {__import__('onnxruntime').__version__}; {args.generation} d{args.depth} "
+        f"(width {model.config.n_embd}, vocab {args.vocab}, float32 {sizes['float32'] / 2**20:.0f} MiB, int8 "
         f"{sizes['int8'] / 2**20:.0f} MiB); batch 1, prompt {args.prompt_len}, {args.new_tokens} new tokens, greedy "
         f"with the KV cache; best of {args.repeats} interleaved repeats"
     )
