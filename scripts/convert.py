@@ -3,12 +3,15 @@
     python scripts/convert.py from-nanochat --checkpoint-dir D [--step N] --tokenizer-dir T --output O --trust-pickle
     python scripts/convert.py to-nanochat --model O --output D [--step N]
     python scripts/convert.py to-native --model O --output N
+    python scripts/convert.py to-onnx --model O --output X
 
 Every nanochat model generation converts both ways (G0, December 2025, to G5, March 2026 and nanochat today):
 from-nanochat tells them apart by the checkpoint's tensor names and meta; to-nanochat writes the files that
 nanochat's own loader of that generation reads. to-native exports G0 only (transformers' NanoChat has no later
-features). The tokenizer is read from and written to nanochat's layout, <base>/tokenizer beside
-<base>/<source>_checkpoints/<tag>, unless --tokenizer-dir / --tokenizer-output say otherwise.
+features). to-onnx writes X/onnx/model.onnx (float32) and X/onnx/model_quantized.onnx (int8), decoders with a KV
+cache as Optimum and transformers.js lay them out, for every generation (it needs the onnx extra). The tokenizer is
+read from and written to nanochat's layout, <base>/tokenizer beside <base>/<source>_checkpoints/<tag>, unless
+--tokenizer-dir / --tokenizer-output say otherwise.
 
 Nothing is ever deleted, and the source files are never replaced. An --output that is not empty (to-nanochat: one
 holding files of the names it writes), or that is, contains or is inside the source, is refused unless
@@ -84,6 +87,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model", required=True, type=Path)
     p.add_argument("--output", required=True, type=Path)
     p.add_argument("--overwrite", action="store_true", help=overwrite_help)
+
+    p = sub.add_parser(
+        "to-onnx", help="ONNX decoder with a KV cache (float32 and int8) for onnxruntime, transformers.js"
+    )
+    p.add_argument("--model", required=True, type=Path, help="our model folder (any generation), or a native one")
+    p.add_argument(
+        "--output",
+        required=True,
+        type=Path,
+        help="a new folder: onnx/model.onnx, onnx/model_quantized.onnx, config, tokenizer, generation config",
+    )
+    p.add_argument("--overwrite", action="store_true", help=overwrite_help)
     add_version(parser)
     return parser.parse_args(argv)
 
@@ -95,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def convert(args: argparse.Namespace) -> None:
     """Bad input (a missing, damaged or foreign file, an --output that is refused) raises UserError or OSError."""
-    from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native
+    from nanochat_hf.conversion import from_nanochat, nanochat_tokenizer_dir, to_nanochat, to_native, to_onnx
 
     if args.command == "from-nanochat":
         tokenizer_dir = args.tokenizer_dir or nanochat_tokenizer_dir(args.checkpoint_dir)
@@ -116,8 +131,10 @@ def convert(args: argparse.Namespace) -> None:
             tokenizer_output_dir=args.tokenizer_output,
             overwrite=args.overwrite,
         )
-    else:
+    elif args.command == "to-native":
         out = to_native(args.model, args.output, overwrite=args.overwrite)
+    else:
+        out = to_onnx(args.model, args.output, overwrite=args.overwrite)
     print(f"wrote {out}")
 
 

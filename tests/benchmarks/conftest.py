@@ -44,3 +44,8 @@ def embedding_memory() -> ModuleType:
 @pytest.fixture(scope="module")
 def generations() -> ModuleType:
     return _load("generations")
+
+
+@pytest.fixture(scope="module")
+def onnx_speed() -> ModuleType:
+    return _load("onnx_speed")

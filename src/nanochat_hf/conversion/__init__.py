@@ -1,4 +1,4 @@
-"""Checkpoint conversion: nanochat <-> our Hugging Face model -> transformers' native NanoChat."""
+"""Checkpoint conversion: nanochat <-> our Hugging Face model -> transformers' native NanoChat, ONNX."""
 
 from .nanochat import (
     find_nanochat_checkpoint,
@@ -9,6 +9,7 @@ from .nanochat import (
     to_nanochat,
 )
 from .native import native_config, read_hf_model, to_native
+from .onnx import to_onnx
 
 __all__ = [
     "find_nanochat_checkpoint",
@@ -20,4 +21,5 @@ __all__ = [
     "read_nanochat_checkpoint",
     "to_nanochat",
     "to_native",
+    "to_onnx",
 ]

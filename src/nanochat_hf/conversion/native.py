@@ -47,7 +47,7 @@ _NAME_MAP = [
 ]
 _PADDED = ("transformer.wte.weight", "lm_head.weight")
 # files of a model directory that carry over unchanged (tokenizer, chat template, generation settings)
-_CARRIED_FILES = re.compile(
+CARRIED_FILES = re.compile(
     r"tokenizer.*|special_tokens_map\.json|added_tokens\.json|chat_template\.(jinja|json)|"
     r"generation_config\.json"
 )
@@ -226,6 +226,6 @@ def to_native(model_dir: str | os.PathLike, output_dir: str | os.PathLike, overw
         )
         native.save_pretrained(tmp)
         for path in model_dir.iterdir():
-            if path.is_file() and _CARRIED_FILES.fullmatch(path.name):
+            if path.is_file() and CARRIED_FILES.fullmatch(path.name):
                 shutil.copyfile(path, tmp / path.name)  # not copy2: the mode comes from the umask
     return output_dir

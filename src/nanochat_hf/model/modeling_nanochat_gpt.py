@@ -88,6 +88,8 @@ def round_to_bfloat16(x: torch.Tensor) -> torch.Tensor:
     bfloat16 -> float32 round trip inside a fused kernel (``emulate_precision_casts`` is off by default), so a
     compiled model multiplied float32 activations by the unrounded tables (logits off by ~5e-3 from eager on a G0
     model); integer arithmetic on the bits is not elided."""
+    if torch.jit.is_tracing():  # convert.py to-onnx traces no bit view; a cast rounds to nearest even there too
+        return x.to(torch.bfloat16).to(torch.float32)
     bits = x.view(torch.int32)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -0x10000  # keep the top 16 bits, rounded to nearest even
     return bits.view(torch.float32)
