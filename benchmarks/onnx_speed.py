@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
-import platform
 import tempfile
 import time
 from pathlib import Path
@@ -26,18 +25,11 @@ from pathlib import Path
 import torch
 from generation import BOS, PAD, random_model
 from generations import build
+from startup import cpu_name
 from transformers import GenerationConfig
 
 from nanochat_hf.conversion.onnx import FLOAT32, INT8, OnnxDecoder, to_onnx
 from nanochat_hf.data.demo import DEMO_VOCAB_SIZE
-
-
-def cpu_name() -> str:
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-        return next(line.split(":", 1)[1].strip() for line in lines if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
 
 
 def main(argv: list[str] | None = None) -> list[dict]:

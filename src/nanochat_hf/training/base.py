@@ -17,6 +17,7 @@ from transformers import TrainerCallback
 from ..conversion.generations import BY_NAME, layer_windows, meta_model_config
 from ..data.pretraining import PretrainStream
 from ..errors import UserError, one_line
+from ..evaluation.base_eval import SAMPLE_PROMPTS
 from ..jsonfile import read_json
 from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from .base_arguments import HEAD_KNOBS, BaseTrainingArguments
@@ -26,15 +27,6 @@ from .trainer import NanoChatTrainer, StreamLoader
 
 G5 = BY_NAME["G5"]  # today's nanochat GPT
 B_REF = 2**19  # HEAD: the optimal batch of d12, in tokens
-SAMPLE_PROMPTS = (  # HEAD's
-    "The capital of France is",
-    "The chemical symbol of gold is",
-    "If yesterday was Friday, then tomorrow will be",
-    "The opposite of hot is",
-    "The planets of the solar system are:",
-    "My favorite color is",
-    "If 5*x + 3 = 13, then x is",
-)
 
 
 def base_model_config(args: BaseTrainingArguments, tokenizer, depth: int | None = None) -> NanoChatGPTConfig:
