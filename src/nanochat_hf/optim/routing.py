@@ -669,6 +669,7 @@ def _param_groups(
     polar_dtype: str | torch.dtype,
     roles: dict[str, str] | None,
     split_fused: bool,
+    scalar_lr: float = SCALAR_LR,
 ) -> tuple[list[dict[str, Any]], str]:
     """(param groups, layout) of build_optimizer's checked settings; every refusal of the routing is a UserError."""
     if not any(p.requires_grad for p in model.parameters()):
@@ -707,7 +708,7 @@ def _param_groups(
             polar_dtype=polar,
         )
     else:
-        groups = head_param_groups(model, *rates, SCALAR_LR, polar)
+        groups = head_param_groups(model, *rates, scalar_lr, polar)
     return groups, layout
 
 
@@ -746,6 +747,7 @@ def build_optimizer(
     polar_dtype: str | torch.dtype = "auto",
     roles: dict[str, str] | None = None,
     split_fused: bool = False,
+    scalar_lr: float = SCALAR_LR,
 ) -> MuonAdamW:
     """nanochat's optimizer for ``model``'s trainable parameters: a `MuonAdamW` (recipe "2025-12", nanochat of
     December 2025) or `NorMuonAdamW` ("2026-07", nanochat HEAD), grouped as the module docstring says; the routing

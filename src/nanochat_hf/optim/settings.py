@@ -26,6 +26,7 @@ CHECKS: dict[str, tuple[Callable[[Any], bool], str]] = {
     "matrix_lr": _AT_LEAST_0,
     "embedding_lr": _AT_LEAST_0,
     "unembedding_lr": _AT_LEAST_0,
+    "scalar_lr": _AT_LEAST_0,
     "weight_decay": _AT_LEAST_0,
     "init_lr_frac": _ABOVE_0,
     "muon_momentum": _FRACTION,

@@ -112,6 +112,9 @@ class NanoChatLogger(TrainerCallback):
         self._t0 = 0.0
         self._step_times: list[float] = []  # this process's steps (for the warm-up time and the ETA)
         self.max_steps = 0
+        # the debiasing's exponent is the 1-based step + this: 1 as nanochat's mid_train.py counts its steps, 0 as
+        # base_train.py does (it debiases before its step counter moves on)
+        self.debias_offset = 1
 
     def state_dict(self) -> dict:
         return {"ema": self.ema, "total_time": self.total_time}
@@ -170,7 +173,7 @@ class NanoChatLogger(TrainerCallback):
         """Add nanochat's metrics to the training log written after optimizer step `step` (1-based): `loss`
         becomes nanochat's debiased EMA, the Trainer's mean over micro-batches moves to `train_loss_mean`."""
         logs["train_loss_mean"] = logs.pop("loss")
-        logs["loss"] = self.ema / (1 - EMA_BETA ** (step + 1))
+        logs["loss"] = self.ema / (1 - EMA_BETA ** (step + self.debias_offset))
         logs["lrm"] = self.lrm
         logs["progress"] = 100.0 * self.progress(step - 1)
         logs["dt_ms"] = self.dt * 1000

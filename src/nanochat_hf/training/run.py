@@ -52,7 +52,7 @@ from .report import write_report
 from .trainer import MidTrainer
 
 logger = logging.getLogger("nanochat_hf.mid_train")
-PROG = "mid_train"
+PROG = "mid_train"  # the messages' prefix (base_run sets its own)
 
 
 def _fail(error: BaseException | str, code: int = 2) -> None:
@@ -65,7 +65,7 @@ def _fail(error: BaseException | str, code: int = 2) -> None:
 def _say(lines: list[str]) -> None:
     if first_rank():
         for line in lines:
-            print(f"mid_train: {line}", flush=True)
+            print(f"{PROG}: {line}", flush=True)
 
 
 def on_main_process(args: MidTrainingArguments, fn: Callable[[], Any]) -> Any:
@@ -376,7 +376,7 @@ def preempted(trainer) -> NoReturn:
     if first_rank():
         where = Path(args.output_dir) / checkpoint_name(step)
         print(
-            f"mid_train: preempted (SIGTERM) at step {step} of {trainer.state.max_steps}: {where} is saved, no final "
+            f"{PROG}: preempted (SIGTERM) at step {step} of {trainer.state.max_steps}: {where} is saved, no final "
             f"model was written; resume, under the same launcher with any number of processes: "
             f"{shlex.join(resume_command(sys.argv))}",
             file=sys.stderr,
@@ -446,7 +446,7 @@ def interrupted() -> None:
                 for p in partial:  # this run's incomplete checkpoint folders
                     shutil.rmtree(p, ignore_errors=True)
                 what = f"no checkpoint of this run to resume; {out} is as it was"
-    print(f"mid_train: interrupted{step}: {what}", file=sys.stderr, flush=True)
+    print(f"{PROG}: interrupted{step}: {what}", file=sys.stderr, flush=True)
     sys.exit(130)
 
 

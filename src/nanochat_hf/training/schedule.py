@@ -3,6 +3,7 @@ integration/momentum.py."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -45,3 +46,38 @@ def nanochat_scheduler(
         return lr_multiplier(progress(step), warmdown_ratio)
 
     return LambdaLR(optimizer, multiplier)
+
+
+# ---- nanochat HEAD's pretraining (scripts/base_train.py at 92d63d4): functions of the 0-based optimizer step ----
+
+
+def base_lr_multiplier(
+    it: int, num_iterations: int, warmup_steps: int, warmdown_ratio: float, final_lr_frac: float
+) -> float:
+    """HEAD's `get_lr_multiplier`: linear warm-up over warmup_steps, 1, then linear to final_lr_frac over the last
+    round(warmdown_ratio * num_iterations) steps."""
+    warmdown_iters = round(warmdown_ratio * num_iterations)
+    if it < warmup_steps:
+        return (it + 1) / warmup_steps
+    if it <= num_iterations - warmdown_iters:
+        return 1.0
+    progress = (num_iterations - it) / warmdown_iters
+    return progress * 1.0 + (1 - progress) * final_lr_frac
+
+
+def base_muon_momentum(it: int, num_iterations: int, warmdown_ratio: float) -> float:
+    """HEAD's `get_muon_momentum`: 0.85 -> 0.97 over the first 400 steps, then 0.97 -> 0.90 over the warm-down."""
+    warmdown_iters = round(warmdown_ratio * num_iterations)
+    warmdown_start = num_iterations - warmdown_iters
+    if it < 400:
+        frac = it / 400
+        return (1 - frac) * 0.85 + frac * 0.97
+    if it >= warmdown_start:
+        progress = (it - warmdown_start) / warmdown_iters
+        return 0.97 * (1 - progress) + 0.90 * progress
+    return 0.97
+
+
+def base_weight_decay(it: int, num_iterations: int, weight_decay: float) -> float:
+    """HEAD's `get_weight_decay`: Muon's weight decay, cosine from weight_decay to 0 over the run."""
+    return weight_decay * 0.5 * (1 + math.cos(math.pi * it / num_iterations))

@@ -404,7 +404,7 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         data shards and the logger's state."""
         if checkpoint is None:
             return
-        ckpt, rank = Path(checkpoint), self.accelerator.process_index
+        ckpt = Path(checkpoint)
         meta = read_run_state(ckpt)
         fresh = [g["initial_lr"] for g in self.optimizer.param_groups]  # from this run's arguments
         load_optimizer_state(self.optimizer, self.model, ckpt)
@@ -416,13 +416,17 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             for group, lr in zip(self.optimizer.param_groups, fresh):
                 group["initial_lr"], group["lr"] = lr, lr * multiplier
             self.lr_scheduler._last_lr = [g["lr"] for g in self.optimizer.param_groups]  # what get_last_lr reports
-        stream = self.get_train_dataloader().stream
-        if isinstance(stream, DealtStream):
-            stream.load_shard_states(lambda shard: read_json(ckpt / DATA_STATE_FILE.format(rank=shard)))
-        else:
-            stream.load_state_dict(read_json(ckpt / DATA_STATE_FILE.format(rank=rank)))
+        self.load_data_state(ckpt)
         self.nanochat_log.load_state_dict(meta["logger"])
         self.min_val_bpb = meta["min_val_bpb"]
+
+    def load_data_state(self, checkpoint: Path) -> None:
+        """The data positions of this process's data shards, saved in ``checkpoint``."""
+        stream = self.get_train_dataloader().stream
+        if isinstance(stream, DealtStream):
+            stream.load_shard_states(lambda shard: read_json(checkpoint / DATA_STATE_FILE.format(rank=shard)))
+        else:
+            stream.load_state_dict(read_json(checkpoint / DATA_STATE_FILE.format(rank=self.accelerator.process_index)))
 
     # private hook: restores our RNG state where the stock resume restores its pickle (at the epoch's start)
     def _load_rng_state(self, checkpoint: str | None) -> None:

@@ -1,0 +1,11 @@
+"""Pretrain nanochat's GPT as nanochat HEAD's base_train.py does:
+`accelerate launch scripts/base_train.py configs/base_d24.yaml [--flag value ...]`.
+
+`python scripts/base_train.py configs/base_demo.yaml`: a small model on synthetic shards (CPU, offline, minutes).
+See `BaseTrainingArguments` (src/nanochat_hf/training/base_arguments.py) for every flag.
+"""
+
+from nanochat_hf.training.base_run import main
+
+if __name__ == "__main__":
+    main()
