@@ -1,4 +1,5 @@
-"""nanochat's chat evaluation (ARC, MMLU, GSM8K, HumanEval, SpellingBee; ChatCORE) of `nanochat_hf.tasks`."""
+"""nanochat's chat evaluation (ARC, MMLU, GSM8K, HumanEval, SpellingBee; ChatCORE) of `nanochat_hf.tasks`, and
+DCLM CORE of a base model (`core.py`, as nanochat's base_eval)."""
 
 from .chat_eval import (
     ChatCORE,
@@ -15,6 +16,7 @@ from .chat_eval import (
     scores_as_dicts,
     write_report_section,
 )
+from .core import evaluate_core
 from .sandbox import RunResult, run_program
 
 __all__ = [
@@ -23,6 +25,7 @@ __all__ = [
     "TaskScore",
     "categorical_outcomes",
     "chatcore",
+    "evaluate_core",
     "evaluate_task",
     "generative_replies",
     "load_problems",
