@@ -13,7 +13,19 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("mid_train", "chat_rl", "convert", "chat", "chat_eval", "preview_data", "serve", "tok_train", "tok_eval", "base_eval")
+SCRIPTS = (
+    "mid_train",
+    "chat_rl",
+    "convert",
+    "chat",
+    "chat_eval",
+    "preview_data",
+    "serve",
+    "tok_train",
+    "tok_eval",
+    "base_eval",
+    "speedrun",
+)
 
 # runs a script as `python script ...` would, then reports whether the heavy libraries were imported
 RUN_SCRIPT = """
