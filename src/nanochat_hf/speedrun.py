@@ -315,11 +315,17 @@ class Speedrun:
     def sft_metrics(self) -> dict:
         return self.trained("sft")
 
-    def chat_metrics(self) -> dict:
-        from .evaluation.chat_eval import TaskScore, chatcore
+    def chat_scores(self) -> list:
+        """chat_eval's scores.json as the evaluation's TaskScore rows."""
+        from .evaluation.chat_eval import TaskScore
 
         rows = read_json(self.path("chat_eval") / "scores.json", expect_object=False)
-        scores = [TaskScore(**{k: r[k] for k in ("task", "mode", "accuracy", "baseline", "n")}) for r in rows]
+        return [TaskScore(**{k: r[k] for k in ("task", "mode", "accuracy", "baseline", "n")}) for r in rows]
+
+    def chat_metrics(self) -> dict:
+        from .evaluation.chat_eval import chatcore
+
+        scores = self.chat_scores()
         return {**{s.task: round(s.accuracy, 4) for s in scores}, "ChatCORE": round(chatcore(scores), 4)}
 
     def rl_metrics(self) -> dict:
@@ -408,17 +414,33 @@ class Speedrun:
         return [(st, self.done(st)) for st in stages]
 
     def write_report(self, stages: list[Stage]) -> Path:
-        """report.md: every stage's numbers and wall time (printed too)."""
+        """report.md (printed too): nanochat's summary table (CORE of the base model, the chat scores of SFT,
+        pass@k of RL), then every stage's numbers and wall time, then the commands."""
+        recs = {st.name: rec for st, rec in self.records(stages)}
+        columns = {
+            "BASE": [("base", ["val_bpb"]), ("base_eval", ["CORE"])],
+            "SFT": [("sft", ["val_bpb"]), ("chat_eval", None)],
+            "RL": [("rl", None)],
+        }
+        summary = {}
+        for column, sources in columns.items():
+            for stage, keys in sources:
+                if stage in recs:
+                    m = recs[stage]["metrics"]
+                    summary.setdefault(column, {}).update({k: m[k] for k in keys or m if k != "steps"})
+        metrics = list(dict.fromkeys(k for col in summary.values() for k in col))
         kind = "offline demo" if self.demo else f"d24 on {self.gpus} processes"
-        lines = [f"# nanochat-hf speedrun report ({kind})", "", f"Run folder: `{self.run_dir}`", "",
-                 "| stage | wall time | numbers |", "|---|---|---|"]  # fmt: skip
-        total = 0.0
-        for st, rec in self.records(stages):
-            total += rec["seconds"]
+        lines = [f"# nanochat-hf speedrun report ({kind})", "", f"Run folder: `{self.run_dir}`", "", "## Summary", ""]
+        lines += ["| Metric | " + " | ".join(summary) + " |", "|---" * (len(summary) + 1) + "|"]
+        lines += [f"| {k} | " + " | ".join(str(col.get(k, "-")) for col in summary.values()) + " |" for k in metrics]
+        total = sum(rec["seconds"] for rec in recs.values())
+        lines += ["", f"Total wall clock time: {format_seconds(total)}", "", "## Stages", ""]
+        lines += ["| stage | wall time | numbers |", "|---|---|---|"]
+        for name, rec in recs.items():
             numbers = ", ".join(f"{k} {v}" for k, v in rec["metrics"].items() if v is not None)
-            lines.append(f"| {st.name} | {format_seconds(rec['seconds'])} | {numbers} |")
-        lines += ["", f"Total wall time: {format_seconds(total)}", "", "## Commands", ""]
-        lines += [f"- {st.name}: `{rec['command']}`" for st, rec in self.records(stages) if rec["command"]]
+            lines.append(f"| {name} | {format_seconds(rec['seconds'])} | {numbers} |")
+        lines += ["", "## Commands", ""]
+        lines += [f"- {name}: `{rec['command']}`" for name, rec in recs.items() if rec["command"]]
         text = "\n".join(lines) + "\n"
         path = self.run_dir / REPORT
         write_text(path, text)
@@ -451,7 +473,9 @@ class Speedrun:
             for k, v in rec["metrics"].items():
                 if k not in ("tokens", "steps"):
                     lines.append(f"- {k}: {v}")
-            write_card(self.path(name), name, "\n".join(lines) + "\n", data if name in ("tokenizer", "base") else None)
+            scores = self.chat_scores() if name == "sft" and "chat_eval" in recs else []
+            dataset = data if name in ("tokenizer", "base") else None
+            write_card(self.path(name), name, "\n".join(lines) + "\n", dataset, scores)
 
 
 class StageFailed(UserError):
@@ -464,14 +488,17 @@ class StageFailed(UserError):
         )
 
 
-def write_card(folder: Path, stage: str, section: str, dataset: str | None) -> None:
-    """README.md with hub metadata; an existing card (mid_train's) keeps its text and gets the section once."""
+def write_card(folder: Path, stage: str, section: str, dataset: str | None, scores: list) -> None:
+    """README.md with the hub metadata (huggingface_hub's ModelCard; the chat scores as its model-index); an
+    existing card (mid_train's, chat_rl's) keeps its text and metadata and gets the section, once."""
     from huggingface_hub import ModelCard, ModelCardData
+
+    from .evaluation import model_index_results
 
     path = folder / "README.md"
     start = "<!-- speedrun -->"
     if path.is_file():
-        text = path.read_text(encoding="utf-8").split(start)[0].rstrip() + "\n\n"
+        card = ModelCard.load(path)
     else:
         data = ModelCardData(
             license="mit",
@@ -482,12 +509,12 @@ def write_card(folder: Path, stage: str, section: str, dataset: str | None) -> N
             pipeline_tag="text-generation" if stage != "tokenizer" else None,
         )
         what = "nanochat's tokenizer" if stage == "tokenizer" else "nanochat's GPT"
-        text = str(
-            ModelCard(
-                f"---\n{data.to_yaml()}\n---\n\n# {folder.name}\n\n{what}, made by the speedrun of nanochat-hf.\n\n"
-            )
-        )
-    write_text(path, f"{text}{start}\n{section}")
+        card = ModelCard(f"---\n{data.to_yaml()}\n---\n\n# {folder.name}\n\n{what}, made by nanochat-hf's speedrun.\n")
+    card.data.tags = list(dict.fromkeys([*(card.data.tags or []), "nanochat-speedrun", stage]))
+    if scores:
+        card.data.eval_results, card.data.model_name = model_index_results(scores), folder.name
+    card.text = f"{card.text.split(start)[0].rstrip()}\n\n{start}\n{section}"
+    write_text(path, str(card))
 
 
 def run_command(command: list[str], log: Path | None) -> int:

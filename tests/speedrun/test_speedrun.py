@@ -17,7 +17,7 @@ from nanochat_hf import speedrun as sr
 STAGES = ["data", "tokenizer", "tok_eval", "base", "base_eval", "sft", "chat_eval"]
 # the demo's chain, smaller still: every stage's real script runs, each for seconds
 TINY = dict(num_shards=2, docs_per_shard=300, vocab_size=512, max_chars=200_000, depth=1, base_steps=4, save_every=2,
-            sft_steps=3, core_rows=4, chat_problems=2)  # fmt: skip
+            sft_steps=3, core_rows=4, chat_problems=2, rl_rows=4, rl_eval=2)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +28,9 @@ def tiny():
         yield
 
 
-def chain(run_dir: Path, argv: list[str] | None = None) -> Path:
-    return sr.speedrun(argv or ["--demo", "--run_dir", str(run_dir)], run_dir=run_dir, demo=True, gpus=1)
+def chain(run_dir: Path, rl: bool = False) -> Path:
+    argv = ["--demo", "--run_dir", str(run_dir), *(["--rl"] if rl else [])]
+    return sr.speedrun(argv, run_dir=run_dir, demo=True, gpus=1, rl=rl)
 
 
 @pytest.fixture(scope="module")
@@ -47,16 +48,18 @@ def marker(run_dir: Path, folder: str) -> dict:
 @pytest.mark.multiprocess
 def test_report_has_every_stage_with_its_numbers_and_time(demo_run):
     report = (demo_run / "report.md").read_text()
-    rows = {
-        line.split("|")[1].strip(): line for line in report.splitlines() if line.startswith("| ") and "---" not in line
-    }
+    summary, stages = report.split("## Summary")[1].split("## Stages")
+    table = [line for line in stages.splitlines() if line.startswith("| ") and "---" not in line]
+    rows = {line.split("|")[1].strip(): line for line in table}
+    core = json.loads((demo_run / "base_eval" / "core.json").read_text())
+    assert f"| CORE | {round(core['core_metric'], 4)} | - |" in summary  # nanochat's summary: BASE, SFT columns
+    assert "| Metric | BASE | SFT |" in summary and "| ChatCORE | - |" in summary
     assert [r for r in rows if r != "stage"] == STAGES
     assert "ratio climbmix-val" in rows["tok_eval"] and "vocab_size 512" in rows["tokenizer"]
     assert "val_bpb" in rows["base"] and "tokens 16384" in rows["base"]  # 4 steps x 4,096 tokens
     assert "CORE" in rows["base_eval"] and "val_bpb" in rows["sft"]
     assert "SpellingBee" in rows["chat_eval"] and "ChatCORE" in rows["chat_eval"]
     assert all(marker(demo_run, f)["seconds"] > 0 for f in ("tokenizer", "base", "sft"))
-    core = json.loads((demo_run / "base_eval" / "core.json").read_text())
     assert marker(demo_run, "base_eval")["metrics"]["CORE"] == round(core["core_metric"], 4)
 
 
@@ -65,11 +68,13 @@ def test_report_has_every_stage_with_its_numbers_and_time(demo_run):
 def test_every_model_folder_has_a_card_with_stage_tokens_scores_and_command(demo_run):
     for folder, score in (("tokenizer", "tok_eval"), ("base", "CORE"), ("sft", "ChatCORE")):
         card = ModelCard.load(demo_run / folder / "README.md")
-        assert "nanochat" in card.data.tags or folder == "sft"
+        assert {"nanochat", "nanochat-speedrun", folder} <= set(card.data.tags)
         assert f"## Speedrun stage: {folder}" in card.text and score in card.text
         assert marker(demo_run, folder)["command"] in card.text
     assert "tokens seen: 16,384 (4 steps)" in (demo_run / "base" / "README.md").read_text()
-    assert "- mixture:" in (demo_run / "sft" / "README.md").read_text()  # mid_train's own card is kept
+    sft = ModelCard.load(demo_run / "sft" / "README.md")
+    assert "- mixture:" in sft.text and "mid-training" in sft.data.tags  # mid_train's own card is kept
+    assert [r.dataset_name for r in sft.data.eval_results] == ["SpellingBee"]  # the chat scores, as model-index
 
 
 @pytest.mark.slow
@@ -131,6 +136,18 @@ def test_the_final_model_answers_chat(demo_run):
     result = subprocess.run([*cmd, "--temperature", "0"], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip()
+
+
+@pytest.mark.slow
+@pytest.mark.multiprocess
+def test_rl_when_asked_runs_after_the_chain_and_reports_pass_at_k(demo_run, capsys):
+    chain(demo_run, rl=True)
+    out = capsys.readouterr().out
+    assert "chat_eval: done before" in out and "[8/8] rl (chat_rl (GSM8K))" in out
+    metrics = marker(demo_run, "rl")["metrics"]
+    assert metrics["steps"] == 1 and 0 <= metrics["pass@1"] <= 1  # 4 demo problems, 4 per step
+    assert "| Metric | BASE | SFT | RL |" in (demo_run / "report.md").read_text()
+    assert "## Speedrun stage: rl" in (demo_run / "rl" / "README.md").read_text()
 
 
 # ---- one line each, nothing started ---------------------------------------------------------------------------
