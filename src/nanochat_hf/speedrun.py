@@ -53,6 +53,7 @@ DEMO = dict(
     chat_problems=16,
     rl_rows=8,  # demo GSM8K-layout problems: 2 steps of 4
     rl_eval=4,  # pass@k problems, at step 0 and the last
+    rl_tokens=48,  # rl_demo.yaml's max_new_tokens
     base_config="configs/base_demo.yaml",
     sft_config="configs/sft_demo.yaml",
     rl_config="configs/rl_demo.yaml",
@@ -186,6 +187,7 @@ class Speedrun:
             rl_args = [str(ROOT / s["rl_config"]), "--model_source", sft, "--output_dir", rl]
             if demo:
                 rl_args += ["--demo_rows", str(s["rl_rows"]), "--eval_examples", str(s["rl_eval"]), "--eval_every", "2"]
+                rl_args += ["--max_new_tokens", str(s["rl_tokens"])]
             stages.append(
                 Stage(
                     "rl",

@@ -17,7 +17,7 @@ from nanochat_hf import speedrun as sr
 STAGES = ["data", "tokenizer", "tok_eval", "base", "base_eval", "sft", "chat_eval"]
 # the demo's chain, smaller still: every stage's real script runs, each for seconds
 TINY = dict(num_shards=2, docs_per_shard=300, vocab_size=512, max_chars=200_000, depth=1, base_steps=4, save_every=2,
-            sft_steps=3, core_rows=4, chat_problems=2, rl_rows=4, rl_eval=2)  # fmt: skip
+            sft_steps=3, core_rows=4, chat_problems=2, rl_rows=4, rl_eval=1, rl_tokens=12)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
