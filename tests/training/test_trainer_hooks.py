@@ -14,10 +14,12 @@ from transformers import Trainer, TrainingArguments
 
 from nanochat_hf.integration import NanoChatOptimizerMixin
 from nanochat_hf.training.arguments import MidTrainingArguments
+from nanochat_hf.training.base import BaseTrainer
 from nanochat_hf.training.ddp_timeout import DDPTimeoutOnEveryBackendMixin
-from nanochat_hf.training.trainer import MidTrainer
+from nanochat_hf.training.trainer import MidTrainer, NanoChatTrainer
 
-# every private Trainer method MidTrainer overrides (the reason for each is the comment line above it)
+# every private Trainer method NanoChatTrainer overrides (MidTrainer and BaseTrainer, its subclasses, add none; the
+# reason for each is the comment line above it)
 PRIVATE_HOOKS = {
     "_save_checkpoint",
     "_push_from_checkpoint",
@@ -47,7 +49,15 @@ def _private_methods(cls: type) -> dict[str, object]:
     }
 
 
-@pytest.mark.parametrize("cls, hooks", [(MidTrainer, PRIVATE_HOOKS), (NanoChatOptimizerMixin, MIXIN_HOOKS)])
+@pytest.mark.parametrize(
+    "cls, hooks",
+    [
+        (NanoChatTrainer, PRIVATE_HOOKS),
+        (MidTrainer, set()),
+        (BaseTrainer, set()),
+        (NanoChatOptimizerMixin, MIXIN_HOOKS),
+    ],
+)
 def test_the_private_overrides_are_the_listed_ones_each_with_its_reason(cls, hooks):
     ours = _private_methods(cls)
     assert set(ours) == hooks, f"private methods now {sorted(ours)}: list (and justify) or remove them"

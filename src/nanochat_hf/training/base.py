@@ -1,6 +1,7 @@
 """nanochat HEAD's pretraining (scripts/base_train.py at 92d63d4) on the Trainer: the model sized from --depth, the
-run's size from HEAD's scaling rules (`plan_run`), and `BaseTrainer`, MidTrainer with the pretraining data
-(`data.pretraining.PretrainStream`), HEAD's schedules (LR, Muon momentum and weight decay per step), CORE and samples.
+run's size from HEAD's scaling rules (`plan_run`), and `BaseTrainer` (MidTrainer's sibling on `NanoChatTrainer`) with
+the pretraining data (`data.pretraining.PretrainStream`), HEAD's schedules (LR, Muon momentum and weight decay per
+step), CORE and samples.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..model import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from .base_arguments import HEAD_KNOBS, BaseTrainingArguments
 from .checkpoint.layout import DATA_STATE_FILE
 from .schedule import base_lr_multiplier, base_muon_momentum, base_weight_decay
-from .trainer import MidTrainer, StreamLoader
+from .trainer import NanoChatTrainer, StreamLoader
 
 G5 = BY_NAME["G5"]  # today's nanochat GPT
 B_REF = 2**19  # HEAD: the optimal batch of d12, in tokens
@@ -172,8 +173,8 @@ class BaseSchedule(TrainerCallback):
             self.trainer.sample()
 
 
-class BaseTrainer(MidTrainer):
-    """MidTrainer on HEAD's pretraining data and schedules. ``plan``: `plan_run`'s, applied to the arguments."""
+class BaseTrainer(NanoChatTrainer):
+    """MidTrainer's sibling: HEAD's pretraining data and schedules. ``plan``: `plan_run`'s, applied to the arguments."""
 
     def __init__(self, *args, plan: Plan, user_config: dict | None = None, **kwargs):
         self.plan = plan  # read by optimizer_settings, which the Trainer's argument check calls

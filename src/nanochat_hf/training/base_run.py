@@ -145,7 +145,7 @@ def finish(trainer: BaseTrainer, seconds: float) -> dict:
 
 def main(argv: list[str] | None = None) -> dict:
     logging.basicConfig(format="%(levelname)s %(name)s: %(message)s", level=logging.WARNING)
-    run.PROG = PROG
+    mid_train, run.PROG = run.PROG, PROG  # run.py's messages name this script (restored: one process may run both)
     run.quiet_libraries(first_rank())
     run.RUN.clear()
     run.RUN["started"] = time.time()
@@ -164,3 +164,4 @@ def main(argv: list[str] | None = None) -> dict:
         run.interrupted()
     finally:
         release_output_dir()
+        run.PROG = mid_train

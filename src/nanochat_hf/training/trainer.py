@@ -1,4 +1,5 @@
-"""`MidTrainer`: nanochat's mid-training loop as a `transformers.Trainer` with a few hooks overridden.
+"""`NanoChatTrainer`: nanochat's training loop as a `transformers.Trainer` with a few hooks overridden, shared by
+`MidTrainer` (mid-training and SFT, below) and `BaseTrainer` (pretraining, training/base.py).
 
 Public hooks and callbacks where the Trainer has them; the private hooks overridden (here and in the mixin) have their
 one-line reason above them and are pinned by tests/training/test_trainer_hooks.py. Where the stock behaviour is
@@ -100,7 +101,10 @@ class StreamLoader:
         return ({k: to_device(v, self.device) for k, v in batch.items()} for batch in self.stream.read())
 
 
-class MidTrainer(NanoChatOptimizerMixin, Trainer):
+class NanoChatTrainer(NanoChatOptimizerMixin, Trainer):
+    """What MidTrainer and BaseTrainer (training/base.py) share: the module docstring's hooks, over a subclass's
+    data (`make_stream`, `get_train_dataloader`) and schedule (`create_scheduler`)."""
+
     def __init__(self, *args, token_bytes: torch.Tensor | None = None, run_fingerprint: dict | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self.run_fingerprint = run_fingerprint  # saved into every checkpoint, checked on resume (run.setup)
@@ -160,20 +164,10 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
         return super().train(*args, **kwargs)
 
     # ---- data -----------------------------------------------------------------------------------------------
-    def make_stream(self, token_ds, rank: int | None = None, world_size: int | None = None) -> MicroBatchStream:
-        """The packed stream of rank ``rank`` of ``world_size`` (default: this process of this run) over a
-        tokenized dataset (a subclass may feed other data): the December token stream, or nanochat HEAD's best-fit
-        rows (`packing`)."""
-        where = {
-            "rank": self.accelerator.process_index if rank is None else rank,
-            "world_size": self.accelerator.num_processes if world_size is None else world_size,
-        }
-        a = self.args
-        if a.packing == "bestfit":
-            return BestFitStream(
-                token_ds, a.max_seq_len, a.device_batch_size, self.processing_class.bos_token_id, **where
-            )
-        return PackedStream(token_ds, max_seq_len=a.max_seq_len, device_batch_size=a.device_batch_size, **where)
+    def make_stream(self, dataset, rank: int | None = None, world_size: int | None = None) -> MicroBatchStream:
+        """The micro-batch stream of rank ``rank`` of ``world_size`` (default: this process of this run) over
+        ``dataset`` (the train or eval dataset): each subclass its own data."""
+        raise NotImplementedError
 
     def data_shards(self) -> int:
         """The run's data shards (data/shards.py): the number of processes it started with, as the checkpoint it
@@ -197,23 +191,6 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             )
         make = lambda s: self.make_stream(token_ds, rank=s, world_size=shards)  # noqa: E731
         return DealtStream(make, shards, micro_batches * world // shards, self.accelerator.process_index, world)
-
-    def get_train_dataloader(self) -> StreamLoader:
-        if self._train_loader is None:
-            ga = self.args.gradient_accumulation_steps
-            stream = self.shard_stream(self.train_dataset, ga)
-            self.nanochat_log.loss_shards = self.data_shards() if isinstance(stream, DealtStream) else None
-            epoch_steps = stream.epoch_steps(ga)
-            if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
-                raise UserError(
-                    f"train mixture too small: one optimizer step needs {ga} micro-batches of "
-                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the whole mixture fills "
-                    f"{stream.num_micro_batches()} (its rows would be repeated within a step): add rows, or lower "
-                    "--total_batch_size / --device_batch_size"
-                )
-            steps = self.args.num_iterations if self.args.num_iterations > 0 else epoch_steps
-            self._train_loader = StreamLoader(stream, steps * ga, self.args.device)
-        return self._train_loader
 
     def floating_point_ops(self, inputs) -> int:
         return self.model.num_flops_per_token() * inputs["input_ids"][:, :-1].numel()
@@ -247,24 +224,6 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
                 self.warm_start = None
         return self.optimizer
 
-    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
-        """nanochat's multiplier of the schedule's progress: with num_iterations = -1 the data cursor's
-        (`PackedStream.lr_progress`), else optimizer steps / num_iterations."""
-        if self.lr_scheduler is None:
-            if self.args.num_iterations > 0:
-                progress = steps_progress(num_training_steps)
-                # the console shows the fraction of steps done (nanochat: of micro-batches drawn)
-                self.nanochat_log.progress = lambda step: (step + 1) / num_training_steps
-            else:
-                stream, ga = self.get_train_dataloader().stream, self.args.gradient_accumulation_steps
-                progress = lambda step: stream.lr_progress(step, ga)  # noqa: E731
-                self.nanochat_log.progress = progress  # nanochat shows the schedule's progress
-            self.lr_scheduler = nanochat_scheduler(
-                self.optimizer if optimizer is None else optimizer, progress, self.args.warmdown_ratio
-            )
-            self._created_lr_scheduler = True
-        return self.lr_scheduler
-
     # ---- loss, evaluation, logging ----------------------------------------------------------------------
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         shard_last = inputs.pop(SHARD_LAST, None)  # dealt shards (data/shards.py): a shard's last of the step?
@@ -290,39 +249,14 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
             bpb = evaluate_bpb(self.model, progress.wrap(batches), self.token_bytes, a.device)
         self.min_val_bpb = min(self.min_val_bpb, bpb)
         metrics = {f"{metric_key_prefix}_val_bpb": bpb, f"{metric_key_prefix}_min_val_bpb": self.min_val_bpb}
-        step, every = self.state.global_step, a.chatcore_every
-        if every > 0 and step > 0 and (step % every == 0 or step == self.state.max_steps):
-            metrics.update(self.chatcore_metrics(metric_key_prefix))
+        metrics.update(self.evaluation_extras(metric_key_prefix))
         self.log(metrics)
         self.control = self.callback_handler.on_evaluate(a, self.state, self.control, metrics)
         return metrics
 
-    def chatcore_metrics(self, prefix: str = "eval") -> dict[str, float]:
-        """nanochat's ChatCORE of the model now (every rank takes its share of the problems): its five tasks,
-        at most chatcore_max_cat problems per categorical and chatcore_max_sample per generative task. A task whose
-        data cannot be loaded (a hub task offline) is skipped with one line; ChatCORE is then over the others."""
-        a, model = self.args, self.generation_model()
-        scores = []
-        for name in CHATCORE_TASKS:
-            limit = a.chatcore_max_cat if task_by_name(name).mode == "categorical" else a.chatcore_max_sample
-            try:
-                with torch.no_grad(), self.accelerator.autocast():
-                    scores += run_chat_eval(
-                        model,
-                        self.processing_class,
-                        [name],
-                        None if limit < 0 else limit,
-                        batch_size=a.device_batch_size,
-                        seed=a.seed,
-                    )
-            except (UserError, OSError) as e:  # a task whose data cannot be loaded (DataLoadError), e.g. offline
-                if self.is_world_process_zero():
-                    print(f"mid_train: ChatCORE: {name} skipped: {one_line(e)}", flush=True)
-        if not scores:
-            return {}
-        if self.is_world_process_zero():
-            print(f"step {self.state.global_step:05d} | ChatCORE:\n{results_table(scores)}", flush=True)
-        return {f"{prefix}_chatcore": chatcore(scores), **{f"{prefix}_chatcore/{s.task}": s.accuracy for s in scores}}
+    def evaluation_extras(self, prefix: str = "eval") -> dict[str, float]:
+        """More metrics for an evaluation's log (MidTrainer: ChatCORE at its steps)."""
+        return {}
 
     def generation_model(self) -> torch.nn.Module:
         """The model the chat evaluations generate with: the unwrapped model, or, where FSDP2 shards it, a whole copy
@@ -474,3 +408,90 @@ class MidTrainer(NanoChatOptimizerMixin, Trainer):
     def create_model_card(self, **kwargs) -> None:
         if self.is_world_process_zero():
             write_model_card(self, self.args.output_dir)
+
+
+class MidTrainer(NanoChatTrainer):
+    """nanochat's mid-training and SFT: the mixtures' token streams, the schedule of their progress, ChatCORE."""
+
+    def make_stream(self, token_ds, rank: int | None = None, world_size: int | None = None) -> MicroBatchStream:
+        """The packed stream of rank ``rank`` of ``world_size`` (default: this process of this run) over a
+        tokenized dataset (a subclass may feed other data): the December token stream, or nanochat HEAD's best-fit
+        rows (`packing`)."""
+        where = {
+            "rank": self.accelerator.process_index if rank is None else rank,
+            "world_size": self.accelerator.num_processes if world_size is None else world_size,
+        }
+        a = self.args
+        if a.packing == "bestfit":
+            return BestFitStream(
+                token_ds, a.max_seq_len, a.device_batch_size, self.processing_class.bos_token_id, **where
+            )
+        return PackedStream(token_ds, max_seq_len=a.max_seq_len, device_batch_size=a.device_batch_size, **where)
+
+    def get_train_dataloader(self) -> StreamLoader:
+        if self._train_loader is None:
+            ga = self.args.gradient_accumulation_steps
+            stream = self.shard_stream(self.train_dataset, ga)
+            self.nanochat_log.loss_shards = self.data_shards() if isinstance(stream, DealtStream) else None
+            epoch_steps = stream.epoch_steps(ga)
+            if epoch_steps <= 0:  # also with --num_iterations: each step would repeat the same rows
+                raise UserError(
+                    f"train mixture too small: one optimizer step needs {ga} micro-batches of "
+                    f"{self.args.device_batch_size}x{self.args.max_seq_len} tokens per rank, the whole mixture fills "
+                    f"{stream.num_micro_batches()} (its rows would be repeated within a step): add rows, or lower "
+                    "--total_batch_size / --device_batch_size"
+                )
+            steps = self.args.num_iterations if self.args.num_iterations > 0 else epoch_steps
+            self._train_loader = StreamLoader(stream, steps * ga, self.args.device)
+        return self._train_loader
+
+    def create_scheduler(self, num_training_steps: int, optimizer: torch.optim.Optimizer | None = None):
+        """nanochat's multiplier of the schedule's progress: with num_iterations = -1 the data cursor's
+        (`PackedStream.lr_progress`), else optimizer steps / num_iterations."""
+        if self.lr_scheduler is None:
+            if self.args.num_iterations > 0:
+                progress = steps_progress(num_training_steps)
+                # the console shows the fraction of steps done (nanochat: of micro-batches drawn)
+                self.nanochat_log.progress = lambda step: (step + 1) / num_training_steps
+            else:
+                stream, ga = self.get_train_dataloader().stream, self.args.gradient_accumulation_steps
+                progress = lambda step: stream.lr_progress(step, ga)  # noqa: E731
+                self.nanochat_log.progress = progress  # nanochat shows the schedule's progress
+            self.lr_scheduler = nanochat_scheduler(
+                self.optimizer if optimizer is None else optimizer, progress, self.args.warmdown_ratio
+            )
+            self._created_lr_scheduler = True
+        return self.lr_scheduler
+
+    def evaluation_extras(self, prefix: str = "eval") -> dict[str, float]:
+        step, every = self.state.global_step, self.args.chatcore_every
+        if every > 0 and step > 0 and (step % every == 0 or step == self.state.max_steps):
+            return self.chatcore_metrics(prefix)
+        return {}
+
+    def chatcore_metrics(self, prefix: str = "eval") -> dict[str, float]:
+        """nanochat's ChatCORE of the model now (every rank takes its share of the problems): its five tasks,
+        at most chatcore_max_cat problems per categorical and chatcore_max_sample per generative task. A task whose
+        data cannot be loaded (a hub task offline) is skipped with one line; ChatCORE is then over the others."""
+        a, model = self.args, self.generation_model()
+        scores = []
+        for name in CHATCORE_TASKS:
+            limit = a.chatcore_max_cat if task_by_name(name).mode == "categorical" else a.chatcore_max_sample
+            try:
+                with torch.no_grad(), self.accelerator.autocast():
+                    scores += run_chat_eval(
+                        model,
+                        self.processing_class,
+                        [name],
+                        None if limit < 0 else limit,
+                        batch_size=a.device_batch_size,
+                        seed=a.seed,
+                    )
+            except (UserError, OSError) as e:  # a task whose data cannot be loaded (DataLoadError), e.g. offline
+                if self.is_world_process_zero():
+                    print(f"mid_train: ChatCORE: {name} skipped: {one_line(e)}", flush=True)
+        if not scores:
+            return {}
+        if self.is_world_process_zero():
+            print(f"step {self.state.global_step:05d} | ChatCORE:\n{results_table(scores)}", flush=True)
+        return {f"{prefix}_chatcore": chatcore(scores), **{f"{prefix}_chatcore/{s.task}": s.accuracy for s in scores}}
