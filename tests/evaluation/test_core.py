@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import importlib.util
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -19,7 +20,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from nanochat_hf.errors import UserError
 from nanochat_hf.evaluation import core
-from nanochat_hf.evaluation.base_eval import base_samples
+from nanochat_hf.evaluation.base_eval import base_bpb, base_samples
 
 DATA = Path(__file__).parent / "data"
 BUNDLE = DATA / "core_bundle"
@@ -98,6 +99,30 @@ def test_one_example_per_forward(model_and_tokenizer):
         for line, score in zip(task.lines, scores):
             assert score.prediction == ref[(uri, line)]["prediction"], (task.label, line)
             assert score.losses == pytest.approx(ref[(uri, line)]["losses"], rel=1e-5, abs=1e-6)
+
+
+def test_any_causal_lm_cropped_to_its_positions(model_and_tokenizer):
+    """A transformers GPT-2 (absolute positions, n_positions 128) with the same tokenizer: sequences longer than
+    128 tokens keep their last 128 (the scored spans shifted, as nanochat crops for a model's max_seq_len), and
+    batching changes no prediction."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    _, tokenizer = model_and_tokenizer
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=len(tokenizer), n_positions=128, n_embd=32, n_layer=1, n_head=2)
+    gpt2 = GPT2LMHeadModel(config).eval()
+    assert core.default_max_seq_len(gpt2) == 128
+    task = core.load_bundle(BUNDLE)[1]  # arc_easy, 10-shot: about 800 tokens
+    bos = core.bos_id(tokenizer)
+    (full, *_), starts, ends = core.example_tokens(task, 0, tokenizer, bos)
+    (cropped, *_), cstarts, cends = core.example_tokens(task, 0, tokenizer, bos, max_seq_len=128)
+    assert len(full) > 128 and cropped == full[-128:]
+    assert (cstarts[0], cends[0]) == (starts[0] - (len(full) - 128), ends[0] - (len(full) - 128))
+    one = core.score_examples(gpt2, tokenizer, task, list(range(6)), batch_size=1, max_seq_len=128)
+    batched = core.score_examples(gpt2, tokenizer, task, list(range(6)), batch_size=32, max_seq_len=128)
+    assert [s.prediction for s in one] == [s.prediction for s in batched]
+    for a, b in zip(one, batched):
+        assert a.losses == pytest.approx(b.losses, rel=1e-5)
 
 
 def _task(kind: str, shots: int, delimiter: str, *rows: dict) -> core.CoreTask:
@@ -292,7 +317,7 @@ def test_script_bad_bundle_is_one_line(tmp_path, capsys):
 def test_script_bad_eval_mode(capsys):
     assert _script().main(["--model", "x", "--eval", "core,bpbx"]) == 2
     assert capsys.readouterr().err.strip() == (
-        "base_eval: error: --eval 'core,bpbx': expected a comma-separated list of core, sample"
+        "base_eval: error: --eval 'core,bpbx': expected a comma-separated list of core, bpb, sample"
     )
 
 
@@ -303,6 +328,43 @@ def test_samples(model_and_tokenizer):
     conditioned, unconditioned = base_samples(model, tokenizer, unconditioned=2, unconditioned_tokens=8, seed=0)
     assert conditioned == REFERENCE["samples"]
     assert len(unconditioned) == 2 and all(s.startswith("<|bos|>") for s in unconditioned)
+
+
+def test_bpb(model_and_tokenizer, tmp_path, capsys):
+    """Bits per byte as nanochat's base_eval: split_tokens rounded down to whole steps (5000 -> 2 rows of 1024 + 1
+    tokens, said as nanochat says it), the first rows of each split's pretraining stream, nats of the targets that
+    have bytes over ln 2 times their bytes."""
+    from nanochat_hf.data.pretraining import PretrainStream, write_synthetic_shards
+    from nanochat_hf.tokenizer import token_bytes
+
+    model, tokenizer = model_and_tokenizer
+    write_synthetic_shards(tmp_path, 3, 200)
+    result = base_bpb(model, tokenizer, device_batch_size=1, split_tokens=2500, data_dir=tmp_path)
+    assert capsys.readouterr().out == "Adjusted split_tokens to 2048 (must be divisible by 1024)\n"
+    sizes = token_bytes(tokenizer)
+    for split in ("train", "val"):
+        rows = torch.cat([b["input_ids"] for b in PretrainStream(tokenizer, 1, 1024, split, data_dir=tmp_path).read(2)])
+        with torch.no_grad():
+            logits = model(input_ids=rows).logits[:, :-1].double()
+        nats = torch.nn.functional.cross_entropy(logits.transpose(1, 2), rows[:, 1:], reduction="none")
+        nbytes = sizes[rows[:, 1:]]
+        expected = (nats * (nbytes > 0)).sum().item() / (math.log(2) * nbytes.sum().item())
+        assert result[split] == pytest.approx(expected, rel=1e-5)
+
+
+def test_bpb_refusals(tmp_path):
+    """No shards, or a model whose per-token losses are not nanochat's: one line each."""
+    from nanochat_hf.data.pretraining import write_synthetic_shards
+    from nanochat_hf.evaluation.base_eval import check_bpb
+
+    with pytest.raises(UserError, match=rf"^{tmp_path}: no \*\.parquet shards in the folder \(download shards with"):
+        check_bpb(tmp_path)
+
+    write_synthetic_shards(tmp_path, 2, 10)
+    gpt2 = type("M", (), {"config": type("C", (), {"model_type": "gpt2"})()})()
+    with pytest.raises(UserError) as e:
+        check_bpb(tmp_path, gpt2)
+    assert str(e.value) == "--eval bpb needs a nanochat_gpt model (per-token losses); this one is gpt2"
 
 
 @pytest.mark.slow

@@ -1,10 +1,17 @@
-"""The rest of nanochat's base_eval.py around CORE (`core.py`): the model's samples and the CORE results' CSV."""
+"""The rest of nanochat's base_eval.py around CORE (`core.py`): bits per byte on the pretraining shards, the
+model's samples and the CORE results' CSV."""
 
 from __future__ import annotations
 
-import torch
+import os
 
-from .core import bos_id
+import torch
+import torch.distributed as dist
+
+from ..errors import UserError
+from .core import NANOCHAT_MODEL_TYPES, bos_id
+
+SPLIT_TOKENS = 40 * 524288  # nanochat's --split-tokens: tokens per split for bits per byte
 
 SAMPLE_PROMPTS = [  # nanochat's base_eval.py
     "The capital of France is",
@@ -15,6 +22,56 @@ SAMPLE_PROMPTS = [  # nanochat's base_eval.py
     "My favorite color is",
     "If 5*x + 3 = 13, then x is",
 ]
+
+
+def bpb_steps(split_tokens: int, device_batch_size: int, sequence_len: int, world_size: int) -> int:
+    """Micro-batches per rank, as nanochat: split_tokens rounded down to a multiple of the tokens of one step of
+    all ranks (at least one step)."""
+    return max(1, split_tokens // (device_batch_size * sequence_len * world_size))
+
+
+def check_bpb(data_dir: str | os.PathLike | None = None, model=None) -> None:
+    """UserError in one line when bits per byte cannot run: no shards (`find_shards`), or a model that is not
+    nanochat's (its per-token losses are what is summed)."""
+    from ..data.pretraining import find_shards, split_shards
+
+    split_shards(find_shards(data_dir), "val")
+    if model is not None and model.config.model_type != NANOCHAT_MODEL_TYPES[0]:
+        kind = model.config.model_type
+        raise UserError(f"--eval bpb needs a nanochat_gpt model (per-token losses); this one is {kind}")
+
+
+def base_bpb(
+    model,
+    tokenizer,
+    device_batch_size: int = 32,
+    split_tokens: int = SPLIT_TOKENS,
+    data_dir: str | os.PathLike | None = None,
+    splits: tuple[str, ...] = ("train", "val"),
+) -> dict[str, float]:
+    """nanochat's base_eval bits per byte: for each split, the first `bpb_steps` micro-batches of the pretraining
+    stream (`nanochat_hf.data.pretraining`: HEAD's shards and best-fit rows of sequence_len + 1 tokens, each rank
+    its share) through `training.evaluation.evaluate_bpb` (all-reduced). Needs nanochat's model (its per-token
+    losses); UserError in one line otherwise."""
+    from ..data.pretraining import PretrainStream
+    from ..tokenizer import token_bytes
+    from ..training.evaluation import evaluate_bpb
+
+    check_bpb(data_dir, model)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    T = model.config.sequence_len
+    steps = bpb_steps(split_tokens, device_batch_size, T, world)
+    if steps * device_batch_size * T * world != split_tokens and rank == 0:
+        print(f"Adjusted split_tokens to {steps * device_batch_size * T * world} (must be divisible by "
+              f"{device_batch_size * T * world})", flush=True)  # fmt: skip
+    device = next(model.parameters()).device
+    sizes = token_bytes(tokenizer)
+    results = {}
+    for split in splits:
+        stream = PretrainStream(tokenizer, device_batch_size, T, split, rank, world, data_dir=data_dir)
+        results[split] = evaluate_bpb(model, stream.read(steps), sizes, device)
+    return results
 
 
 def _until_stop(row: list[int], start: int, stops: set[int]) -> list[int]:

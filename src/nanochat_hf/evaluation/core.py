@@ -321,8 +321,8 @@ def example_tokens(
 def default_max_seq_len(model) -> int | None:
     """Sequences longer than this are cropped from the left: None (never) for nanochat's models (rotary, as
     nanochat's GPT, which has no max_seq_len), else the model's max_position_embeddings, if it has one."""
-    config = model.config
-    if config.model_type in NANOCHAT_MODEL_TYPES:
+    config = getattr(model, "config", None)
+    if config is None or config.model_type in NANOCHAT_MODEL_TYPES:
         return None
     return getattr(config, "max_position_embeddings", None) or getattr(config, "n_positions", None)
 
@@ -359,9 +359,9 @@ def score_examples(
         logits = model(input_ids=ids).logits
         # every scored position of the batch at once: the logits at position p predict the token at p + 1
         spans = [(s, e) for _, starts, ends in group for s, e in zip(starts, ends)]
-        rows = torch.tensor([r for r, (s, e) in enumerate(spans) for _ in range(s, e)], device=device)
-        cols = torch.tensor([p for s, e in spans for p in range(s, e)], device=device)
-        out, target = logits[rows, cols - 1].float(), ids[rows, cols]
+        at_row = torch.tensor([r for r, (s, e) in enumerate(spans) for _ in range(s, e)], device=device)
+        at_col = torch.tensor([p for s, e in spans for p in range(s, e)], device=device)
+        out, target = logits[at_row, at_col - 1].float(), ids[at_row, at_col]
         token_losses = torch.nn.functional.cross_entropy(out, target, reduction="none")
         hits = (out.argmax(dim=-1) == target).tolist()
         offset = 0
@@ -404,9 +404,10 @@ def evaluate_task(
     desc = f"CORE {task.label}" + (f" (this rank's share of {len(task.rows)})" if world > 1 else "")
     with Progress(desc, len(mine), "examples", enabled=show_progress and rank == 0, announce=False) as progress:
         scores = score_examples(model, tokenizer, task, mine, batch_size, max_seq_len, progress)
-    correct = torch.zeros(len(task.rows), dtype=torch.float32, device=device)
+    correct = torch.zeros(len(task.rows), dtype=torch.float32)
     for i, score in zip(mine, scores):
         correct[i] = float(score.correct)
+    correct = correct.to(device)  # the collective's device (gloo: CPU, nccl: the GPU)
     if world > 1:
         dist.all_reduce(correct, op=dist.ReduceOp.SUM)
     return correct.mean().item()
@@ -434,7 +435,8 @@ def evaluate_core(
     max_seq_len: crop longer sequences from the left (-1: `default_max_seq_len(model)`; None: never).
     verbose: a line per task on stdout (rank 0), as nanochat prints, and progress on stderr.
     Returns {"results": {label: accuracy}, "centered_results": {label: centered}, "core_metric": mean centered},
-    the same on every rank.
+    the same on every rank. Under several processes the ranks run different numbers of forwards: the model's
+    parameters must be whole on each rank (not FSDP2-sharded; a DDP wrapper's `.module` is fine).
     """
     tasks = load_bundle(ensure_bundle(bundle_dir), max_per_task)
     if max_seq_len == -1:
