@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import shlex
 import subprocess
 import sys
@@ -111,7 +112,8 @@ class Speedrun:
         if self.fp8:
             base_args += ["--fp8", "true"]
         core_args = ["--model", base, "--csv", str(self.path("base_eval") / "core.csv")]
-        core_args += ["--json", str(self.path("base_eval") / "core.json")]
+        core_args += ["--json", str(self.path("base_eval") / "core.json"), "--data_dir", d]
+        core_args += ["--device_batch_size", "8", "--split_tokens", "16384"] if demo else ["--device_batch_size", "16"]
         if demo:
             core_args += ["--bundle_dir", str(self.path("base_eval") / "eval_bundle"), "--max_per_task", "-1"]
         elif self.bundle_dir:
@@ -302,17 +304,20 @@ class Speedrun:
         return {
             "steps": steps,
             "tokens": steps * batch if isinstance(batch, int) and batch > 0 else None,
-            "val_bpb": round(bpb[-1], 6) if bpb else None,
-            "min_val_bpb": round(min(bpb), 6) if bpb else None,
+            "val bpb": round(bpb[-1], 6) if bpb else None,
+            "min val bpb": round(min(bpb), 6) if bpb else None,
         }
 
     def base_metrics(self) -> dict:
         return self.trained("base")
 
     def core_metrics(self) -> dict:
+        """CORE and each task's centered score (core.json), train / val bpb (the lines base_eval prints)."""
         core = read_json(self.path("base_eval") / "core.json")
+        log = (self.path("base_eval") / "base_eval.log").read_text(encoding="utf-8")
+        bpb = {f"{m[1]} bpb": float(m[2]) for m in re.finditer(r"^(train|val) bpb: ([0-9.]+)$", log, re.M)}
         tasks = core.get("results", {})
-        return {"CORE": round(core["core_metric"], 4), **{k: round(v, 4) for k, v in tasks.items()}}
+        return {"CORE": round(core["core_metric"], 4), **bpb, **{k: round(v, 4) for k, v in tasks.items()}}
 
     def sft_metrics(self) -> dict:
         return self.trained("sft")
@@ -420,8 +425,8 @@ class Speedrun:
         pass@k of RL), then every stage's numbers and wall time, then the commands."""
         recs = {st.name: rec for st, rec in self.records(stages)}
         columns = {
-            "BASE": [("base", ["val_bpb"]), ("base_eval", ["CORE"])],
-            "SFT": [("sft", ["val_bpb"]), ("chat_eval", None)],
+            "BASE": [("base", ["val bpb"]), ("base_eval", ["train bpb", "val bpb", "CORE"])],
+            "SFT": [("sft", ["val bpb"]), ("chat_eval", None)],
             "RL": [("rl", None)],
         }
         summary = {}
@@ -429,7 +434,7 @@ class Speedrun:
             for stage, keys in sources:
                 if stage in recs:
                     m = recs[stage]["metrics"]
-                    summary.setdefault(column, {}).update({k: m[k] for k in keys or m if k != "steps"})
+                    summary.setdefault(column, {}).update({k: m[k] for k in keys or m if k in m and k != "steps"})
         metrics = list(dict.fromkeys(k for col in summary.values() for k in col))
         kind = "offline demo" if self.demo else f"d24 on {self.gpus} processes"
         lines = [f"# nanochat-hf speedrun report ({kind})", "", f"Run folder: `{self.run_dir}`", "", "## Summary", ""]

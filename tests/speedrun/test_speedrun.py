@@ -56,8 +56,9 @@ def test_report_has_every_stage_with_its_numbers_and_time(demo_run):
     assert "| Metric | BASE | SFT |" in summary and "| ChatCORE | - |" in summary
     assert [r for r in rows if r != "stage"] == STAGES
     assert "ratio climbmix-val" in rows["tok_eval"] and "vocab_size 512" in rows["tokenizer"]
-    assert "val_bpb" in rows["base"] and "tokens 16384" in rows["base"]  # 4 steps x 4,096 tokens
-    assert "CORE" in rows["base_eval"] and "val_bpb" in rows["sft"]
+    assert "val bpb" in rows["base"] and "tokens 16384" in rows["base"]  # 4 steps x 4,096 tokens
+    assert "CORE" in rows["base_eval"] and "train bpb" in rows["base_eval"] and "val bpb" in rows["sft"]
+    assert "| train bpb | " in summary
     assert "SpellingBee" in rows["chat_eval"] and "ChatCORE" in rows["chat_eval"]
     assert all(marker(demo_run, f)["seconds"] > 0 for f in ("tokenizer", "base", "sft"))
     assert marker(demo_run, "base_eval")["metrics"]["CORE"] == round(core["core_metric"], 4)
