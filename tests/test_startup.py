@@ -24,6 +24,7 @@ SCRIPTS = (
     "tok_train",
     "tok_eval",
     "base_eval",
+    "speedrun",
 )
 
 # runs a script as `python script ...` would, then reports whether the heavy libraries were imported
