@@ -13,12 +13,11 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
 from ..errors import UserError, add_version
 from .arguments import MidTrainingArguments, _OneLineParser
 from .checkpoint.layout import checkpoint_name
 from .cli import REFUSED, HelpFormatter, config_defaults, drop_overridden, own_help
+from .fp8 import check_fp8
 
 PROG = "base_train"
 # HEAD's knobs (its user_config in a checkpoint's meta), in its order
@@ -36,8 +35,12 @@ class BaseTrainingArguments(MidTrainingArguments):
     # --- logging and runtime --------------------------------------------------------------------------------
     run: str = field(default="dummy", metadata={"help": "wandb run name ('dummy': no wandb; else report_to wandb)"})
     device_type: str = field(default="", metadata={"help": "cuda|cpu|mps (empty: autodetect)"})
-    fp8: bool = field(default=False, metadata={"help": "FP8 training (H100-class GPUs only)"})
-    fp8_recipe: str = field(default="tensorwise", metadata={"help": "FP8 scaling recipe: tensorwise or rowwise"})
+    fp8: bool = field(
+        default=False, metadata={"help": "FP8 training, HEAD's (H100-class GPUs: CUDA compute capability 8.9+)"}
+    )
+    fp8_recipe: str = field(
+        default="tensorwise", metadata={"help": "FP8 scaling recipe: tensorwise (HEAD's; rowwise is refused as HEAD)"}
+    )
     # --- model architecture ---------------------------------------------------------------------------------
     depth: int = field(default=20, metadata={"help": "depth of the Transformer model"})
     aspect_ratio: int = field(
@@ -128,7 +131,12 @@ class BaseTrainingArguments(MidTrainingArguments):
         if not 0 <= self.final_lr_frac <= 1:
             raise UserError(f"final_lr_frac={self.final_lr_frac}: expected a fraction in [0, 1]")
         if self.fp8:
-            check_fp8(self.device)
+            check_fp8(self.fp8_recipe, self.device)
+            if self.fully_shard or self.fsdp or self._accelerate_fsdp:
+                raise UserError(
+                    "fp8=true with FSDP (fully_shard, --fsdp or an Accelerate FSDP config): the fp8 layers multiply "
+                    "whole weights, not shards (HEAD has no FSDP); drop --fp8 or the sharding"
+                )
 
     def _refuse_unused(self) -> None:
         """mid_train's refusals, except warmup_steps: HEAD's base_train has that knob."""
@@ -144,17 +152,6 @@ class BaseTrainingArguments(MidTrainingArguments):
         world = int(os.environ.get("WORLD_SIZE", "1"))
         self.total_batch_size = self.device_batch_size * self.max_seq_len * world
         super()._derive()
-
-
-def check_fp8(device: torch.device) -> None:
-    """HEAD trains in fp8 on H100-class GPUs (compute capability 9.0: its Float8Linear's scaled matmuls); here fp8
-    is refused in one line on any other device, and on those too: HEAD's fp8 recipe is not implemented yet."""
-    if device.type != "cuda" or torch.cuda.get_device_capability(device) < (9, 0):
-        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
-        raise UserError(
-            f"fp8=true needs an H100-class GPU (compute capability 9.0+), this device is {name}: drop --fp8"
-        )
-    raise UserError("fp8=true: HEAD's fp8 training (nanochat/fp8.py) is not implemented in nanochat-hf yet: drop --fp8")
 
 
 def parse_base_args(argv: list[str] | None = None) -> BaseTrainingArguments:

@@ -31,6 +31,7 @@ from .base_arguments import PROG, BaseTrainingArguments, parse_base_args
 from .callbacks import NonFiniteLossError
 from .checkpoint.files import DiskFullError
 from .checkpoint.output_dir import release_output_dir
+from .fp8 import convert_to_fp8
 
 DEMO_SHARDS, DEMO_DOCS, DEMO_ROW_GROUP = 3, 3000, 250  # the demo's synthetic shards
 
@@ -102,6 +103,8 @@ def setup(argv: list[str] | None = None):
 
 
 def build_trainer(args, model, tokenizer, plan, given, fingerprint) -> BaseTrainer:
+    # fp8 (checked in the arguments): HEAD converts before compiling; its evaluations and saves see nn.Linear's
+    fp8_line = [convert_to_fp8(model, args.fp8_recipe)] if args.fp8 else []
     trainer = BaseTrainer(
         model=model,
         args=args,
@@ -111,7 +114,7 @@ def build_trainer(args, model, tokenizer, plan, given, fingerprint) -> BaseTrain
         run_fingerprint=fingerprint,
     )
     trainer.get_train_dataloader()
-    run._say([*plan.lines, run.polar_dtype_line(args), *args.settle_num_threads()])
+    run._say([*plan.lines, *fp8_line, run.polar_dtype_line(args), *args.settle_num_threads()])
     return trainer
 
 
