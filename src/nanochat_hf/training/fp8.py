@@ -14,11 +14,13 @@ HEAD's filter converts the linear layers whose sizes are multiples of 16 (the fl
 least 128 on both sides (smaller ones gain nothing): in today's GPT every attention and MLP matrix and lm_head, not
 the value-embedding and smear gates. `torch._scaled_mm` needs CUDA compute capability 8.9+ (Ada, Hopper).
 
-Why not torchao: HEAD itself does not use it (its import is commented out in base_train.py for nanochat/fp8.py,
-which its docstring says matches torchao's tensorwise recipe bit for bit in eager mode), torchao is not a
-dependency here, and this module is the few lines of HEAD's recipe, checked against HEAD's executing
-(tests/training/test_fp8.py). HEAD's module has no rowwise recipe (it raises, saying rowwise needs torchao): neither
-has this one, and `--fp8_recipe rowwise` is refused.
+Why not torchao: HEAD does not use it (base_train.py imports nanochat/fp8.py; torchao's import is commented out), and
+torchao's numbers are not HEAD's where it matters: torchao 0.18's tensorwise Float8Linear on the stored reference
+(tests/training/data/fp8_reference.*, CPU) equals HEAD's bit for bit in float32 compute, but under bf16 autocast
+(how the Trainer trains) its output differs by up to 0.039 and its weight gradient by up to 8.5e-4 (the input gradient
+is equal). torchao is not a dependency here either; this module is HEAD's recipe in a few lines, checked against
+HEAD's executing (tests/training/test_fp8.py). HEAD's module has no rowwise recipe (it raises, saying rowwise needs
+torchao): neither has this one, and `--fp8_recipe rowwise` is refused.
 """
 
 from __future__ import annotations
