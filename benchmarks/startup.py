@@ -23,7 +23,7 @@ from importlib.metadata import version
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPTS = ("mid_train", "convert", "chat", "chat_eval", "preview_data", "serve")
+SCRIPTS = ("mid_train", "base_train", "convert", "chat", "chat_eval", "preview_data", "serve")
 BASELINE = "import torch"
 
 

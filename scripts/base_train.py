@@ -5,7 +5,10 @@
 See `BaseTrainingArguments` (src/nanochat_hf/training/base_arguments.py) for every flag.
 """
 
-from nanochat_hf.training.base_run import main
+from nanochat_hf.training.base_cli import answer_quickly
 
 if __name__ == "__main__":
+    answer_quickly()  # --help, --version and argument errors before torch and transformers are imported
+    from nanochat_hf.training.base_run import main
+
     main()

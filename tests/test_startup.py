@@ -15,6 +15,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPTS = (
     "mid_train",
+    "base_train",
     "chat_rl",
     "convert",
     "chat",

@@ -313,9 +313,9 @@ class MidTrainingArguments(DDPTimeoutOnEveryBackendMixin, TrainingArguments):
             raise UserError(one_line(e)) from None
 
     # ---- validation steps (each raises ValueError with one line) ------------------------------------------
-    def _refuse_unused(self) -> None:
+    def _refuse_unused(self, refused: dict[str, str] = REFUSED) -> None:
         defaults = {f.name: f.default for f in dataclasses.fields(self)}
-        for name, hint in REFUSED.items():
+        for name, hint in refused.items():
             value = getattr(self, name)
             if value != defaults[name] and str(value) != str(defaults[name]):
                 raise UserError(f"{name}={value} is not used by this recipe: {hint}")

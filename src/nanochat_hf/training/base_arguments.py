@@ -8,18 +8,20 @@ and its knobs added. What HEAD derives from the model (total_batch_size -1, the 
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..atomic import write_text
 from ..errors import UserError, add_version
 from .arguments import MidTrainingArguments, _OneLineParser
+from .base_cli import ARGUMENTS_FILE, BASE_REFUSED, DESCRIPTION, PROG
 from .checkpoint.layout import checkpoint_name
-from .cli import REFUSED, HelpFormatter, config_defaults, drop_overridden, own_help
+from .cli import HelpFormatter, config_file, describe, own_help
 from .fp8 import check_fp8
 
-PROG = "base_train"
 # HEAD's knobs (its user_config in a checkpoint's meta), in its order
 HEAD_KNOBS = (
     "run", "device_type", "fp8", "fp8_recipe", "depth", "aspect_ratio", "head_dim", "max_seq_len", "window_pattern",
@@ -138,13 +140,8 @@ class BaseTrainingArguments(MidTrainingArguments):
                     "whole weights, not shards (HEAD has no FSDP); drop --fp8 or the sharding"
                 )
 
-    def _refuse_unused(self) -> None:
-        """mid_train's refusals, except warmup_steps: HEAD's base_train has that knob."""
-        saved = REFUSED.pop("warmup_steps")
-        try:
-            super()._refuse_unused()
-        finally:
-            REFUSED["warmup_steps"] = saved
+    def _refuse_unused(self, refused: dict[str, str] = BASE_REFUSED) -> None:
+        super()._refuse_unused(refused)
 
     def _derive(self) -> None:
         if self.total_batch_size != 1:  # 1: HEAD's rule decides it later (see __post_init__)
@@ -154,21 +151,24 @@ class BaseTrainingArguments(MidTrainingArguments):
         super()._derive()
 
 
+def _parser() -> _OneLineParser:
+    """BaseTrainingArguments' parser, as `base_cli.ARGUMENTS_FILE` describes it (no config values, no help edits)."""
+    return _OneLineParser(BaseTrainingArguments, prog=PROG, formatter_class=HelpFormatter, description=DESCRIPTION)
+
+
 def parse_base_args(argv: list[str] | None = None) -> BaseTrainingArguments:
     """`[config.yaml] [--field value ...]`: the config's values become defaults, flags override them."""
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _OneLineParser(
-        BaseTrainingArguments,
-        prog=PROG,
-        formatter_class=HelpFormatter,
-        description="Pretrain nanochat's GPT (HEAD's base_train.py): base_train.py [config.yaml] [--flag value ...]",
-    )
-    known = {action.dest for action in parser._actions}
-    if argv and argv[0].endswith((".yaml", ".yml")):
-        parser.set_defaults(**drop_overridden(config_defaults(Path(argv.pop(0)), known), argv))
+    parser = _parser()
+    parser.set_defaults(**(config_file(argv, {action.dest for action in parser._actions}) or {}))
     add_version(parser)
-    own_help(parser)
+    own_help(parser, BASE_REFUSED)
     args, unknown = parser.parse_args_into_dataclasses(args=argv, return_remaining_strings=True)
     if unknown:
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     return args
+
+
+if __name__ == "__main__":  # (re)write base_cli.ARGUMENTS_FILE after changing an argument or transformers
+    write_text(ARGUMENTS_FILE, json.dumps(describe(_parser()), indent=1) + "\n")
+    print(f"wrote {ARGUMENTS_FILE}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable, Iterable
 from importlib.metadata import version
 from pathlib import Path
 
@@ -92,10 +93,10 @@ class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
         return super()._get_help_string(action)
 
 
-def own_help(parser: argparse.ArgumentParser) -> None:
+def own_help(parser: argparse.ArgumentParser, refused: Iterable[str] = REFUSED) -> None:
     """Refused fields hidden from --help (still parsed, to refuse them in one line), our texts, one default each."""
     for action in parser._actions:  # a bool field defaulting to True has a second, --no_<name> action
-        if action.dest in REFUSED:
+        if action.dest in refused:
             action.help = argparse.SUPPRESS
     actions = {a.dest: a for a in parser._actions if a.help != argparse.SUPPRESS}
     for name, text in HELP.items():
@@ -135,12 +136,20 @@ def drop_overridden(values: dict, argv: list[str]) -> dict:
     return {k: v for k, v in values.items() if k not in overridden}
 
 
+def config_file(argv: list[str], known: set[str]) -> dict | None:
+    """The defaults a config file at the front of `argv` gives (popped from it), less a value of an alias pair a
+    flag overrides; None without one (`--flag=x.yaml` is a flag)."""
+    if argv and argv[0].endswith((".yaml", ".yml")) and not argv[0].startswith("-"):
+        return drop_overridden(config_defaults(Path(argv.pop(0)), known), argv)
+    return None
+
+
 def config_for(argv: list[str], known: set[str], peek_parser: argparse.ArgumentParser) -> dict:
     """The defaults a config file gives (popped from the front of `argv`), else the demo config's unless
     --model_source names a model; a value of an alias pair a flag overrides is left out. `peek_parser` is an empty
     parser of the caller's class, to read --model_source as the real parse will."""
-    if argv and argv[0].endswith((".yaml", ".yml")):
-        return drop_overridden(config_defaults(Path(argv.pop(0)), known), argv)
+    if (values := config_file(argv, known)) is not None:
+        return values
     peek_parser.add_argument("--model_source", default=None)
     source = peek_parser.parse_known_args(argv)[0].model_source
     if source in (None, "", "demo"):
@@ -213,9 +222,9 @@ def describe(parser: argparse.ArgumentParser) -> dict:
     return {"transformers": version("transformers"), "actions": actions}
 
 
-def described_parser(description: dict) -> OneLineArgumentParser:
+def described_parser(description: dict, prog: str = PROG, text: str = DESCRIPTION) -> OneLineArgumentParser:
     """A plain argparse parser with the described arguments."""
-    parser = OneLineArgumentParser(prog=PROG, formatter_class=HelpFormatter, description=DESCRIPTION)
+    parser = OneLineArgumentParser(prog=prog, formatter_class=HelpFormatter, description=text)
     for a in description["actions"]:
         kwargs = {"dest": a["dest"], "default": a["default"], "help": a["help"], "required": a["required"]}
         if a["action"] == "store":
@@ -232,22 +241,38 @@ def answer_quickly(argv: list[str] | None = None) -> None:
     or transformers (exit 0 after help or version, 2 after an error line); return when the command line parses or
     when only the real parse can tell (see the module's docstring)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "inherit_from_base" in flags(argv):
+        return
+    peek = OneLineArgumentParser(prog=PROG, add_help=False)
+    quick_answer(argv, ARGUMENTS_FILE, PROG, DESCRIPTION, lambda argv, known: config_for(argv, known, peek))
+
+
+def quick_answer(
+    argv: list[str],
+    arguments_file: Path,
+    prog: str,
+    text: str,
+    config: Callable[[list[str], set[str]], dict | None],
+    refused: Iterable[str] = REFUSED,
+) -> None:
+    """`answer_quickly` of a script: its parser rebuilt from `arguments_file`, `config(argv, known)` the defaults its
+    config file gives (popping it from argv), `refused` the fields its --help hides."""
     try:
-        description = json.loads(ARGUMENTS_FILE.read_text())
+        description = json.loads(arguments_file.read_text())
     except (OSError, ValueError):  # a damaged or missing file: the real parse answers
         return
-    if description["transformers"] != version("transformers") or "inherit_from_base" in flags(argv):
+    if description["transformers"] != version("transformers"):
         return
-    parser = described_parser(description)
+    parser = described_parser(description, prog, text)
     known = {action.dest for action in parser._actions}
     try:
-        parser.set_defaults(**config_for(argv, known, OneLineArgumentParser(prog=PROG, add_help=False)))
+        parser.set_defaults(**(config(argv, known) or {}))
     except (UserError, OSError) as e:  # the config file: the line run.py says for it
         if first_rank():
-            print(error_line(PROG, e), file=sys.stderr, flush=True)
+            print(error_line(prog, e), file=sys.stderr, flush=True)
         sys.exit(2)
     add_version(parser)
-    own_help(parser)
+    own_help(parser, refused)
     unknown = parser.parse_known_args(argv)[1]
     if unknown:  # as parse_args in arguments.py says it
         parser.error(f"unrecognized arguments: {' '.join(unknown)}")
