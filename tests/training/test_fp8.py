@@ -39,9 +39,8 @@ def g5(config: dict) -> NanoChatGPTForCausalLM:
 @pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
 def test_layer_forward_and_backward_equal_heads_bit_for_bit(dtype):
     """HEAD casts the input to its COMPUTE_DTYPE (bf16 on an H100); ours to autocast's, which the Trainer turns on."""
-    linear = torch.nn.Linear(64, 48, bias=False)
-    linear.weight.data.copy_(TENSORS["weight"])
-    layer = Fp8Linear.of(linear)
+    layer = Fp8Linear(64, 48, bias=False)
+    layer.weight.data.copy_(TENSORS["weight"])
     x = TENSORS["x"].clone().requires_grad_(True)
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16"):
         out = layer(x)
@@ -59,6 +58,7 @@ def test_the_layers_heads_filter_converts(name):
     line = convert_to_fp8(model)
     converted = [n for n, m in model.named_modules() if isinstance(m, Fp8Linear)]
     assert converted == ref["converted"]
+    assert model.lm_head.zero_init  # the same modules, their attributes kept
     n, total = len(ref["converted"]), len(ref["linear"])
     assert (
         line

@@ -95,7 +95,8 @@ class _Fp8Matmul(torch.autograd.Function):
 
 
 class Fp8Linear(nn.Linear):
-    """An nn.Linear whose training passes multiply in float8 (see the module's docstring); the same parameters."""
+    """An nn.Linear whose training passes multiply in float8 (see the module's docstring); no state of its own, so
+    `convert_to_fp8` turns a layer into one by its class."""
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()):
@@ -109,34 +110,24 @@ class Fp8Linear(nn.Linear):
         out = out.reshape(*x.shape[:-1], out.shape[-1])
         return out if self.bias is None else out + self.bias.to(out.dtype)
 
-    @classmethod
-    def of(cls, linear: nn.Linear) -> Fp8Linear:
-        """`linear` as an Fp8Linear sharing its parameters (built on meta: nothing allocated)."""
-        with torch.device("meta"):
-            new = cls(linear.in_features, linear.out_features, bias=False)
-        new.weight, new.bias = linear.weight, linear.bias
-        return new
 
-
-def converts(linear: nn.Module) -> bool:
+def converts(linear: nn.Linear) -> bool:
     """HEAD's `fp8_module_filter`: sizes multiples of 16, at least 128 both ways."""
-    if not isinstance(linear, nn.Linear):
-        return False
     sizes = (linear.in_features, linear.out_features)
     return all(n % 16 == 0 for n in sizes) and min(sizes) >= 128
 
 
 def convert_to_fp8(model: nn.Module, recipe: str = "tensorwise") -> str:
-    """Every linear layer HEAD converts becomes an Fp8Linear, in place (before the Trainer wraps or compiles the
-    model); returns the line HEAD prints."""
+    """Every linear layer HEAD converts becomes an Fp8Linear in place (before the Trainer wraps or compiles the
+    model): the same module, parameters and attributes, only its class changes; returns the line HEAD prints."""
     if recipe not in RECIPES:
         raise UserError(f"fp8_recipe={recipe}: expected one of {', '.join(RECIPES)}")
-    total = sum(isinstance(m, nn.Linear) for m in model.modules())
-    swaps = [(name, m) for name, m in model.named_modules() if converts(m) and not isinstance(m, Fp8Linear)]
-    for name, linear in swaps:
-        parent, _, attr = name.rpartition(".")
-        setattr(model.get_submodule(parent), attr, Fp8Linear.of(linear))
-    done = sum(isinstance(m, Fp8Linear) for m in model.modules())
+    linear = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    for m in linear:
+        if converts(m):
+            m.__class__ = Fp8Linear
+    done = sum(isinstance(m, Fp8Linear) for m in linear)
+    total = len(linear)
     return (
         f"fp8 training ({recipe} scaling): converted {done}/{total} linear layers, skipped {total - done} (too small)"
     )
