@@ -41,7 +41,8 @@ class BaseTrainingArguments(MidTrainingArguments):
         default=False, metadata={"help": "FP8 training, HEAD's (H100-class GPUs: CUDA compute capability 8.9+)"}
     )
     fp8_recipe: str = field(
-        default="tensorwise", metadata={"help": "FP8 scaling recipe: tensorwise (HEAD's; rowwise is refused as HEAD)"}
+        default="tensorwise",
+        metadata={"help": "FP8 scaling recipe: tensorwise (HEAD's fp8.py has no other: rowwise is refused)"},
     )
     # --- model architecture ---------------------------------------------------------------------------------
     depth: int = field(default=20, metadata={"help": "depth of the Transformer model"})

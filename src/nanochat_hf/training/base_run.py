@@ -103,7 +103,7 @@ def setup(argv: list[str] | None = None):
 
 
 def build_trainer(args, model, tokenizer, plan, given, fingerprint) -> BaseTrainer:
-    # fp8 (checked in the arguments): HEAD converts before compiling; its evaluations and saves see nn.Linear's
+    # --fp8 (the arguments checked the device): HEAD's layers become float8 ones before the Trainer compiles the model
     fp8_line = [convert_to_fp8(model, args.fp8_recipe)] if args.fp8 else []
     trainer = BaseTrainer(
         model=model,
