@@ -87,6 +87,16 @@ BREAKAGES = [
         ["tests/integration/test_mixin.py", "-k", "schedule_and_momentum"],
     ),
     (
+        "fp8_grad_e4m3",
+        "fp8 training quantizes the output's gradient to float8_e4m3fn instead of HEAD's e5m2",
+        ["tests/training/test_fp8.py", "-k", "bit_for_bit"],
+    ),
+    (
+        "fp8_in_evaluation",
+        "an fp8 layer in eval mode still multiplies in float8 (HEAD's disable_fp8 not matched)",
+        ["tests/training/test_fp8.py", "-k", "ordinary_folder"],
+    ),
+    (
         "g0_rotary_float32",
         "G0's bf16 rotary tables computed in float32",
         ["tests/model/test_model.py", "tests/model/test_generations.py", "-k", "rotary or logits_equal"],
