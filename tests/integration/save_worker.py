@@ -2,8 +2,9 @@
 at the root, as under torchrun on CPU, where Accelerate enables no FSDP) in a Trainer with the mixin; every rank
 calls `save_model` (a checkpoint's save path too). Rank 0 also writes the weights before sharding. Then a tiny
 Qwen2-MoE, sharded the same way, is saved (save_pretrained writes its fused experts one by one) and read back into
-the shards of another one by the resume's loader: rank 0 writes both models' whole weights, and each rank the
-line with which that loader refuses the GPT's folder."""
+the shards of another one by the resume's loader, from a folder that rank 1 cannot see (the main process alone
+reads): rank 0 writes both models' whole weights, and each rank the line with which that loader refuses the GPT's
+folder."""
 
 from __future__ import annotations
 
@@ -50,8 +51,11 @@ def worker(rank: int, world: int, port: int, out: str) -> None:
         args = TrainingArguments(output_dir=str(Path(out) / "run"), use_cpu=True, report_to=[], disable_tqdm=True)
         NanoTrainer(model=model, args=args).save_model(str(Path(out) / "model"))
         moe, other = (_sharded_moe(seed) for seed in (0, 1))
-        NanoTrainer(model=moe, args=args).save_model(str(Path(out) / "moe"))
-        NanoTrainer(model=other, args=args)._load_from_checkpoint(str(Path(out) / "moe"))
+        # rank 1's folder never exists, as on another machine's disk, or before the main process has written it
+        # (rank 1 is through the gathering first: its loader found no checkpoint there in one CI run in many)
+        folder = str(Path(out) / ("moe" if rank == 0 else "rank1_disk/moe"))
+        NanoTrainer(model=moe, args=args).save_model(folder)
+        NanoTrainer(model=other, args=args)._load_from_checkpoint(folder)
         saved, loaded = whole_state_dict(moe), whole_state_dict(other)
         if rank == 0:
             save_file(saved, str(Path(out) / "moe_saved.safetensors"))

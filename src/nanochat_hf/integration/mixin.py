@@ -112,14 +112,17 @@ def renamed_weights(model: torch.nn.Module, checkpoint: str) -> dict[str, torch.
     return whole.state_dict()
 
 
-def checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> dict[str, torch.Tensor]:
-    """All of a checkpoint's safetensors weights under the model's names (`renamed_weights`), in CPU memory."""
+def checkpoint_weights(model: torch.nn.Module, checkpoint: str) -> dict[str, torch.Tensor] | None:
+    """All of a checkpoint's safetensors weights under the model's names (`renamed_weights`), in CPU memory; None
+    where the folder has no safetensors weights (the stock loader's)."""
     from safetensors.torch import load_file
 
+    if not (files := safetensors_files(Path(checkpoint))):
+        return None
     renamed = renamed_weights(model, checkpoint)
     if renamed is not None:
         return renamed
-    return {name: t for file in safetensors_files(Path(checkpoint)) for name, t in load_file(file).items()}
+    return {name: t for file in files for name, t in load_file(file).items()}
 
 
 def check_distributed_setup(trainer: Any) -> None:
@@ -279,17 +282,20 @@ class NanoChatOptimizerMixin:
     # private hook: the stock resume loads a checkpoint by its saved names, warns about the rest, and fails on shards
     def _load_from_checkpoint(self, resume_from_checkpoint: str, model: torch.nn.Module | None = None) -> None:
         """A model FSDP2 shards: the main process alone reads the checkpoint's weights (`checkpoint_weights`) and
-        sends every process its rows. Otherwise weights saved under other names than the model's are converted
-        (`renamed_weights`), and the stock loader loads the others by name. A checkpoint whose weights are not the
-        model's is refused in one line, before anything is loaded."""
+        sends every process its rows; the others follow it, whatever they see of the folder. Otherwise weights saved
+        under other names than the model's are converted (`renamed_weights`), and the stock loader loads the others
+        by name. A checkpoint whose weights are not the model's is refused in one line, before anything is loaded."""
         model = self.model if model is None else model
-        folder = Path(resume_from_checkpoint)
-        if is_sharded(model) and safetensors_files(folder):
-            load_whole_state_dict(model, lambda: checkpoint_weights(model, resume_from_checkpoint))
+        if is_sharded(model):
+            # the main process alone looks at the folder, also to choose the path: another process may not see it
+            # (another machine's disk) or not yet (the main process still writing it: "Can't find a valid
+            # checkpoint" there, while the main process waited in the broadcast)
+            if load_whole_state_dict(model, lambda: checkpoint_weights(model, resume_from_checkpoint)):
+                return
         elif (renamed := renamed_weights(model, resume_from_checkpoint)) is not None:
             getattr(model, "module", model).load_state_dict(renamed, strict=False)
-        else:
-            super()._load_from_checkpoint(resume_from_checkpoint, model)
+            return
+        super()._load_from_checkpoint(resume_from_checkpoint, model)
 
     # private hook: reads our files where the stock resume reads its pickles (optimizer built, not yet stepped)
     def _load_optimizer_and_scheduler(self, checkpoint: str | None) -> None:

@@ -42,21 +42,27 @@ def whole_state_dict(model: torch.nn.Module) -> dict[str, torch.Tensor] | None:
     return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
 
 
-def load_whole_state_dict(model: torch.nn.Module, read: Callable[[], dict[str, torch.Tensor]]) -> None:
+def load_whole_state_dict(model: torch.nn.Module, read: Callable[[], dict[str, torch.Tensor] | None]) -> bool:
     """`whole_state_dict`'s counterpart for a model FSDP2 shards (a collective): the main process reads the whole
-    weights (`read`; its `UserError`, a checkpoint refused, is raised on every process) and torch's full-state-dict
-    loading sends every process its rows. Not strict: `read` checks the names (a tied weight saved once is absent)."""
-    state, refused = {}, [None]
+    weights (`read`; its `UserError`, a checkpoint refused, is raised on every process; its None, nothing of the
+    kind to read, is False on every process, nothing loaded) and torch's full-state-dict loading sends every process
+    its rows. Not strict: `read` checks the names (a tied weight saved once is absent). The other processes never
+    look at what `read` reads: they follow the main process's outcome."""
+    state, outcome = {}, [(True, None)]  # (loaded, the refusal)
     if dist.get_rank() == 0:  # the others receive their rows by broadcast: one whole copy in memory, not W
         try:
             state = read()
+            outcome = [(state is not None, None)]
         except UserError as e:
-            refused = [str(e)]
-    dist.broadcast_object_list(refused, src=0)
-    if refused[0] is not None:
-        raise UserError(refused[0])
-    options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
-    set_model_state_dict(model, state, options=options)
+            outcome = [(False, str(e))]
+    dist.broadcast_object_list(outcome, src=0)
+    loaded, refused = outcome[0]
+    if refused is not None:
+        raise UserError(refused)
+    if loaded:
+        options = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True, strict=False)
+        set_model_state_dict(model, state, options=options)
+    return loaded
 
 
 def own_class(model: torch.nn.Module) -> type:
