@@ -208,6 +208,8 @@ def _faults(mode: str, env: dict) -> tuple[str, int, int]:
 @pytest.mark.slow  # three fresh processes: ~20 s on 2 idle cores, minutes beside other jobs
 @pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="glibc's allocator")
 def test_training_steps_reuse_freed_memory_without_new_page_faults():
+    """Slow because a page fault is the kernel's count for a whole process: each allocator setting needs a fresh
+    process that has never trained (three, ~20 s on 2 idle cores), which no in-process test can stand in for."""
     untuned = {k: v for k, v in os.environ.items() if k not in device.MALLOC_ENV}
     assert _faults("system", untuned)[1] > FRESH  # glibc's default: fresh pages from the kernel every step
     said, median, mean = _faults("reuse", untuned)
