@@ -9,12 +9,12 @@ model, shards and tokenizer in one run, with 1 and 2 processes (ours: ZeRO-2, ou
 HEAD: nanochat's tree at --nanochat (default $NANOCHAT_DIR, else /work/nanochat-ref), run unchanged through this
 script's `--head_worker` (runpy of its scripts/base_train.py, as tests/training/data/make_base_train_reference.py
 runs it): CPU, NANOCHAT_DTYPE=float32, `torch.compile` the identity (eager, as ours with --torch_compile false),
-wandb stubbed when not installed; it needs tiktoken (its tokenizer.pkl). With 2 processes HEAD runs as its torchrun
-does on CPU: its compute_init makes a process group on CUDA only, so the 2 ranks train side by side without
-communicating (each on its stride of the data, the step's tokens counted for both); with a gloo group made for it,
-its MuonAdamW stops at its first step ("Work::getFuture not implemented": gloo on CPU has no futures for its
-reduce_scatter). HEAD's W = 2 row is therefore an upper bound: no communication at all, where ours reduces and
-gathers every step.
+wandb stubbed when not installed; it needs tiktoken (its tokenizer.pkl). With 2 processes HEAD's compute_init makes
+a process group on CUDA only (on CPU its torchrun ranks would train side by side without communicating), so the
+worker makes a gloo one, and HEAD's MuonAdamW then reduces and gathers across the ranks as on GPUs, through a shim:
+gloo's reduce_scatter and all_gather works have no futures on CPU ("Work::getFuture not implemented" at HEAD's
+first step), so each of HEAD's three collectives runs to completion and hands back a finished future: the same
+collectives and bytes, without HEAD's overlap of its reductions with the next launches.
 Ours: scripts/base_train.py with --torch_compile false. Two processes: `torchrun --nproc_per_node 2` for both (gloo);
 ours shards the optimizer (ZeRO-2, its default) or, in the fsdp2 row, the model too (`--fully_shard true`); both
 W = 2 rows are set against the same HEAD W = 2 run of their round.
@@ -84,9 +84,39 @@ def head_worker(nanochat: Path, argv: list[str]) -> None:
         sys.modules["wandb"] = types.ModuleType("wandb")
     # eager: the model's torch.compile and the optimizer kernels' @torch.compile(...) both become the identity
     torch.compile = lambda model=None, **kwargs: model if model is not None else (lambda fn: fn)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:  # HEAD makes a group on CUDA only: gloo here, see the docstring
+        import torch.distributed as dist
+
+        for name in ("all_reduce", "reduce_scatter_tensor", "all_gather_into_tensor"):
+            setattr(dist, name, _completed(getattr(dist, name)))
+        dist.init_process_group("gloo")
     sys.argv = ["base_train.py", *argv]
     os.chdir(nanochat)
     runpy.run_path(str(nanochat / "scripts" / "base_train.py"), run_name="__main__")
+
+
+class _Done:
+    """A finished collective's work: gloo's CPU works have no futures, HEAD's MuonAdamW asks each for one."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def get_future(self):
+        import torch
+
+        future = torch.futures.Future()
+        future.set_result(self.tensor)
+        return future
+
+
+def _completed(collective):
+    """`collective` run to completion when HEAD asks for async_op, its work handed back finished (`_Done`)."""
+
+    def run(output, *args, async_op=False, **kwargs):
+        collective(output, *args, **kwargs)
+        return _Done(output) if async_op else None
+
+    return run
 
 
 def head_missing(nanochat: Path) -> str | None:
