@@ -49,3 +49,13 @@ def generations() -> ModuleType:
 @pytest.fixture(scope="module")
 def onnx_speed() -> ModuleType:
     return _load("onnx_speed")
+
+
+@pytest.fixture(scope="module")
+def base_train_speed() -> ModuleType:
+    return _load("base_train_speed")
+
+
+@pytest.fixture(scope="module")
+def base_train_memory() -> ModuleType:
+    return _load("base_train_memory")
