@@ -145,7 +145,7 @@ def test_clipping_two_processes_clips_as_one(two_proc_accum2):
 def test_a_two_process_checkpoint_resumes_on_one_and_four(two_proc_accum2, nproc):
     """Resumed after step 3 on 1 process (4 micro-batches per step) and on 4 (1 each), with the same global batch:
     the data keeps the run's 2 shards (data/shards.py), the optimizer state is re-sharded, and the logged losses,
-    validation and final weights are the uninterrupted 2-process run's up to float32 summation order."""
+    validation and final weights are the uninterrupted (clipped) 2-process run's up to float32 summation order."""
     tmp = two_proc_accum2
     full, resumed = tmp / "two", tmp / f"on{nproc}"
     resumed.mkdir()
