@@ -15,8 +15,10 @@ import re
 import subprocess
 import sys
 import threading
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -198,9 +200,9 @@ def _make_handler(state: HubState):
     return Handler
 
 
-@pytest.fixture
-def hub_server():
-    """(endpoint URL, HubState) of a local in-memory hub on 127.0.0.1, stopped after the test."""
+@contextmanager
+def serve_hub():
+    """(endpoint URL, HubState) of a local in-memory hub on 127.0.0.1, stopped on leaving."""
     state = HubState()
     server = ThreadingHTTPServer(("127.0.0.1", 0), _make_handler(state))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
@@ -211,6 +213,47 @@ def hub_server():
         server.shutdown()
         server.server_close()
         thread.join(timeout=10)
+
+
+@pytest.fixture
+def hub_server():
+    """(endpoint URL, HubState) of a local hub (serve_hub), stopped after the test."""
+    with serve_hub() as hub:
+        yield hub
+
+
+HUB_SECRET = "hf_localtestsecret0123456789abcdef"  # the token the local hub's clients send: never printed or written
+HUB_REPO = "alice/tiny-mid"
+
+
+@pytest.fixture(scope="session")
+def pushed_run(tmp_path_factory):
+    """A short scripts/mid_train.py run in a fresh process (4 steps, saved at steps 2 and 4) pushing to a local hub
+    (serve_hub, kept up for the tests) with hub_strategy checkpoint: what it prints and writes is test_run.py's, what
+    it pushes test_hub.py's. Namespace of state (the hub's), proc (CompletedProcess), out (its output folder), env (the
+    hub's variables it ran with), tmp (the folder it ran in)."""
+    with serve_hub() as (endpoint, state):
+        tmp = tmp_path_factory.mktemp("pushed")
+        env = {
+            "HF_ENDPOINT": endpoint,
+            "HF_HUB_OFFLINE": "0",
+            "HF_TOKEN": HUB_SECRET,
+            "HF_HOME": str(tmp / "hf"),
+            "HF_HUB_DISABLE_XET": "1",
+        }
+        out = tmp / "out"
+        args = ["--num_iterations", "4", "--save_steps", "2", "--output_dir", str(out), "--push_to_hub", "true",
+                "--hub_model_id", HUB_REPO, "--hub_strategy", "checkpoint"]  # fmt: skip
+        proc = run_script([*TINY_ARGS, *args], tmp, env=env)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield SimpleNamespace(state=state, proc=proc, out=out, env=env, tmp=tmp)
+
+
+@pytest.fixture(scope="module")
+def module_hub_server():
+    """serve_hub for the tests of one module: a push shared by several tests' assertions."""
+    with serve_hub() as hub:
+        yield hub
 
 
 def run_script(args: list[str], tmp_path: Path, env: dict | None = None, timeout: int = 240):

@@ -1,7 +1,8 @@
 """`ddp_timeout` reaches the gloo process group that TrainingArguments sets up with `use_cpu`, so a frozen rank makes
 the others fail after ddp_timeout seconds instead of hanging for torch's 30-minute default.
 
-Two real processes (env:// rendezvous, as torchrun sets it up) build the arguments and their process group.
+Two real processes (env:// rendezvous, as torchrun sets it up) build the arguments and their process group: `slow`
+and `multiprocess` (fresh processes are what is tested: each sets up its own process group, and one freezes).
 """
 
 from __future__ import annotations
@@ -12,6 +13,10 @@ import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

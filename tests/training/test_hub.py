@@ -1,13 +1,19 @@
-"""--push_to_hub against a local hub server, then AutoModelForCausalLM.from_pretrained(repo_id) in a fresh process."""
+"""--push_to_hub against a local hub server, then AutoModelForCausalLM.from_pretrained(repo_id) in a fresh process.
+
+The run is conftest.py's `pushed_run` (a fresh mid_train.py process, 4 steps, saved at 2 and 4, hub_strategy
+checkpoint), shared with test_run.py: its pushes, output and folder are what each test checks. (Which files each
+hub_strategy pushes when is tests/training/test_hub_push.py's, in-process.)"""
 
 import subprocess
 import sys
 
 import pytest
 
+from .conftest import HUB_REPO as REPO_ID
+from .conftest import HUB_SECRET as SECRET
+
 pytestmark = pytest.mark.slow
 
-SECRET = "hf_localtestsecret0123456789abcdef"
 
 LOAD = """
 import sys, torch
@@ -22,33 +28,9 @@ print("LOADED", type(model).__name__, model.num_parameters())
 """
 
 
-def test_push_to_hub_round_trip(hub_server, tmp_path, tiny_args, run_mid_train):
-    endpoint, state = hub_server
-    env = {
-        "HF_ENDPOINT": endpoint,
-        "HF_HUB_OFFLINE": "0",
-        "HF_TOKEN": SECRET,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_DISABLE_XET": "1",
-    }
-    out = tmp_path / "out"
-    proc = run_mid_train(
-        [
-            *tiny_args,
-            "--num_iterations",
-            "2",
-            "--output_dir",
-            str(out),
-            "--push_to_hub",
-            "true",
-            "--hub_model_id",
-            "alice/tiny-mid",
-        ],
-        tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    files = state.repos["alice/tiny-mid"]
+def test_push_to_hub_round_trip(pushed_run):
+    state, proc, out, env, tmp = (getattr(pushed_run, k) for k in ("state", "proc", "out", "env", "tmp"))
+    files = state.repos[REPO_ID]
     for name in (
         "model.safetensors",
         "config.json",
@@ -59,18 +41,18 @@ def test_push_to_hub_round_trip(hub_server, tmp_path, tiny_args, run_mid_train):
     ):
         assert name in files, sorted(files)
     assert not any(name.startswith("checkpoint-") for name in files)
-    assert b"alice/tiny-mid" in files["README.md"]
+    assert REPO_ID.encode() in files["README.md"]
     # the token authenticated the requests but appears nowhere in the output or the written files
     assert state.auth_headers and all(h == f"Bearer {SECRET}" for h in state.auth_headers)
     assert SECRET not in proc.stdout + proc.stderr
     assert not any(SECRET.encode() in p.read_bytes() for p in out.rglob("*") if p.is_file())
 
     # a fresh process with an empty cache downloads it by repo id
-    fresh = {**env, "HF_HOME": str(tmp_path / "hf2")}
+    fresh = {**env, "HF_HOME": str(tmp / "hf2")}
     fresh.pop("HF_TOKEN")
     load = subprocess.run(
-        [sys.executable, "-c", LOAD, "alice/tiny-mid"],
-        cwd=tmp_path,
+        [sys.executable, "-c", LOAD, REPO_ID],
+        cwd=tmp,
         env=fresh,
         capture_output=True,
         text=True,
@@ -80,39 +62,11 @@ def test_push_to_hub_round_trip(hub_server, tmp_path, tiny_args, run_mid_train):
     assert "LOADED NanoChatGPTForCausalLM" in load.stdout
 
 
-def test_checkpoint_pushes_carry_no_pickle(hub_server, tmp_path, tiny_args, run_mid_train):
+def test_checkpoint_pushes_carry_no_pickle(pushed_run):
     """--push_to_hub with --save_steps: each save pushes the model files (and with hub_strategy checkpoint the
     checkpoint folder), never training_args.bin; nothing of the kind is written locally either."""
-    endpoint, state = hub_server
-    env = {
-        "HF_ENDPOINT": endpoint,
-        "HF_HUB_OFFLINE": "0",
-        "HF_TOKEN": SECRET,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_DISABLE_XET": "1",
-    }
-    out = tmp_path / "out"
-    proc = run_mid_train(
-        [
-            *tiny_args,
-            "--num_iterations",
-            "2",
-            "--save_steps",
-            "1",
-            "--output_dir",
-            str(out),
-            "--push_to_hub",
-            "true",
-            "--hub_model_id",
-            "alice/ckpt-mid",
-            "--hub_strategy",
-            "checkpoint",
-        ],
-        tmp_path,
-        env=env,
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    files = state.repos["alice/ckpt-mid"]
+    state, out = pushed_run.state, pushed_run.out
+    files = state.repos[REPO_ID]
     assert {
         "model.safetensors",
         "config.json",

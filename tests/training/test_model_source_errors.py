@@ -1,6 +1,7 @@
 """A damaged local --model_source (corrupt safetensors, bad config.json): one `mid_train: error:` line naming the
 file / field, no traceback, exit code 2, nothing written. Run as a user runs it, a subprocess, for one case; the
-other cases call mid_train's main() in this process (an exception escaping it fails the test just the same)."""
+other cases call mid_train's main() in this process (an exception escaping it fails the test just the same). The
+subprocess case is `slow` (a fresh interpreter importing torch and transformers is what it tests: the user's view)."""
 
 from __future__ import annotations
 
@@ -56,7 +57,9 @@ CASES = {  # name: (subprocess?, break the model dir copy, words the error line 
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(case, marks=[pytest.mark.slow] if CASES[case][0] else []) for case in CASES]
+)
 def test_damaged_model_source_is_one_line(case, model_dir, tmp_path, capsys, monkeypatch):
     in_subprocess, breaker, words = CASES[case]
     source = shutil.copytree(model_dir, tmp_path / "model")

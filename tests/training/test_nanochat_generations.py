@@ -70,10 +70,29 @@ def _losses(checkpoint: Path) -> list:
     return [(h["step"], h["loss"]) for h in history if "lrm" in h]
 
 
-def test_g5_trains_resumes_and_shards(g5_base, tmp_path):
+@pytest.fixture(scope="module")
+def one(g5_base, module_hub_server, tmp_path_factory):
+    """(folder it ran in, hub state, the hub's env): one process trained on the G5 base with the global batch of 2
+    processes (INTERLEAVE), pushing to the local hub as it goes: the run both tests below check."""
+    endpoint, state = module_hub_server
+    tmp = tmp_path_factory.mktemp("g5run")
+    env = {
+        "INTERLEAVE": "1",
+        "HF_ENDPOINT": endpoint,
+        "HF_HUB_OFFLINE": "0",
+        "HF_TOKEN": SECRET,
+        "HF_HOME": str(tmp / "hf"),
+        "HF_HUB_DISABLE_XET": "1",
+    }
+    push = ["--push_to_hub", "true", "--hub_model_id", "alice/g5-mid"]
+    _launch(tmp, tmp / "one", 1, ["--model_source", str(g5_base), *push], env=env)
+    return tmp, state, env
+
+
+def test_g5_trains_resumes_and_shards(g5_base, one):
+    tmp_path = one[0]
     source = ["--model_source", str(g5_base)]
     one = tmp_path / "one"
-    _launch(tmp_path, one, 1, source, env={"INTERLEAVE": "1"})  # the global batch of 2 processes, on 1
     trained = load_file(str(one / "model.safetensors"))
     config = json.loads((one / "config.json").read_text())
     assert config["smear"] and config["backout"] and config["layer_types"][0] == "sliding_attention"
@@ -105,30 +124,8 @@ print("LOADED", type(model).__name__, model.config.smear, out.shape[1])
 """
 
 
-def test_g5_pushes_and_reloads(g5_base, tmp_path, hub_server, tiny_args, run_mid_train):
-    endpoint, state = hub_server
-    env = {
-        "HF_ENDPOINT": endpoint,
-        "HF_HUB_OFFLINE": "0",
-        "HF_TOKEN": SECRET,
-        "HF_HOME": str(tmp_path / "hf"),
-        "HF_HUB_DISABLE_XET": "1",
-    }
-    args = [
-        *RUN,
-        "--model_source",
-        str(g5_base),
-        "--num_iterations",
-        "1",
-        "--output_dir",
-        str(tmp_path / "out"),
-        "--push_to_hub",
-        "true",
-        "--hub_model_id",
-        "alice/g5-mid",
-    ]
-    proc = run_mid_train(args, tmp_path, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_g5_pushes_and_reloads(one):
+    tmp_path, state, env = one
     assert "model.safetensors" in state.repos["alice/g5-mid"]
     fresh = {**env, "HF_HOME": str(tmp_path / "hf2")}
     fresh.pop("HF_TOKEN")

@@ -1,6 +1,7 @@
 """--polar_dtype: once its checks pass, the run says which dtype Muon orthogonalises in and why (a refusal is its
 one line, without it), the trainer's optimizer uses it, and a pinned bfloat16 the device cannot multiply stops the
-run in one line before anything is written."""
+run in one line before anything is written. The tests that build the demo run's trainer (its data, tokenizer and
+model: seconds) are `slow`; the refusals stop before any of that and stay in the quick loop."""
 
 import pytest
 
@@ -26,6 +27,7 @@ def _says(argv, capsys, tmp_path):
     return next(line for line in capsys.readouterr().out.splitlines() if "orthogonalises" in line)
 
 
+@pytest.mark.slow
 def test_auto_picks_float32_where_bfloat16_is_emulated(emulated_bfloat16, capsys, tmp_path, tiny_args):
     line = _says(tiny_args, capsys, tmp_path)
     assert line.startswith("mid_train: Muon orthogonalises in float32 (polar_dtype auto: a bfloat16 matrix product "), (
@@ -34,11 +36,13 @@ def test_auto_picks_float32_where_bfloat16_is_emulated(emulated_bfloat16, capsys
     assert "emulated" in line and "--polar_dtype bfloat16 gives nanochat's December numbers exactly" in line, line
 
 
+@pytest.mark.slow
 def test_a_pinned_dtype_is_said(capsys, tmp_path, tiny_args):
     line = _says([*tiny_args, "--polar_dtype", "float32"], capsys, tmp_path)
     assert line.startswith("mid_train: Muon orthogonalises in float32 (polar_dtype float32: pinned)"), line
 
 
+@pytest.mark.slow
 def test_a_pinned_bfloat16_says_it_is_slow_where_emulated(emulated_bfloat16, capsys, tmp_path, tiny_args):
     line = _says([*tiny_args, "--polar_dtype", "bfloat16"], capsys, tmp_path)
     assert line.startswith("mid_train: Muon orthogonalises in bfloat16 (polar_dtype bfloat16: pinned); slow here: "), (
@@ -68,6 +72,7 @@ def test_bad_value_is_one_line(capsys, tmp_path):
     assert error == "mid_train: error: polar_dtype='float16': expected one of auto, bfloat16, float32"
 
 
+@pytest.mark.slow
 def test_the_trainer_optimizer_orthogonalises_in_the_pinned_dtype(tmp_path, tiny_args):
     """Recipe 2026-07 pinned to bfloat16 (its auto is float32 on every CPU): the flag reaches the optimizer."""
     argv = [*tiny_args, "--optimizer_recipe", "2026-07", "--polar_dtype", "bfloat16", "--dry_run", "true"]

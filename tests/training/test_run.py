@@ -23,10 +23,9 @@ print("GENERATED", out.shape[1] - ids.shape[1], type(model).__name__)
 """
 
 
-def test_short_run_writes_loadable_model(tmp_path, tiny_args, run_mid_train):
-    out = tmp_path / "out"
-    proc = run_mid_train([*tiny_args, "--num_iterations", "4", "--output_dir", str(out)], tmp_path)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_short_run_writes_loadable_model(pushed_run):
+    """conftest.py's `pushed_run` (4 steps in a fresh process; its pushes are test_hub.py's)."""
+    proc, out, tmp_path = pushed_run.proc, pushed_run.out, pushed_run.tmp
     # nanochat's per-step line, the final summary
     assert "step 00004/00004 (100.00%) | loss:" in proc.stdout and "| lrm: " in proc.stdout
     assert "4/4 [" not in proc.stdout + proc.stderr  # no training bar when the output goes to files
@@ -63,29 +62,6 @@ def test_short_run_writes_loadable_model(tmp_path, tiny_args, run_mid_train):
     assert "GENERATED" in load.stdout and "NanoChatGPTForCausalLM" in load.stdout
 
 
-def test_dry_run_writes_nothing(tmp_path, tiny_args, capsys):
-    from nanochat_hf.training.run import main
-
-    out = tmp_path / "dry"
-    metrics = main(
-        [
-            *tiny_args,
-            "--num_iterations",
-            "2",
-            "--save_steps",
-            "1",
-            "--dry_run",
-            "true",
-            "--spelling_eval_rows",
-            "0",
-            "--output_dir",
-            str(out),
-        ]
-    )
-    assert metrics["steps"] == 2 and metrics["val_bpb"] > 0
-    assert not out.exists() or not any(out.iterdir())
-
-
 class _Terminal(io.StringIO):
     def isatty(self):
         return True
@@ -93,16 +69,20 @@ class _Terminal(io.StringIO):
 
 @pytest.mark.parametrize("bar", [True, False])
 def test_console_bar_and_lines_never_share_a_line(tmp_path, tiny_args, monkeypatch, bar):
+    """A dry run (with a save every step) says what it did on the console, the training bar on stderr only, and
+    writes nothing."""
     from nanochat_hf.training.run import main
 
     out, err = _Terminal(), _Terminal()
     monkeypatch.setattr(sys, "stdout", out)
     monkeypatch.setattr(sys, "stderr", err)
-    main(
+    metrics = main(
         [
             *tiny_args,
             "--num_iterations",
             "3",
+            "--save_steps",
+            "1",
             "--spelling_eval_rows",
             "0",
             "--dry_run",
@@ -113,6 +93,8 @@ def test_console_bar_and_lines_never_share_a_line(tmp_path, tiny_args, monkeypat
             str(tmp_path / "o"),
         ]
     )
+    assert metrics["steps"] == 3 and metrics["val_bpb"] > 0
+    assert not (tmp_path / "o").exists() or not any((tmp_path / "o").iterdir())
     lines = out.getvalue().splitlines()
     steps = [line for line in lines if "| lrm: " in line]
     assert len(steps) == 3 and all(line.startswith("step 0000") for line in steps)

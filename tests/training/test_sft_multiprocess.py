@@ -31,11 +31,12 @@ RUN = ["--demo_depth", "2", *MP_ARGS, "--save_steps", "4", "--eval_every", "4"]
 LOAD = """
 import sys
 from transformers import AutoModelForCausalLM, AutoTokenizer
-model = AutoModelForCausalLM.from_pretrained(sys.argv[1], trust_remote_code=True)
-tok = AutoTokenizer.from_pretrained(sys.argv[1])
-ids = tok.apply_chat_template([{"role": "user", "content": "Spell the word: cat"}], add_generation_prompt=True,
-                              return_dict=True, return_tensors="pt")["input_ids"]
-print("GENERATED", model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] - ids.shape[1])
+for folder in sys.argv[1:]:
+    model = AutoModelForCausalLM.from_pretrained(folder, trust_remote_code=True)
+    tok = AutoTokenizer.from_pretrained(folder)
+    ids = tok.apply_chat_template([{"role": "user", "content": "Spell the word: cat"}], add_generation_prompt=True,
+                                  return_dict=True, return_tensors="pt")["input_ids"]
+    print("GENERATED", folder, model.generate(ids, max_new_tokens=4, do_sample=False).shape[1] - ids.shape[1])
 """
 
 
@@ -52,15 +53,41 @@ def _steps(out: Path):
     return [(h["step"], h["loss"], h["train_loss_mean"], h["lrm"]) for h in history if "lrm" in h]
 
 
-@pytest.fixture(scope="module", params=[1, 2])
-def full_run(request, tmp_path_factory):
-    tmp = tmp_path_factory.mktemp(f"sft{request.param}")
-    proc = _launch(tmp, tmp / "full", request.param)
-    return request.param, tmp, tmp / "full", proc
+@pytest.fixture(scope="module")
+def full_runs(tmp_path_factory) -> dict:
+    """{nproc: (the folder it ran in, its output folder)} of the 1- and 2-process runs."""
+    runs = {}
+    for nproc in (1, 2):
+        tmp = tmp_path_factory.mktemp(f"sft{nproc}")
+        out = tmp / f"full{nproc}"  # names apart: the loading process imports each folder's remote code by its name
+        _launch(tmp, out, nproc)
+        runs[nproc] = tmp, out
+    return runs
 
 
-def test_trains_one_epoch_and_loads(full_run):
-    nproc, tmp, out, _ = full_run
+@pytest.fixture(scope="module")
+def loaded(full_runs) -> str:
+    """The output of one fresh process loading both runs' models (AutoModelForCausalLM, remote code) and generating."""
+    folders = [str(out) for _, out in full_runs.values()]
+    load = subprocess.run(
+        [sys.executable, "-c", LOAD, *folders],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
+        check=False,
+    )
+    assert load.returncode == 0, load.stderr[-3000:]
+    return load.stdout
+
+
+@pytest.fixture(params=[1, 2])
+def full_run(request, full_runs):
+    return request.param, *full_runs[request.param]
+
+
+def test_trains_one_epoch_and_loads(full_run, loaded):
+    nproc, tmp, out = full_run
     steps = _steps(out)
     assert len(steps) >= 8 and [s for s, *_ in steps] == list(range(1, len(steps) + 1))
     lrm = [x[3] for x in steps]
@@ -70,20 +97,11 @@ def test_trains_one_epoch_and_loads(full_run):
     if nproc == 2:
         p0, p1 = (load_file(str(out / f"params.rank{r}.safetensors")) for r in (0, 1))
         assert all(torch.equal(p0[k], p1[k]) for k in p0)
-    load = subprocess.run(
-        [sys.executable, "-c", LOAD, str(out)],
-        cwd=tmp,
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={"HF_HUB_OFFLINE": "1", "PATH": "/usr/bin:/bin"},
-        check=False,
-    )
-    assert load.returncode == 0 and "GENERATED" in load.stdout, load.stderr[-3000:]
+    assert f"GENERATED {out} " in loaded, loaded
 
 
 def test_resume_reproduces_logged_losses(full_run):
-    nproc, tmp, full, _ = full_run
+    nproc, tmp, full = full_run
     resumed = tmp / "resumed"
     resumed.mkdir()
     shutil.copytree(full / "checkpoint-4", resumed / "checkpoint-4")  # as if the run died after step 4

@@ -2,7 +2,7 @@
 with the base run's group settings (its last Muon weight decay) and only the LRs reset, from the files of any number
 of processes; files of another model, or a set with a rank's file missing, stop the run in one line naming the file,
 with nothing written. The result goes back to nanochat with
-the meta chat_sft.py writes."""
+the meta chat_sft.py writes. `slow`: every test trains a step or builds a G5 base with its optimizer files (seconds)."""
 
 import json
 import re
@@ -16,6 +16,8 @@ from nanochat_hf.conversion import to_nanochat
 from nanochat_hf.training.run import main
 
 from .test_nanochat_generations import write_g5_base
+
+pytestmark = pytest.mark.slow
 
 HEAD_FILE = Path(__file__).parents[1] / "optim" / "data" / "optim_000005_rank0.pt"  # nanochat's, of another model
 RUN = [
