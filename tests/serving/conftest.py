@@ -1,5 +1,6 @@
-"""The real server (uvicorn on a free loopback port) in a thread of the test process, one per model and module,
-driven with the official openai client. What a client should read comes from outside the server: our generate()
+"""The real server (uvicorn on a free loopback port) in a thread of the test process, driven with the official openai
+client: one per model and options for the whole session (``served``), or one of a test's own when the test changes
+it (``serve``). What a client should read comes from outside the server: our generate()
 (``inference.generate_tokens``) on a copy of the model loaded in the test, its tokens decoded by the tokenizer
 (``client_text``).
 
@@ -20,7 +21,7 @@ from transformers import AutoTokenizer
 from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM
 from nanochat_hf.data import demo_tokenizer
 from nanochat_hf.inference import format_parts, generate_tokens, parts_from_tokens
-from nanochat_hf.serving.cli import ServeOptions
+from nanochat_hf.serving.cli import DEFAULTS, ServeOptions
 from nanochat_hf.serving.server import start
 from nanochat_hf.tokenizer import train_tokenizer
 from nanochat_hf.tokenizer.chat_format import OUTPUT_END, OUTPUT_START, PYTHON_END, PYTHON_START, special_token_ids
@@ -183,9 +184,30 @@ class Running:
         return client_text(self.tokenizer, tokens)
 
 
+@pytest.fixture(scope="session")
+def served():
+    """served(folder, **ServeOptions fields) -> the Running server for this folder and these options, started once
+    and shared by every test and module that asks for the same (a server with the model in its own process, the
+    default, starts a fresh interpreter that imports torch: seconds). Tests on a shared server leave it as they found
+    it; one that patches or breaks its server takes one of its own from ``serve``."""
+    running: dict[tuple, Running] = {}
+
+    def get(folder: Path, **options) -> Running:
+        given = {name: value for name, value in options.items() if value != DEFAULTS[name]}  # a default said or not
+        key = (str(folder), tuple(sorted((name, repr(value)) for name, value in given.items())))
+        if key not in running:
+            running[key] = Running(folder, **options)
+        return running[key]
+
+    yield get
+    for server in running.values():
+        server.stop()
+
+
 @pytest.fixture(scope="module")
 def serve():
-    """serve(folder, **ServeOptions fields) -> a Running server, stopped at the end of the module."""
+    """serve(folder, **ServeOptions fields) -> a Running server of the module's own, stopped at the end of the
+    module."""
     running = []
 
     def run(folder: Path, **options) -> Running:

@@ -1,7 +1,9 @@
 """The official openai client against the real server: the same greedy text as our generate() with the chat
 template on the same messages, plain and streaming, multi-turn; no special token in the text; max_tokens,
-temperature and stop honoured. For a G0 and a G5 model (demo tokenizer, random weights), and a G5 model that
-nanochat HEAD trained, converted from its files."""
+temperature and stop honoured. For a G0 and a G5 model (demo tokenizer, random weights), each served with the
+batcher in the server's process (quick) and in the model's own process (the default, ``multiprocess``: the reply's
+tokens and a stop string's end cross between the processes), and a G5 model that nanochat HEAD trained, converted
+from its files. The servers are the session's shared ones (conftest's ``served``)."""
 
 from __future__ import annotations
 
@@ -17,9 +19,18 @@ CHAT = [
 ]
 
 
+# the model's own process: a spawned interpreter (started once for the session, shared with test_engine.py)
+ENGINES = ["thread", pytest.param("process", marks=pytest.mark.multiprocess)]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request):
+    return request.param
+
+
 @pytest.fixture(scope="module", params=["g0", "g5"])
-def server(request, serve, model_dir):
-    return serve(model_dir(request.param))
+def server(request, served, model_dir, engine):
+    return served(model_dir(request.param), engine=engine)
 
 
 def ask(server, messages, stream=False, **options):
@@ -75,13 +86,15 @@ CHAIN = Path(__file__).resolve().parents[1] / "training" / "data" / "chain" / "n
 
 def test_a_g5_model_converted_from_nanochat_files(serve, tmp_path):
     """A G5 base model that nanochat HEAD's base_train wrote (tests/training/data/chain, see the README there),
-    converted with from-nanochat and served: the client gets generate()'s greedy text, plain and streamed."""
+    converted with from-nanochat and served: the client gets generate()'s greedy text, plain and streamed. The
+    batcher in the server's process: what is checked is the converted model (G5 through the model's own process is
+    test_engine.py's)."""
     from nanochat_hf.conversion import from_nanochat
 
     folder = from_nanochat(
         CHAIN / "base_checkpoints" / "d4", tmp_path / "nanochat-g5", CHAIN / "tokenizer", trust_pickle=True
     )
-    server = serve(folder)
+    server = serve(folder, engine="thread")
     assert server.model.config.smear and server.model.config.backout  # G5
     for turns in (2, 4):
         expected = server.reference(CHAT[:turns], max_tokens=24)

@@ -2,7 +2,11 @@
 and are decoded together; a client that goes away frees its place; the queue limit holds; a model process that
 dies fails its requests and /health says so; weights that do not load are one line; a reply that cannot be written
 ends only its own request. The long generations use a model whose context is a million tokens: a request that was not
-stopped would hold its place for many minutes."""
+stopped would hold its place for many minutes.
+
+Every test here is about the model's own process (a spawned interpreter: ``multiprocess``). The servers that no test
+changes are the session's shared ones (conftest's ``served``: one G0, one G5, one long-context server with a batch
+and a queue of one); the one whose process is killed is its test's own."""
 
 from __future__ import annotations
 
@@ -30,12 +34,20 @@ from .test_batcher import Collected, load
 from .test_batching import REQUESTS, ask_all, reference
 from .test_tool_and_bad_input import QUESTION, post
 
+pytestmark = pytest.mark.multiprocess  # the model's process is what is tested
+
 
 @pytest.fixture(scope="module")
 def long_dir(tmp_path_factory):
     tokenizer = demo_tokenizer()
     config = NanoChatGPTConfig(vocab_size=len(tokenizer), **dict(G0, sequence_len=1_000_000))
     return save_model(tmp_path_factory.mktemp("long"), randomize(NanoChatGPTForCausalLM(config)), tokenizer)
+
+
+@pytest.fixture(scope="module")
+def long_server(served, long_dir):
+    """One place in the batch and one in the queue: a long generation that was not stopped holds them."""
+    return served(long_dir, max_batch=1, max_queue=1)
 
 
 class Steps:
@@ -54,12 +66,15 @@ class Steps:
 
 
 @pytest.mark.parametrize("generation", ["g0", "g5"])
-def test_concurrent_clients_get_generate_s_text_from_the_model_s_process(serve, model_dir, generation):
-    server = serve(model_dir(generation))
+def test_concurrent_clients_get_generate_s_text_from_the_model_s_process(served, model_dir, generation):
+    server = served(model_dir(generation))
     engine = server.server.batcher
     assert engine.process.is_alive()
     engine.conn = steps = Steps(engine.conn)
-    assert ask_all(server) == [reference(server, *r) for r in REQUESTS]
+    try:
+        assert ask_all(server) == [reference(server, *r) for r in REQUESTS]
+    finally:
+        engine.conn = steps.conn  # the shared server as it was
     assert max(steps.rows) >= 4  # one step's tokens for several rows: served together
 
 
@@ -78,20 +93,24 @@ def answered(server) -> bool:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_a_client_that_goes_away_frees_its_place(serve, long_dir, stream):
-    server = serve(long_dir, max_batch=1, max_queue=1)
+def test_a_client_that_goes_away_frees_its_place(long_server, stream):
+    server = long_server
     engine = server.server.batcher
     with long_request(server.port, stream) as s:
         if stream:
             assert s.recv(65536).startswith(b"HTTP/1.1 200")
         until(lambda: engine.sinks)
+        (sink,) = list(engine.sinks.values())
         time.sleep(0.2)  # generating
-    until(lambda: not engine.sinks)
+    until(lambda: sink.cancelled.is_set())  # the server has seen the client go
+    # the model's process is told as the cancel is set (not a step later): its row is dropped at once, so a cancel
+    # that never reaches it fails here in seconds, not after the wait below
+    until(lambda: not engine.sinks, seconds=5)
     assert answered(server)  # the only place in the batch is free again: the long generation stopped
 
 
-def test_a_full_queue_answers_429(serve, long_dir):
-    server = serve(long_dir, max_batch=1, max_queue=1)
+def test_a_full_queue_answers_429(long_server):
+    server = long_server
     engine = server.server.batcher
     with long_request(server.port, True) as generating, long_request(server.port, True) as waiting:
         until(lambda: len(engine.sinks) == 2)
@@ -122,7 +141,7 @@ class Late:
 
 
 def test_a_model_process_that_dies_fails_its_requests_and_health_says_so(serve, long_dir, capfd):
-    server = serve(long_dir)
+    server = serve(long_dir)  # its own: its process is killed
     engine = server.server.batcher
     assert post(server, None, "/health")[0] == 200
     engine.conn = Late(engine.conn, 2)  # the reader takes it after its next message: the request's first step
@@ -168,10 +187,11 @@ def test_weights_that_do_not_load_are_one_line(model_dir, tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_a_reply_that_cannot_be_written_ends_only_its_own_request(model_dir, capfd):
+def test_a_reply_that_cannot_be_written_ends_only_its_own_request(served, model_dir, capfd):
     folder = model_dir("g0")
     model, tokenizer = load(folder)
-    engine = EngineProcess(folder, "auto", "cpu", 1, max_batch=4, max_queue=4)
+    engine = served(folder).server.batcher  # the shared G0 server's model process
+    assert isinstance(engine, EngineProcess)
     broken, fine = Collected(), Collected()
     broken.add = lambda new_tokens: 1 / 0
     prompt = tokenizer.encode("hello")
@@ -180,4 +200,3 @@ def test_a_reply_that_cannot_be_written_ends_only_its_own_request(model_dir, cap
     assert fine.done.wait(60) and fine.tokens == generate_tokens(model, tokenizer, [prompt], 20)[0]
     assert engine.alive() and not broken.done.is_set()
     assert "ZeroDivisionError" in capfd.readouterr().err
-    engine.stop()

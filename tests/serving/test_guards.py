@@ -1,6 +1,11 @@
 """What keeps the server safe to leave running: the API key, only the documented endpoints, CORS only when asked,
 a warning when it listens beyond loopback without a key, bodies limited in size and time, a queue limit, clients
-that go away stop their generation. Every refusal is one line; the server goes on serving after each."""
+that go away stop their generation. Every refusal is one line; the server goes on serving after each.
+
+All of it is the HTTP layer's (the guard, uvicorn's protocol, the request checks) or the batcher's, whichever
+process the batcher runs in: the servers here run it in the server's process (``engine="thread"``, no interpreter
+to spawn), shared for the session where the test changes nothing (conftest's ``served``). test_engine.py has the
+queue limit and a departed client's cancel through the model's own process."""
 
 from __future__ import annotations
 
@@ -55,13 +60,14 @@ def works(server) -> bool:
 
 
 @pytest.fixture(scope="module")
-def plain(serve, model_dir):
-    return serve(model_dir("g0"))
+def plain(served, model_dir):
+    return served(model_dir("g0"), engine="thread")
 
 
 @pytest.fixture(scope="module")
-def guarded(serve, model_dir):
-    return serve(model_dir("g0"), api_key=KEY, max_request_bytes=10_000, body_seconds=1.0, head_seconds=1.0)
+def guarded(served, model_dir):
+    options = dict(api_key=KEY, max_request_bytes=10_000, body_seconds=1.0, head_seconds=1.0, engine="thread")
+    return served(model_dir("g0"), **options)
 
 
 def test_the_api_key_guards_every_endpoint_but_health(guarded):
@@ -123,9 +129,9 @@ def test_only_the_documented_endpoints_are_served(plain, path):
     assert works(server)
 
 
-def test_cors_headers_only_for_the_origins_asked(serve, model_dir, plain):
+def test_cors_headers_only_for_the_origins_asked(served, model_dir, plain):
     origin = {"Origin": "http://localhost:3000"}
-    asked = serve(model_dir("g0"), cors_origin=["http://localhost:3000"], api_key=KEY)
+    asked = served(model_dir("g0"), cors_origin=["http://localhost:3000"], api_key=KEY, engine="thread")
 
     def allowed(server, method: str, headers: dict) -> str | None:
         request = f"{method} /v1/models HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
@@ -166,7 +172,7 @@ def test_listening_beyond_loopback_without_a_key_warns_in_one_line(
     model_dir, capfd, monkeypatch, host, api_key, warned
 ):
     monkeypatch.setattr(server_module, "listen", lambda host, port: listen("127.0.0.1", 0))  # the test's on loopback
-    server = start(ServeOptions(model=str(model_dir("g0")), host=host, port=0, api_key=api_key))
+    server = start(ServeOptions(model=str(model_dir("g0")), host=host, port=0, api_key=api_key, engine="thread"))
     server.batcher.stop()
     server.socket.close()
     lines = [line for line in capfd.readouterr().err.splitlines() if "warning" in line]

@@ -28,8 +28,8 @@ def get(server, path: str = "/", headers: dict | None = None) -> tuple[int, dict
 
 
 @pytest.fixture(scope="module")
-def keyed(serve, model_dir):
-    return serve(model_dir("g0"), api_key=KEY, engine="thread")
+def keyed(served, model_dir):
+    return served(model_dir("g0"), api_key=KEY, engine="thread")
 
 
 def test_the_page_is_served_at_root_without_the_key_the_api_still_needs_it(keyed):
@@ -47,8 +47,8 @@ def test_the_page_names_no_other_origin(keyed):
     assert re.findall(r"https?:|\b(?:src|href|action)\s*=|@import|url\(|<link|<img|<iframe", page) == []
 
 
-def test_no_page_answers_404_at_root(serve, model_dir):
-    server = serve(model_dir("g0"), no_page=True, api_key=KEY, engine="thread")
+def test_no_page_answers_404_at_root(served, model_dir):
+    server = served(model_dir("g0"), no_page=True, api_key=KEY, engine="thread")
     key = {"Authorization": f"Bearer {KEY}"}
     assert post(server, None, "/")[0] == 401  # no page: / is guarded as any other path
     assert post(server, None, "/", key) == (

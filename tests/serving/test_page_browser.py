@@ -173,12 +173,14 @@ def new_chat(browser) -> None:
 @contextmanager
 def slowed(server, seconds: float = 0.15):
     """Every forward of the served model takes `seconds` longer while in it (a reply is still being written when the
-    page is looked at); setting the Event it gives makes the next forward fail."""
+    page is looked at); setting the Event it gives makes the next forward fail. Its ``go`` Event, once set, lets
+    the forwards run at full speed again (the test has seen what it waited for)."""
     model, fail = server.server.batcher.model, threading.Event()
+    fail.go = threading.Event()
     forward = model.forward
 
     def slow(*args, **kwargs):
-        time.sleep(seconds)
+        fail.go.wait(seconds)
         if fail.is_set():
             fail.clear()
             raise RuntimeError("a forward made to fail by the test")
@@ -319,13 +321,15 @@ def test_a_busy_server_s_429_is_one_line(browser, server):
     batcher, question = server.server.batcher, [{"role": "user", "content": "Hi"}]
     client = openai.OpenAI(base_url=server.url, api_key=KEY, max_retries=0, timeout=60)
     # one request decoded (max_batch 1), one waiting (max_queue 1); 1 s a forward, so both are still there when the
-    # page's request arrives on a loaded machine (at 0.15 s the first could finish first: a queued reply, not a 429)
-    with slowed(server, 1.0), ThreadPoolExecutor(2) as pool:
+    # page's request arrives on a loaded machine (at 0.15 s the first could finish first: a queued reply, not a 429);
+    # once the page has its answer, the two go on at full speed
+    with slowed(server, 1.0) as slow, ThreadPoolExecutor(2) as pool:
         held = [pool.submit(client.chat.completions.create, model=NAME, messages=question, max_tokens=6)]
         until(lambda: batcher.active)
         held.append(pool.submit(client.chat.completions.create, model=NAME, messages=question, max_tokens=6))
         until(lambda: batcher.waiting)
         shown = ask(browser, "What is 12*7+3?")
+        slow.go.set()
         assert [f.result().usage.completion_tokens for f in held] == [6, 6]
     assert (shown["error"], shown["turns"], shown["input"]) == (
         "Error 429: the server is busy (its queue of 1 is full): try again later",

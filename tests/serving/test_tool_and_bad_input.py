@@ -1,6 +1,8 @@
 """nanochat's calculator tool in a served chat (same text as CalculatorToolProcessor through generate(), off on
 request; a call without a result written as format_parts writes it), and bad requests: an HTTP 4xx with one line
-saying what is wrong, no server path in it, while another client is served."""
+saying what is wrong, no server path in it, while another client is served. The calculator with the batcher in the
+server's process and in the model's own (``multiprocess``); the bad requests, refused before any generation, with
+the batcher in the server's process. The servers are the session's shared ones (conftest's ``served``)."""
 
 from __future__ import annotations
 
@@ -16,14 +18,14 @@ from .conftest import openai
 QUESTION = [{"role": "user", "content": "What is 2+3?"}]
 
 
-@pytest.fixture(scope="module")
-def tool_server(serve, tool_model_dir):
-    return serve(tool_model_dir)
+@pytest.fixture(scope="module", params=["thread", pytest.param("process", marks=pytest.mark.multiprocess)])
+def tool_server(request, served, tool_model_dir):
+    return served(tool_model_dir, engine=request.param)
 
 
 @pytest.fixture(scope="module")
-def server(serve, model_dir):
-    return serve(model_dir("g0"))
+def server(served, model_dir):
+    return served(model_dir("g0"), engine="thread")
 
 
 @pytest.mark.parametrize("stream", [False, True])
