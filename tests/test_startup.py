@@ -57,7 +57,10 @@ def test_help_version_and_argument_errors_import_neither_torch_nor_transformers(
         assert proc.stderr.splitlines()[-1] == "imported: []", proc.stderr
 
 
+@pytest.mark.slow
 def test_the_package_imports_light_and_keeps_its_names_and_auto_classes(tmp_path):
+    """Slow: what is tested is a fresh interpreter's imports (the package without torch), and then its Auto classes
+    loading the model, which imports torch and transformers (seconds)."""
     from nanochat_hf import NanoChatGPTConfig, NanoChatGPTForCausalLM  # the names, imported on first use
 
     config = NanoChatGPTConfig(sequence_len=16, vocab_size=64, n_layer=1, n_head=2, n_embd=32)

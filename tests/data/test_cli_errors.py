@@ -157,7 +157,10 @@ ONE_LINE_CASES = {  # name: (subprocess?, mixture tasks or None, extra args, env
 }
 
 
-@pytest.mark.parametrize("case", list(ONE_LINE_CASES))
+# the fresh-process cases import torch and the datasets stack (seconds): slow
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if v[0] == SUB else c for c, v in ONE_LINE_CASES.items()]
+)
 def test_bad_input_is_one_line(case, tmp_path, tok_dir, run_here):
     in_subprocess, tasks, extra, env, words = ONE_LINE_CASES[case]
     (tmp_path / "id.jsonl").write_text("")

@@ -60,23 +60,57 @@ def fake_trainer(args, chat_eval_scores: list | None = None) -> SimpleNamespace:
     )
 
 
+BACKBONE_AND_CLASSIFIER = """
+import torch
+from transformers import AutoModel, AutoModelForSequenceClassification
+backbone = AutoModel.from_pretrained(MODEL, trust_remote_code=True)
+classifier = AutoModelForSequenceClassification.from_pretrained(MODEL, trust_remote_code=True, num_labels=2)
+out = backbone(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
+print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0],
+      len(out.hidden_states))
+"""
+# each piece of code exec'd as written, in its own globals (an import a snippet lacks fails it), one after the other
+# in one fresh interpreter; a line on stdout and stderr before each splits their output
+EACH_IN_ITS_OWN_GLOBALS = """
+import json, sys, traceback
+for i, code in enumerate(json.loads(sys.argv[1])):
+    print(f"=== {i}", flush=True)
+    print(f"=== {i}", file=sys.stderr, flush=True)
+    try:
+        exec(compile(code, f"<code {i}>", "exec"), {"__name__": "__main__"})
+    except BaseException:
+        traceback.print_exc()
+        print("FAILED", flush=True)
+"""
+
+
 @pytest.mark.slow
-def test_model_card_snippet_runs_without_a_prompt(model_dir, fresh_python):
+def test_snippets_and_remote_code_classes_in_a_fresh_process(model_dir, fresh_python):
+    """Slow: one fresh interpreter without the package (python -I, no stdin) runs, as written: the model card's
+    loading snippet and the README's, each with no trust_remote_code prompt, and AutoModel /
+    AutoModelForSequenceClassification loading the folder as remote code."""
+    import json
+
     card = write_model_card(fake_trainer(card_args()), model_dir)
-    code = python_block(card.read_text(), "## How to load")
-    assert f'"{model_dir.resolve()}"' in code
-    result = fresh_python(code)
+    card_code = python_block(card.read_text(), "## How to load")
+    assert f'"{model_dir.resolve()}"' in card_code
+    readme_code = python_block(README.read_text(), "## Pushing to the hub, loading and chatting")
+    assert '"you/nanochat-d20-mid"' in readme_code
+    codes = [card_code, readme_code.replace("you/nanochat-d20-mid", str(model_dir))]
+    codes.append(f"MODEL = {str(model_dir)!r}\n" + BACKBONE_AND_CLASSIFIER)
+    result = fresh_python(EACH_IN_ITS_OWN_GLOBALS, json.dumps(codes))
     assert result.returncode == 0, result.stderr[-3000:]
-    assert PROMPT not in result.stdout + result.stderr
-
-
-@pytest.mark.slow
-def test_readme_snippet_runs_without_a_prompt(model_dir, fresh_python):
-    code = python_block(README.read_text(), "## Pushing to the hub, loading and chatting")
-    assert '"you/nanochat-d20-mid"' in code
-    result = fresh_python(code.replace("you/nanochat-d20-mid", str(model_dir)))
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert PROMPT not in result.stdout + result.stderr
+    outs, errs = (re.split(r"^=== \d+\n", text, flags=re.M)[1:] for text in (result.stdout, result.stderr))
+    assert len(outs) == len(errs) == 3, result.stderr[-3000:]
+    for out, err in zip(outs, errs):
+        assert "FAILED" not in out, err[-3000:]
+        assert PROMPT not in out + err
+    assert outs[2].split() == [
+        "NanoChatGPTModel",
+        "NanoChatGPTForSequenceClassification",
+        "transformers_modules",
+        "2",
+    ]
 
 
 def test_model_card_metadata(tmp_path):
@@ -98,28 +132,6 @@ def test_model_card_metadata(tmp_path):
     # a local base model and the demo mixture: nothing to link
     demo = ModelCard.load(write_model_card(fake_trainer(card_args(model_source=str(tmp_path))), tmp_path / "d")).data
     assert demo.base_model is None and demo.datasets is None
-
-
-@pytest.mark.slow
-def test_backbone_and_classifier_load_as_remote_code(model_dir, fresh_python):
-    code = f"""
-import torch
-from transformers import AutoModel, AutoModelForSequenceClassification
-backbone = AutoModel.from_pretrained({str(model_dir)!r}, trust_remote_code=True)
-classifier = AutoModelForSequenceClassification.from_pretrained({str(model_dir)!r}, trust_remote_code=True,
-                                                                num_labels=2)
-out = backbone(torch.tensor([[1, 2, 3]]), output_hidden_states=True)
-print(type(backbone).__name__, type(classifier).__name__, type(backbone).__module__.split(".")[0],
-      len(out.hidden_states))
-"""
-    result = fresh_python(code)
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert result.stdout.split() == [
-        "NanoChatGPTModel",
-        "NanoChatGPTForSequenceClassification",
-        "transformers_modules",
-        "2",
-    ]
 
 
 def test_model_card_carries_the_chat_eval_as_model_index(tmp_path):

@@ -50,6 +50,17 @@ def chat_rl(args: list[str], interrupt_after: str | None = None) -> subprocess.C
     return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(seen) + rest, err)
 
 
+def chat_rl_here(args: list[str], capsys) -> subprocess.CompletedProcess:
+    """The script's main(argv) in this process (where a fresh process is not what is tested); its exit code and
+    output as `chat_rl` returns them. Pass num_threads="1": the thread count the script's runs here have."""
+    from nanochat_hf.rl.run import main
+
+    capsys.readouterr()
+    code = main(args)
+    out, err = capsys.readouterr()
+    return subprocess.CompletedProcess(["chat_rl", *args], code, out, err)
+
+
 def check_chatrl_export(run: Path, base: Path) -> None:
     """to-nanochat of the final folder into chatrl_checkpoints/d4 at the run's last step; read back (nanochat's
     files, nanochat's names) it gives the final model's logits. (HEAD's own load_model("rl") and chat_eval -i rl
@@ -63,8 +74,10 @@ def check_chatrl_export(run: Path, base: Path) -> None:
 
 
 @pytest.mark.slow
-def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path):
-    whole = chat_rl(tiny_args(tmp_path / "whole", eval_every="4", eval_examples="4"))
+def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path, capsys):
+    """Slow: 3 runs of 5 RL steps; the Ctrl-C is sent to a real process, the whole run and the resume run in this
+    one."""
+    whole = chat_rl_here(tiny_args(tmp_path / "whole", eval_every="4", eval_examples="4", num_threads="1"), capsys)
     assert whole.returncode == 0, whole.stderr[-3000:]
     assert [int(s) for s in STEP_LINE.findall(whole.stdout)] == [1, 2, 3, 4, 5]
     assert re.search(
@@ -79,13 +92,13 @@ def test_ctrl_c_then_resume_continues_the_reward_curve(tmp_path):
     check_chatrl_export(tmp_path / "whole", tmp_path / "nanochat")
 
     out = tmp_path / "interrupted"
-    args = tiny_args(out, eval_every="4", eval_examples="4", save_every="2")
+    args = tiny_args(out, eval_every="4", eval_examples="4", save_every="2", num_threads="1")
     stopped = chat_rl(args, interrupt_after="step 00003/")
     assert stopped.returncode == 130 and "Traceback" not in stopped.stderr, stopped.stderr[-3000:]
     assert stopped.stderr.strip().splitlines()[-1].startswith("chat_rl: interrupted at step ")
     assert (out / "checkpoint-2" / "model.safetensors").is_file() and not (out / "checkpoint-4").exists()
 
-    resumed = chat_rl([*args, "--resume_from_checkpoint", "last"])
+    resumed = chat_rl_here([*args, "--resume_from_checkpoint", "last"], capsys)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert [int(s) for s in STEP_LINE.findall(resumed.stdout)] == [3, 4, 5]
     final = json.loads((out / "trainer_state.json").read_text())["log_history"]

@@ -5,8 +5,6 @@ resumed from its checkpoint, the final model answering chat.py, and the one-line
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -131,12 +129,13 @@ def test_an_interrupted_training_stage_resumes_its_checkpoint(demo_run, capsys):
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_the_final_model_answers_chat(demo_run):
-    chat = Path(sr.ROOT) / "scripts" / "chat.py"
-    cmd = [sys.executable, str(chat), "--model", str(demo_run / "sft"), "--prompt", "Spell the word: apple"]
-    result = subprocess.run([*cmd, "--temperature", "0"], capture_output=True, text=True, timeout=300)
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert result.stdout.strip()
+def test_the_final_model_answers_chat(demo_run, load_script, capsys):
+    """chat.py's main in this process (a fresh chat.py process answering: tests/inference/test_chat_cli.py)."""
+    argv = ["--model", str(demo_run / "sft"), "--prompt", "Spell the word: apple", "--temperature", "0"]
+    code = load_script("chat").main(argv)
+    out, err = capsys.readouterr()
+    assert code == 0, err[-2000:]
+    assert out.strip()
 
 
 @pytest.mark.slow

@@ -144,7 +144,10 @@ def test_a_bug_keeps_its_traceback(tmp_path, monkeypatch):
         main(["--output_dir", str(tmp_path / "out")])
 
 
+@pytest.mark.slow
 def test_bad_config_in_a_fresh_process(tmp_path):
+    """Slow: what is tested is a fresh `python scripts/mid_train.py` (exit code 2, stderr exactly one line), which
+    imports torch and transformers before it validates (seconds); the in-process cases above are the quick ones."""
     proc = subprocess.run(
         [sys.executable, str(REPO_ROOT / "scripts" / "mid_train.py"), "--device_batch_size", "0"],
         capture_output=True,

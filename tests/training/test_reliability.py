@@ -342,7 +342,8 @@ def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tm
     """A real `python scripts/mid_train.py` process sent SIGTERM after its 5th step (as a cluster preempts): it
     finishes the running step, saves that step's checkpoint, says in one line where it stopped and the command to
     resume, exits 143, and writes no final model. That command continues the run to the uninterrupted run's
-    logged losses."""
+    logged losses. Slow: 300 steps (transformers' SIGTERM grace is 3 s, so the run must outlast it) run twice; the
+    uninterrupted run and the resume run in-process (what needs a fresh process is the signal), 1 thread each."""
     import shlex
     import signal
     import subprocess
@@ -352,9 +353,9 @@ def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tm
     script = str(Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py")
     env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     args = [*TINY_ARGS, "--num_iterations", "300", "--eval_every", "1000", "--spelling_eval_rows", "0"]
+    args += ["--num_threads", "1"]  # the same thread count in-process and in the child
     full, out = tmp_path / "full", tmp_path / "run"
-    subprocess.run([sys.executable, script, *args, "--output_dir", str(full)], env=env, check=True, timeout=900,
-                   capture_output=True)  # fmt: skip
+    _run([*args, "--output_dir", str(full)])
     proc = subprocess.Popen([sys.executable, script, *args, "--output_dir", str(out)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
     for line in proc.stdout:
@@ -372,7 +373,8 @@ def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tm
     assert "model written to" not in stdout
     command = shlex.split(ours[0].split("with any number of processes: ")[1])
     assert command[0] == "python" and command[-2:] == ["--resume_from_checkpoint", "true"]
-    subprocess.run([sys.executable, *command[1:]], env=env, check=True, timeout=900, capture_output=True)
+    assert Path(command[1]).resolve() == Path(script).resolve()
+    _run(command[2:])  # the printed command's arguments, run by mid_train's main
     history = [json.loads((run / "trainer_state.json").read_text())["log_history"] for run in (out, full)]
     losses = [[(h["step"], h["loss"]) for h in run if "lrm" in h] for run in history]
     assert len(losses[0]) == 300 and losses[0] == losses[1]

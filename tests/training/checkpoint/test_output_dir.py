@@ -68,7 +68,10 @@ sys.stdin.read()
 """
 
 
+@pytest.mark.slow
 def test_second_run_on_the_same_folder_is_refused_until_the_first_one_dies(tmp_path):
+    """Slow: the lock is held by another live process (then that process dies), which imports the package
+    (seconds)."""
     out = tmp_path / "out"
     env = {**os.environ, "PYTHONPATH": str(REPO_ROOT / "src")}
     holder = subprocess.Popen(
@@ -269,7 +272,10 @@ def run_as_nobody(cases: dict[str, Path], home: Path) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_unwritable_dirs_refused_before_training_as_unprivileged_user(shared_tree):
+    """Slow: the refusals need a process of an unprivileged user (file modes do not stop root), which imports torch
+    and transformers (seconds)."""
     home = shared_tree / "home"
     home.mkdir()
     os.chown(home, NOBODY, NOBODY)
