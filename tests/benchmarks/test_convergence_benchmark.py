@@ -7,7 +7,10 @@ import json
 import pytest
 
 
+@pytest.mark.slow
 def test_two_arms_print_the_table_and_write_the_curves(convergence, capsys, tmp_path):
+    """Slow: both arms of the benchmark train for a few steps in this process (seconds); the benchmark's own table and
+    curves are what is tested."""
     out = tmp_path / "curves.json"
     report = convergence.main(
         [

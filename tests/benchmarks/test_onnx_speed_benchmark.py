@@ -9,7 +9,9 @@ pytest.importorskip("onnxruntime")
 
 
 @pytest.mark.parametrize("generation", ["G0", "G5"])
+@pytest.mark.slow
 def test_prints_table_and_float32_picks_torchs_tokens(onnx_speed, capsys, generation):
+    """Slow: each generation is exported to ONNX and timed in onnxruntime and torch, as the benchmark does."""
     args = ["--generation", generation, "--depth", "1", "--vocab", "512", "--prompt_len", "6", "--new_tokens", "8"]
     rows = onnx_speed.main([*args, "--repeats", "1"])
     out = capsys.readouterr().out

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import pytest
+
 from .conftest import _load
 
 
+@pytest.mark.slow
 def test_prints_table_with_ratios(capsys):
+    """Slow: the benchmark times fresh interpreters, which is what it measures."""
     rows = _load("startup").main(["--repeats", "1", "--scripts", "convert"])
     out = capsys.readouterr().out
     assert "1-minute load average before" in out and "| case | seconds | / import torch |" in out

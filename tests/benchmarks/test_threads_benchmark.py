@@ -17,7 +17,9 @@ def threads():
     return _load("threads")
 
 
+@pytest.mark.slow
 def test_prints_each_case_with_the_background_load_and_the_ratio(threads, capsys):
+    """Slow: the benchmark times generation at each thread count beside a background load it starts."""
     tiny = ["--depth", "1", "--vocab", "256", "--rows", "2", "--seq", "16", "--new_tokens", "3", "--repeats", "1"]
     before = torch.get_num_threads()
     try:

@@ -22,7 +22,9 @@ COLUMNS = [
 ]
 
 
+@pytest.mark.slow
 def test_table_prints_every_column(throughput, tmp_path, capsys):
+    """Slow: each arm trains a few steps, as the benchmark does."""
     depth, vocab = 1, 256
     argv = [
         "--depth",

@@ -67,8 +67,12 @@ FROM_NANOCHAT_CASES = {  # name: (subprocess?, break the checkpoint copy, words 
 }
 
 
-@pytest.mark.parametrize("case", list(FROM_NANOCHAT_CASES))
+@pytest.mark.parametrize(
+    "case", [pytest.param(c, marks=pytest.mark.slow) if FROM_NANOCHAT_CASES[c][0] else c for c in FROM_NANOCHAT_CASES]
+)
 def test_bad_nanochat_meta(case, nanochat_base, tmp_path, run_here):
+    """The subprocess cases are slow: a fresh convert.py process (seconds of imports) is what they test, one per
+    command and kind."""
     in_subprocess, breaker, words = FROM_NANOCHAT_CASES[case]
     base = shutil.copytree(nanochat_base, tmp_path / "nanochat")
     breaker(base / "base_checkpoints" / "d2")

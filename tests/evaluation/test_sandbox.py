@@ -162,7 +162,9 @@ def test_cannot_read_the_evaluators_environment(scratch):
     assert run_program(program).passed
 
 
+@pytest.mark.slow
 def test_setsid_child_is_gone_when_time_is_up(scratch):
+    """Slow: the program must outlive the sandbox's time limit (seconds of wall time) for the kill to be seen."""
     needs("PID namespace")
     marker = f"sandbox-setsid-{uuid.uuid4().hex}"
     program = (

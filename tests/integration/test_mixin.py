@@ -122,7 +122,9 @@ def _sft(tokenizer, tmp_path, recipe, **kw):
 
 
 @pytest.mark.parametrize("recipe", ["2025-12", "2026-07"])
+@pytest.mark.slow
 def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, tmp_path, recipe):
+    """Slow: an SFT epoch through a Trainer, its resume and its reload: what is tested is the whole run."""
     trainer = _sft(tokenizer, tmp_path, recipe)
     trainer.train()
     assert type(trainer.optimizer.optimizer) is (MuonAdamW if recipe == "2025-12" else NorMuonAdamW)
@@ -140,7 +142,10 @@ def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, tmp_pa
         assert torch.equal(p.detach(), q.detach()), name
 
 
+@pytest.mark.slow
 def test_resume_with_another_recipe_or_grouping_is_refused(tokenizer, tmp_path):
+    """Slow: a Trainer's SFT run is trained and saved, then resumed under another recipe: only a real checkpoint shows
+    the refusal."""
     trainer = _sft(tokenizer, tmp_path, "2025-12", max_steps=3)
     trainer.train()
     ckpt = tmp_path / "checkpoint-3"

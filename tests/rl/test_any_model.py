@@ -54,7 +54,9 @@ def llama_dir(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_grpo_on_gsm8k_with_the_models_own_template(llama_dir, tmp_path, capsys):
+    """Slow: a whole GRPO run through TRL (sampling, rewards, evaluations) on a Llama."""
     out = tmp_path / "out"
     flags = ["--model_source", str(llama_dir), "--gsm8k_source", "demo", "--demo_rows", "6", "--calculator", "false"]
     flags += ["--examples_per_step", "2", "--num_samples", "4", "--device_batch_size", "2", "--max_new_tokens", "8"]

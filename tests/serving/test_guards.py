@@ -197,7 +197,9 @@ def test_a_body_over_the_limit_is_refused_before_it_is_read(guarded):
     assert answer.startswith(b"HTTP/1.1 413") and message.encode() in answer
 
 
+@pytest.mark.slow
 def test_a_slow_body_is_refused_and_blocks_nobody(guarded):
+    """Slow: a body that stops must outlast the body timeout (seconds)."""
     head = f"{CHAT_HEAD}Authorization: Bearer {KEY}\r\nContent-Length: 100\r\n\r\n"
     with ThreadPoolExecutor(1) as pool:
         slow = pool.submit(raw, guarded.port, head.encode() + b'{"model"')  # 8 of 100 bytes, then nothing
@@ -224,7 +226,9 @@ def closed_after(s: socket.socket, trickle: bytes, limit: int = 10) -> float | N
     return None
 
 
+@pytest.mark.slow
 def test_a_slow_head_is_closed_and_blocks_nobody(guarded):
+    """Slow: a header sent a byte a second must outlast the header timeout (seconds)."""
     head = f"GET /v1/models HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n\r\n".encode()
     with ThreadPoolExecutor(2) as pool:
         with socket.create_connection(("127.0.0.1", guarded.port), timeout=10) as new:
@@ -243,7 +247,9 @@ def test_a_slow_head_is_closed_and_blocks_nobody(guarded):
         assert ready and silent.recv(65536) == b""
 
 
+@pytest.mark.slow
 def test_a_full_queue_answers_429(serve, model_dir):
+    """Slow: the queue is held full by generation slowed for seconds, so that the next request finds it full."""
     server = serve(model_dir("g0"), max_batch=1, max_queue=1, engine="thread")
     slow_down(server, 0.05)
 

@@ -80,9 +80,13 @@ def test_step_line_shows_warm_up_then_total_time_and_an_eta():
     assert format_log(logs, State).endswith("| total time: 0.00m | eta: 12.3m")
 
 
+@pytest.mark.slow
 def test_offline_chat_eval_task_is_skipped_and_the_report_written(tmp_path, monkeypatch):
     """A hub task while offline (datasets raises ConnectionError): one line, the other task runs, report.md and the
-    model card are written (the run used to crash after saving the model)."""
+    model card are written (the run used to crash after saving the model).
+
+    Slow: a whole mid_train run with its evaluation, report and model card: the crash it guards against came after
+    saving."""
     from nanochat_hf.training.run import main
 
     def offline(*args, **kwargs):

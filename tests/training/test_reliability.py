@@ -71,7 +71,10 @@ def run(tmp_path_factory):
     return tmp, out, args, stdout
 
 
+@pytest.mark.slow
 def test_chat_eval_in_console_report_and_model_card(run):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     _, out, _, stdout = run
     assert "| SpellingBee | generative |" in stdout and "ChatCORE (over 1 of 6 tasks)" in stdout
     report = (out / "report.md").read_text()
@@ -81,7 +84,10 @@ def test_chat_eval_in_console_report_and_model_card(run):
     assert "model-index:" in meta and "name: SpellingBee" in meta and "generative accuracy (4 problems)" in meta
 
 
+@pytest.mark.slow
 def test_files_keep_umask_mode_and_no_pickles(run):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     _, out, _, _ = run
     files = [p for p in out.rglob("*") if p.is_file()]
     assert {
@@ -98,9 +104,13 @@ def test_files_keep_umask_mode_and_no_pickles(run):
     assert not [p.name for p in out.iterdir() if p.name.startswith(".")]  # no staging leftovers
 
 
+@pytest.mark.slow
 def test_the_run_writes_exactly_the_files_the_layout_declares(run, tmp_path):
     """Every file of output_dir and of its checkpoints is either transformers' own (what save_pretrained writes for
-    the model and the tokenizer) or named in checkpoint/layout.py: a name spelled anywhere else would show here."""
+    the model and the tokenizer) or named in checkpoint/layout.py: a name spelled anywhere else would show here.
+
+    Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what is
+    tested."""
     from transformers import AutoTokenizer
 
     from nanochat_hf import NanoChatGPTForCausalLM
@@ -120,7 +130,10 @@ def test_the_run_writes_exactly_the_files_the_layout_declares(run, tmp_path):
     assert all(layout.CHECKPOINT_RE.match(name) for name in checkpoints)
 
 
+@pytest.mark.slow
 def test_output_dir_refusals_keep_the_earlier_run(run, capsys):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, out, args, _ = run
     before = _tree(out)
     line = _fail([*args, "--output_dir", str(out)], capsys)
@@ -132,7 +145,10 @@ def test_output_dir_refusals_keep_the_earlier_run(run, capsys):
     assert afile.read_text() == "mine"
 
 
+@pytest.mark.slow
 def test_overwrite_replaces_checkpoint_folders_whole(run):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, out, args, _ = run
     again = tmp / "again"
     shutil.copytree(out, again)
@@ -144,9 +160,13 @@ def test_overwrite_replaces_checkpoint_folders_whole(run):
     assert _losses(again / "checkpoint-4") == _losses(out / "checkpoint-4")
 
 
+@pytest.mark.slow
 def test_final_save_writes_nothing_beside_output_dir(run):
     """The parent of output_dir refuses every write (an audit hook stands in for a read-only parent, as root
-    ignores permissions): the run still finishes and saves its model."""
+    ignores permissions): the run still finishes and saves its model.
+
+    Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what is
+    tested."""
     tmp, _, args, _ = run
     parent = tmp / "locked"
     (parent / "out").mkdir(parents=True)
@@ -183,7 +203,10 @@ def test_final_save_writes_nothing_beside_output_dir(run):
     assert [p.name for p in parent.iterdir()] == ["out"]
 
 
+@pytest.mark.slow
 def test_resume_skips_a_damaged_newest_checkpoint(run, capsys):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, out, args, _ = run
     resumed = tmp / "resumed"
     resumed.mkdir()
@@ -205,7 +228,10 @@ def test_resume_skips_a_damaged_newest_checkpoint(run, capsys):
     assert all(torch.equal(a[k], b[k]) for k in a)
 
 
+@pytest.mark.slow
 def test_resume_refuses_a_changed_seed_and_applies_a_changed_lr(run, capsys):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, out, args, _ = run
     resumed = tmp / "lr"
     resumed.mkdir()
@@ -234,7 +260,10 @@ def test_resume_refuses_a_changed_seed_and_applies_a_changed_lr(run, capsys):
         assert lr_new == pytest.approx(2 * lr_old)
 
 
+@pytest.mark.slow
 def test_resume_refuses_another_model_config(run, capsys):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, out, args, _ = run
     resumed = tmp / "other-model"
     resumed.mkdir()
@@ -256,7 +285,10 @@ def _file_size_limit(nbytes: int):
         resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
 
 
+@pytest.mark.slow
 def test_full_disk_during_a_checkpoint(run, capsys):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, out, args, _ = run
     args = [*args, "--chat_eval_tasks", ""]
     resumed = tmp / "full"
@@ -275,7 +307,10 @@ def test_full_disk_during_a_checkpoint(run, capsys):
     assert _losses(resumed / "checkpoint-4") == _losses(out / "checkpoint-4")
 
 
+@pytest.mark.slow
 def test_full_disk_during_the_final_save(run, capsys):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     tmp, _, args, _ = run
     args = [*args, "--chat_eval_tasks", ""]
     final = tmp / "full-final"
@@ -286,7 +321,10 @@ def test_full_disk_during_the_final_save(run, capsys):
     assert list(final.iterdir()) == []  # no staging folder left
 
 
+@pytest.mark.slow
 def test_jit_checkpoint_on_sigterm_resumes_with_the_same_logged_losses(run, monkeypatch):
+    """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
+    is tested."""
     from transformers import TrainerCallback
 
     from nanochat_hf.training import run as run_module
