@@ -102,21 +102,13 @@ def test_clipping_in_the_step(helpers):
         assert torch.allclose(p, q, rtol=1e-5, atol=1e-7), n
 
 
-@pytest.fixture(scope="module")
-def two_process_runs(helpers, tmp_path_factory):
-    """{max_grad_norm: folder}: head_dist_worker without clipping and with, one after the other in one spawn."""
-    out = {norm: tmp_path_factory.mktemp(f"head{norm}") for norm in (0.0, 5.0)}
-    helpers.spawn_jobs(*((helpers.head_dist_worker, 2, str(folder), norm) for norm, folder in out.items()))
-    return out
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("max_grad_norm", [0.0, 5.0])
-def test_two_gloo_processes_equal_one(helpers, two_process_runs, max_grad_norm):
+def test_two_gloo_processes_equal_one(helpers, gloo_runs, max_grad_norm):
     """2 processes: parameters the same on both ranks and equal to one process (so to nanochat's, without
     clipping), the consolidated state equal to one process's, each rank holding the state the layout rule says."""
-    tmp_path = two_process_runs[max_grad_norm]
+    tmp_path = gloo_runs / f"head{max_grad_norm}"  # head_dist_worker's, in conftest's shared spawn
     result = torch.load(tmp_path / "result.pt", weights_only=True)
     assert result["same_on_every_rank"]
     initial, grads, final, _ = helpers.head_reference()
