@@ -1,25 +1,21 @@
 """TRL's SFTTrainer, DPOTrainer and GRPOTrainer with NanoChatOptimizerMixin on a tiny Llama, FSDP2-sharded or not,
-for test_fsdp_trl.py.
+for test_fsdp_trl.py (runs_worker.py's "fsdp_trl" runs: run(out, args)).
 
-    python fsdp_trl_worker.py OUT_DIR RUN [RUN ...]    (under `accelerate launch` for 2 gloo processes)
-    RUN: '["NAME", "sft"|"dpo"|"grpo", FLAG, ...]'  FLAG: --fsdp, --resume CHECKPOINT, --cb PORT
-
-The runs share the launch (one process group: the launch, not the run, costs the seconds), each in OUT_DIR/NAME.
+    args: sft|dpo|grpo [--fsdp] [--resume CHECKPOINT] [--cb PORT]    (`accelerate launch`: 2 gloo processes)
 
 3 steps of global batch 4 at any world size, clipping at 0.1 (every step clips), float32 orthogonalisation, recipe
 2025-12 (GRPO: 2026-07);
 --fsdp applies `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP
 on GPUs only); the reference models (DPO's passed whole, GRPO's built by TRL: beta 0.1, synced every step) are left
-to the mixin. A checkpoint at step 2 (OUT_DIR/NAME/run/checkpoint-2), the final model saved with save_model
-(OUT_DIR/NAME/final). Writes rank 0's whole parameters (params.safetensors) and, per rank, the logs, the logged losses
+to the mixin. A checkpoint at step 2 (out/run/checkpoint-2), the final model saved with save_model
+(out/final). Writes rank 0's whole parameters (params.safetensors) and, per rank, the logs, the logged losses
 and grad norms and whether the reference model is sharded (rank<r>.json). --resume CHECKPOINT: resumes from it.
---cb PORT: GRPO generating by transformers' continuous batching, built in one gloo process (a 1-process launch's
-last run): writes the refusal's text (refused.txt).
+--cb PORT: GRPO generating by transformers' continuous batching, built in a gloo group of one process (on PORT,
+unless an earlier run of the launch opened one): writes the refusal's text (refused.txt).
 """
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -116,12 +112,14 @@ def build(kind, tokenizer, out, per_device, fsdp, cb=False):
                     nanochat_optimizer=settings)  # fmt: skip
 
 
-def run(out, kind, flags):
+def run(out: Path, args: list[str]) -> None:
+    kind, *flags = args
     fsdp, world = "--fsdp" in flags, int(os.environ.get("WORLD_SIZE", "1"))
     tokenizer = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=300)  # each run its own (a Trainer may change it)
     if "--cb" in flags:  # refused when the Trainer is built: one gloo process is enough
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=flags[flags.index("--cb") + 1])
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        if not dist.is_initialized():
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=flags[flags.index("--cb") + 1])
+            dist.init_process_group("gloo", rank=0, world_size=1)
         try:
             build(kind, tokenizer, out, 4, fsdp, cb=True)
         except UserError as e:
@@ -150,14 +148,3 @@ def run(out, kind, flags):
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
     if rank == 0:
         save_file({n: p.contiguous() for n, p in params.items()}, str(out / "params.safetensors"))
-
-
-def main():
-    for name, kind, *flags in map(json.loads, sys.argv[2:]):
-        out = Path(sys.argv[1]) / name
-        out.mkdir(parents=True, exist_ok=True)
-        run(out, kind, flags)
-
-
-if __name__ == "__main__":
-    main()

@@ -1,38 +1,26 @@
 """TRL's SFTTrainer, DPOTrainer and GRPOTrainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama
-(fsdp_trl_worker.py: `fully_shard` per decoder layer and the root, 2 gloo processes, CPU) train like one plain
-process: the same logged losses and clipped grad norms, the same parameters, a whole saved model folder and whole
-checkpoints; the reference models of DPO and GRPO sharded as the policy is; an SFT checkpoint of one process
-resumes on 2 FSDP2 processes (the stock resume fails on sharded parameters: the mixin loads them)."""
+(fsdp_trl_worker.py, run in conftest's shared launches: `fully_shard` per decoder layer and the root, 2 gloo
+processes, CPU) train like one plain process: the same logged losses and clipped grad norms, the same parameters,
+a whole saved model folder and whole checkpoints; the reference models of DPO and GRPO sharded as the policy is; an
+SFT checkpoint of one process resumes on 2 FSDP2 processes (the stock resume fails on sharded parameters: the mixin
+loads them)."""
 
 import json
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import _free_port, launch_worker  # noqa: E402
-
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-WORKER = str(Path(__file__).with_name("fsdp_trl_worker.py"))
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """Every run, in two launches (a launch costs seconds of imports, a run a fraction of one): one plain process
-    (single_<kind>, then the continuous-batching refusal `cb`, whose gloo group comes last), and 2 FSDP2 processes
-    (fsdp_<kind>, then `resumed`: single_sft's checkpoint at step 2 resumed)."""
-    root = tmp_path_factory.mktemp("trl")
-    kinds = ("sft", "dpo", "grpo")
-    cb = ["cb", "grpo", "--fsdp", "--cb", str(_free_port())]
-    launch_worker(WORKER, root / "one", 1, *map(json.dumps, [*([f"single_{k}", k] for k in kinds), cb]))
-    resumed = ["resumed", "sft", "--fsdp", "--resume", str(root / "one" / "single_sft" / "run" / "checkpoint-2")]
-    launch_worker(WORKER, root / "two", 2, *map(json.dumps, [*([f"fsdp_{k}", k, "--fsdp"] for k in kinds), resumed]))
-    return {run.name: run for run in root.glob("*/*")}
+def runs(one_process_runs, two_process_runs):
+    """conftest's shared runs by name: single_<kind> and the continuous-batching refusal `cb` (one plain process),
+    fsdp_<kind> and `resumed` (2 FSDP2 processes: single_sft's checkpoint at step 2 resumed)."""
+    return {run.name: run for launch in (one_process_runs, two_process_runs) for run in launch.iterdir()}
 
 
 def _report(out, rank=0):

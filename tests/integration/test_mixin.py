@@ -138,8 +138,11 @@ def sft_epoch(tokenizer, tmp_path_factory):
     return run
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["2025-12", "2026-07"])
 def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, sft_epoch, recipe):
+    """slow: a whole SFT epoch, then half of it again from the checkpoint (seconds); the other Trainer tests here
+    take a few steps."""
     trainer, tmp_path = sft_epoch(recipe)
     assert type(trainer.optimizer.optimizer) is (MuonAdamW if recipe == "2025-12" else NorMuonAdamW)
     losses = _losses(trainer)
@@ -156,8 +159,10 @@ def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, sft_ep
         assert torch.equal(p.detach(), q.detach()), name
 
 
+@pytest.mark.slow
 def test_resume_with_another_recipe_or_grouping_is_refused(tokenizer, sft_epoch, tmp_path):
-    """The 2025-12 epoch's checkpoint at step 3, resumed in recipe 2026-07 and with lm_head routed to Muon."""
+    """The 2025-12 epoch's checkpoint at step 3, resumed in recipe 2026-07 and with lm_head routed to Muon (slow:
+    the epoch, shared with the test above)."""
     ckpt = sft_epoch("2025-12")[1] / "checkpoint-3"
     other = _sft(tokenizer, tmp_path, "2026-07", max_steps=4)
     with pytest.raises(UserError, match="optimizer state of recipe 2025-12, this run's is 2026-07"):

@@ -19,17 +19,17 @@ def _worst(params, expected) -> float:
     return max(((p - expected[n]).norm() / expected[n].norm()).item() for n, p in params.items())
 
 
-def test_two_processes_save_and_resume_on_one_and_four(trainer_one_runs, trainer_four_runs):
+def test_two_processes_save_and_resume_on_one_and_four(two_process_runs, resumed_runs):
     """conftest's 2-process run clipping every step (`clip`, CLIP) saved at step 2, resumed there on 1 process
     (`on1`) and on 4 (`on4`)."""
-    full, expected = _load(trainer_one_runs / "clip")
-    checkpoint = trainer_one_runs / "clip" / "run" / "checkpoint-2"
+    full, expected = _load(two_process_runs / "clip")
+    checkpoint = two_process_runs / "clip" / "run" / "checkpoint-2"
     assert sorted(p.name for p in checkpoint.glob("optimizer.rank*")) == [
         "optimizer.rank0.safetensors",
         "optimizer.rank1.safetensors",
     ]
-    for world, run in ((1, trainer_one_runs / "on1"), (4, trainer_four_runs / "on4")):
-        resumed, params = _load(run)
+    for world in (1, 4):
+        resumed, params = _load(resumed_runs / f"on{world}")
         assert resumed["world_size"] == world
         assert resumed["losses"] == pytest.approx(full["losses"], rel=1e-5), world  # the 2 saved, then 2 new
         worst = _worst(params, expected)
@@ -37,9 +37,10 @@ def test_two_processes_save_and_resume_on_one_and_four(trainer_one_runs, trainer
         assert worst < 1e-5
 
 
-def test_clipping_clips_the_averaged_gradient(trainer_one_runs):
+def test_clipping_clips_the_averaged_gradient(one_process_runs, two_process_runs):
     """CLIP in 1 process (`one_clip`), 2 (`clip`, which also saved a checkpoint) and 2 clipping per rank (`local`)."""
-    (_, one), (_, two), (_, local) = (_load(trainer_one_runs / name) for name in ("one_clip", "clip", "local"))
+    _, one = _load(one_process_runs / "one_clip")
+    (_, two), (_, local) = (_load(two_process_runs / name) for name in ("clip", "local"))
     print("2 processes vs 1:", _worst(two, one), "| stock per-rank clipping vs 1:", _worst(local, one))
     assert _worst(two, one) < 1e-5
     assert _worst(local, one) > 1e-3  # each rank clipping its own pieces by its own norm: other numbers

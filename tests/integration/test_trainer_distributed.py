@@ -17,11 +17,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
 from mp_launch import _free_port  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-WORKER = str(Path(__file__).with_name("trainer_worker.py"))
+WORKER = str(Path(__file__).with_name("runs_worker.py"))
 
 
 def _load(run, nproc):
-    """A run of conftest's trainer_runs: each rank's report, rank 0's parameters, what each rank printed."""
+    """A run of conftest's shared runs: each rank's report, rank 0's parameters, what each rank printed."""
     reports = [json.loads((run / f"rank{r}.json").read_text()) for r in range(nproc)]
     said = [(run / f"stdout.rank{r}.txt").read_text() for r in range(nproc)]
     return reports, load_file(run / "params.safetensors"), said
@@ -56,7 +56,7 @@ def _two_nodes(tmp_path):
                 "no",
                 WORKER,
                 str(out),
-                '["nodes"]',
+                '["nodes", "trainer"]',
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -70,10 +70,10 @@ def _two_nodes(tmp_path):
     return load_file(out / "nodes" / "params.safetensors")
 
 
-def test_two_processes_average_once_and_equal_one(trainer_one_runs, tmp_path):
+def test_two_processes_average_once_and_equal_one(one_process_runs, two_process_runs, tmp_path):
     """conftest's runs `one` and `two` (clip 1.0), then `hooked`; two machines here."""
-    (single,), expected, _ = _load(trainer_one_runs / "one", 1)
-    reports, params, said = _load(trainer_one_runs / "two", 2)
+    (single,), expected, _ = _load(one_process_runs / "one", 1)
+    reports, params, said = _load(two_process_runs / "two", 2)
     assert all(r["world_size"] == 2 and not r["grads_averaged"] for r in reports)
     assert all(r["holders"] == [1, 1, 1, 1] for r in reports)  # ZeRO-2: only the owner keeps a matrix's gradient
     assert [s.count("optimizer recipe 2025-12 (roles routing)") for s in said] == [1, 0]  # the table, once (main)
@@ -87,7 +87,7 @@ def test_two_processes_average_once_and_equal_one(trainer_one_runs, tmp_path):
     assert all(torch.equal(nodes[n], p) for n, p in params.items())
 
     # a DDP that keeps its own communication hook averages the gradients; the optimizer knows they arrive averaged
-    reports, params, said = _load(trainer_one_runs / "hooked", 2)
+    reports, params, said = _load(two_process_runs / "hooked", 2)
     assert all(r["grads_averaged"] and r["holders"] == [2] * 4 and all(r["same"]) for r in reports)
     assert "DDP averages the gradients" in "".join(said)
     worst = max(((p - expected[n]).norm() / expected[n].norm()).item() for n, p in params.items())

@@ -1,22 +1,18 @@
 """A transformers Trainer with NanoChatOptimizerMixin on a tiny random Llama, for test_trainer_distributed.py and
-test_trainer_checkpoints.py (run by `accelerate launch` in 2 or 4 processes, or plainly in 1). Global batch 4 in
-every layout. Several runs share one launch (one process group: the launch, not the run, costs the seconds): each
-RUN is a JSON list, its name then its flags, and writes to OUT_DIR/NAME rank 0's final parameters and, per rank,
-how many ranks held a Muon matrix's gradient before each optimizer step (ZeRO-2: its owner only), the optimizer's
-grads_averaged flag and the logged losses (rank<r>.json), and what the rank printed (stdout.rank<r>.txt).
+test_trainer_checkpoints.py (runs_worker.py's "trainer" runs, under `accelerate launch` in 2 or 4 processes, or
+plainly in 1). Global batch 4 in every layout. run(out, flags) writes rank 0's final parameters and, per rank, how
+many ranks held a Muon matrix's gradient before each optimizer step (ZeRO-2: its owner only), the optimizer's
+grads_averaged flag and the logged losses (rank<r>.json).
 
-    python trainer_worker.py OUT_DIR RUN [RUN ...]
-    RUN: '["NAME", FLAG, ...]'  FLAG: --ddp_hook, --save_steps N, --resume CHECKPOINT, --clip NORM, --stock_clip
+    flags: --ddp_hook, --save_steps N, --resume CHECKPOINT, --clip NORM, --stock_clip
 
 --ddp_hook: DDP keeps a communication hook, so it averages; --save_steps: checkpoints in OUT_DIR/run; --clip: the
 max_grad_norm (default 1.0); --stock_clip: the stock Trainer's clipping of each rank's local gradients instead of
 the mixin's (what the mixin must not do: the tests show that it gives other numbers).
 """
 
-import contextlib
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -120,16 +116,3 @@ def run(out: Path, flags: list[str]) -> None:
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     if rank == 0:
         save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(out / "params.safetensors"))
-
-
-def main():
-    for name, *flags in map(json.loads, sys.argv[2:]):
-        out = Path(sys.argv[1]) / name
-        out.mkdir(parents=True, exist_ok=True)
-        rank = int(os.environ.get("RANK", "0"))
-        with open(out / f"stdout.rank{rank}.txt", "w") as said, contextlib.redirect_stdout(said):
-            run(out, flags)
-
-
-if __name__ == "__main__":
-    main()
