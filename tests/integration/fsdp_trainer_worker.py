@@ -1,7 +1,9 @@
-"""A transformers Trainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama, for test_fsdp_trainer.py.
+"""A transformers Trainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama, for test_fsdp_trainer.py
+(runs_worker.py's "fsdp_trainer" runs: run(out, args)).
 
-    python fsdp_trainer_worker.py OUT_DIR train [--fsdp] [--accumulation N]    (`accelerate launch`: 2 gloo processes)
-    python fsdp_trainer_worker.py OUT_DIR fsdp1|shard1|hsdp PORT  (one gloo process: refused, in one line)
+    args: train [--fsdp] [--accumulation N]    (`accelerate launch`: 2 gloo processes)
+          fsdp1|shard1|hsdp PORT               (one plain process: refused, in one line; a gloo group of one
+                                                process on PORT, unless an earlier run of the launch opened one)
 
 train: trainer_worker.py's tiny run (4 steps, global batch 4, in N micro-batches per process), clipping at 0.1 (every
 step clips); --fsdp applies
@@ -13,7 +15,6 @@ the refusal's text (shard1: the optimizer's own refusals too).
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -54,13 +55,14 @@ def _optimizer_refusals(sharded, out: Path) -> None:
         (out / "refused_swap.txt").write_text(str(e))
 
 
-def main():
-    out, mode = Path(sys.argv[1]), sys.argv[2]
-    accumulation = int(sys.argv[sys.argv.index("--accumulation") + 1]) if "--accumulation" in sys.argv else 1
+def run(out: Path, args: list[str]) -> None:
+    mode, *flags = args
+    accumulation = int(flags[flags.index("--accumulation") + 1]) if "--accumulation" in flags else 1
     model, data, args = tiny_run(out, max_grad_norm=0.1, accumulation=accumulation)
     if mode != "train":
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[3])
-        dist.init_process_group("gloo", rank=0, world_size=1)
+        if not dist.is_initialized():
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=flags[0])
+            dist.init_process_group("gloo", rank=0, world_size=1)
         if mode == "fsdp1":
             from torch.distributed.fsdp import FullyShardedDataParallel
 
@@ -81,7 +83,7 @@ def main():
             _optimizer_refusals(model, out)
         return
     _ = args.device  # initialises torch.distributed under accelerate launch (fully_shard needs it)
-    if "--fsdp" in sys.argv:
+    if "--fsdp" in flags:
         shard(model)
     trainer = NanoTrainer(model=model, args=args, train_dataset=data, nanochat_optimizer={"polar_dtype": "float32"})
     trainer.train()
@@ -98,7 +100,3 @@ def main():
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
     if rank == 0:
         save_file({n: p.contiguous() for n, p in params.items()}, str(out / "params.safetensors"))
-
-
-if __name__ == "__main__":
-    main()

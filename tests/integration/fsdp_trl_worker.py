@@ -1,22 +1,21 @@
 """TRL's SFTTrainer, DPOTrainer and GRPOTrainer with NanoChatOptimizerMixin on a tiny Llama, FSDP2-sharded or not,
-for test_fsdp_trl.py.
+for test_fsdp_trl.py (runs_worker.py's "fsdp_trl" runs: run(out, args)).
 
-    python fsdp_trl_worker.py OUT_DIR sft|dpo|grpo [--fsdp]    (under `accelerate launch` for 2 gloo processes)
+    args: sft|dpo|grpo [--fsdp] [--resume CHECKPOINT] [--cb PORT]    (`accelerate launch`: 2 gloo processes)
 
 3 steps of global batch 4 at any world size, clipping at 0.1 (every step clips), float32 orthogonalisation, recipe
 2025-12 (GRPO: 2026-07);
 --fsdp applies `fully_shard` to each decoder layer and the root before the Trainer is built (Accelerate enables FSDP
 on GPUs only); the reference models (DPO's passed whole, GRPO's built by TRL: beta 0.1, synced every step) are left
-to the mixin. A checkpoint at step 2 (OUT_DIR/run/checkpoint-2), the final model saved with save_model
-(OUT_DIR/final). Writes rank 0's whole parameters (params.safetensors) and, per rank, the logs, the logged losses
+to the mixin. A checkpoint at step 2 (out/run/checkpoint-2), the final model saved with save_model
+(out/final). Writes rank 0's whole parameters (params.safetensors) and, per rank, the logs, the logged losses
 and grad norms and whether the reference model is sharded (rank<r>.json). --resume CHECKPOINT: resumes from it.
---cb PORT: GRPO generating by transformers' continuous batching, built in one gloo process: writes the refusal's
-text (refused.txt).
+--cb PORT: GRPO generating by transformers' continuous batching, built in a gloo group of one process (on PORT,
+unless an earlier run of the launch opened one): writes the refusal's text (refused.txt).
 """
 
 import json
 import os
-import sys
 from pathlib import Path
 
 import torch
@@ -77,7 +76,7 @@ class GroupNoise(LogitsProcessor):
         return scores + 3.0 * torch.stack(noise)
 
 
-def build(kind, tokenizer, out, per_device, fsdp):
+def build(kind, tokenizer, out, per_device, fsdp, cb=False):
     model = tiny_llama(tokenizer)
     if kind == "grpo":  # from a folder: GRPO (beta > 0) loads its reference model from the policy's name
         model.save_pretrained(out / "init")  # by the main process only
@@ -102,7 +101,7 @@ def build(kind, tokenizer, out, per_device, fsdp):
                        train_dataset=Dataset.from_list(pairs), nanochat_optimizer=settings)  # fmt: skip
     args = GRPOConfig(num_generations=2, max_completion_length=6, generation_kwargs={"do_sample": False}, beta=0.1,
                       sync_ref_model=True, ref_model_sync_steps=1,
-                      use_transformers_continuous_batching="--cb" in sys.argv,
+                      use_transformers_continuous_batching=cb,
                       **common)  # fmt: skip
     noise = LogitsProcessorList([GroupNoise(tokenizer.pad_token_id, tokenizer.eos_token_id, args.num_generations)])
     generate = model.generate
@@ -113,15 +112,16 @@ def build(kind, tokenizer, out, per_device, fsdp):
                     nanochat_optimizer=settings)  # fmt: skip
 
 
-def main():
-    out, kind, fsdp = Path(sys.argv[1]), sys.argv[2], "--fsdp" in sys.argv
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    tokenizer = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=300)
-    if "--cb" in sys.argv:  # refused when the Trainer is built: one gloo process is enough
-        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=sys.argv[sys.argv.index("--cb") + 1])
-        dist.init_process_group("gloo", rank=0, world_size=1)
+def run(out: Path, args: list[str]) -> None:
+    kind, *flags = args
+    fsdp, world = "--fsdp" in flags, int(os.environ.get("WORLD_SIZE", "1"))
+    tokenizer = train_tokenizer([" ".join(WORDS)] * 4, vocab_size=300)  # each run its own (a Trainer may change it)
+    if "--cb" in flags:  # refused when the Trainer is built: one gloo process is enough
+        if not dist.is_initialized():
+            os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=flags[flags.index("--cb") + 1])
+            dist.init_process_group("gloo", rank=0, world_size=1)
         try:
-            build(kind, tokenizer, out, 4, fsdp)
+            build(kind, tokenizer, out, 4, fsdp, cb=True)
         except UserError as e:
             (out / "refused.txt").write_text(str(e))
         return
@@ -130,7 +130,7 @@ def main():
 
         _ = TrainingArguments(output_dir=str(out / "run"), use_cpu=True, ddp_backend="gloo").device  # init gloo
     trainer = build(kind, tokenizer, out, 4 // world, fsdp)
-    resume = sys.argv[sys.argv.index("--resume") + 1] if "--resume" in sys.argv else None
+    resume = flags[flags.index("--resume") + 1] if "--resume" in flags else None
     trainer.train(resume_from_checkpoint=resume)
     trainer.save_model(str(out / "final"))
     rank = trainer.accelerator.process_index
@@ -148,7 +148,3 @@ def main():
     params = {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach() for n, p in model.named_parameters()}
     if rank == 0:
         save_file({n: p.contiguous() for n, p in params.items()}, str(out / "params.safetensors"))
-
-
-if __name__ == "__main__":
-    main()

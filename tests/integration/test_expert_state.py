@@ -31,12 +31,14 @@ def test_expert_stacks_state_round_trips(state_worker, tmp_path, recipe):
                 assert torch.equal(again.state[p][key], value), (names[id(p)], key)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("arch", ["mixtral", "qwen2_moe", "olmoe"])
 def test_an_moe_model_resumes_through_a_trainer(state_worker, tmp_path, arch):
     """Issue 52: save_pretrained writes an MoE's fused expert stacks expert by expert, and the resume refused the
     checkpoint (missing experts.gate_up_proj, unexpected experts.0.*). Resumed at step 2 of 4 (the checkpoint's
     experts read as from_pretrained reads them), the run logs the uninterrupted run's losses and ends with its
-    weights, bit for bit. (The 2-process FSDP2 load: test_fsdp2_save.py; ZeRO-2 loads as one process does.)"""
+    weights, bit for bit. (The 2-process FSDP2 load: test_fsdp2_save.py; ZeRO-2 loads as one process does.)
+    slow: a Trainer run of 4 steps, then 2 resumed, per architecture (seconds)."""
     from datasets import Dataset
     from safetensors import safe_open
     from transformers import Trainer, TrainingArguments

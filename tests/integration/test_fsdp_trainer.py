@@ -1,37 +1,24 @@
-"""NanoChatOptimizerMixin with a real transformers Trainer on an FSDP2-sharded model (fsdp_trainer_worker.py): 2 gloo
-processes train like one, clipping and gradient accumulation included, and FSDP1, an FSDP2 sharding on dim 1 and
-HSDP (a 2-D mesh) are refused in one line when the Trainer is built (each fails if the mixin stops calling its
-check)."""
+"""NanoChatOptimizerMixin with a real transformers Trainer on an FSDP2-sharded model (fsdp_trainer_worker.py, run in
+conftest's shared launches): 2 gloo processes train like one, clipping and gradient accumulation included, and FSDP1,
+an FSDP2 sharding on dim 1 and HSDP (a 2-D mesh) are refused in one line when the Trainer is built (each fails if the
+mixin stops calling its check)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+import re
 
 import pytest
 from safetensors.torch import load_file
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import _free_port, launch_worker  # noqa: E402
-
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-WORKER = str(Path(__file__).with_name("fsdp_trainer_worker.py"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def _run(tmp_path, name, nproc, *flags):
-    return launch_worker(WORKER, tmp_path / name, nproc, *flags)
-
-
-def test_two_fsdp2_processes_train_like_one(tmp_path):
+def test_two_fsdp2_processes_train_like_one(one_process_runs, two_process_runs):
     """The same global batch of 4: 2 FSDP2 processes, each accumulating 2 micro-batches of 1 row (the first's
     reduce-scatter deferred: transformers 5.24's deferral crashed on a model the caller sharded), log the losses and
     clipped grad norms of one plain process, and end with its parameters (within 1e-5 relative per tensor: the
     batch's 4 rows are summed in one forward there, as (1 + 1) + (1 + 1) here, and Newton-Schulz amplifies the last
     bits)."""
-    single = _run(tmp_path, "single", 1, "train")
-    fsdp = _run(tmp_path, "fsdp", 2, "train", "--fsdp", "--accumulation", "2")
+    single, fsdp = one_process_runs / "single", two_process_runs / "fsdp"  # conftest's shared runs
     one = json.loads((single / "rank0.json").read_text())
     assert not one["fsdp"]
     ref = load_file(single / "params.safetensors")
@@ -55,14 +42,8 @@ def test_two_fsdp2_processes_train_like_one(tmp_path):
         ("hsdp", r"model.embed_tokens.weight: sharded as \(Replicate\(\), Shard\(dim=0\)\) on a 2-D mesh; nanochat's"),
     ],
 )
-def test_fsdp1_and_other_shardings_refused_when_the_trainer_is_built(tmp_path, mode, words):
-    import re
-
-    out = tmp_path / mode
-    out.mkdir()
-    cmd = [sys.executable, WORKER, str(out), mode, str(_free_port())]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+def test_fsdp1_and_other_shardings_refused_when_the_trainer_is_built(one_process_runs, mode, words):
+    out = one_process_runs / mode  # conftest's shared runs
     said = (out / "refused.txt").read_text()
     assert re.match(words, said) and "\n" not in said, said
     assert not any((out / "run").rglob("*"))  # refused before anything was written (the Trainer made the folder)

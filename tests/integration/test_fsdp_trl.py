@@ -1,31 +1,26 @@
 """TRL's SFTTrainer, DPOTrainer and GRPOTrainer with NanoChatOptimizerMixin on an FSDP2-sharded tiny Llama
-(fsdp_trl_worker.py: `fully_shard` per decoder layer and the root, 2 gloo processes, CPU) train like one plain
-process: the same logged losses and clipped grad norms, the same parameters, a whole saved model folder and whole
-checkpoints; the reference models of DPO and GRPO sharded as the policy is; an SFT checkpoint of one process
-resumes on 2 FSDP2 processes (the stock resume fails on sharded parameters: the mixin loads them)."""
+(fsdp_trl_worker.py, run in conftest's shared launches: `fully_shard` per decoder layer and the root, 2 gloo
+processes, CPU) train like one plain process: the same logged losses and clipped grad norms, the same parameters,
+a whole saved model folder and whole checkpoints; the reference models of DPO and GRPO sharded as the policy is; an
+SFT checkpoint of one process resumes on 2 FSDP2 processes (the stock resume fails on sharded parameters: the mixin
+loads them)."""
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import _free_port, launch_worker  # noqa: E402
-
 pytest.importorskip("trl")
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-WORKER = str(Path(__file__).with_name("fsdp_trl_worker.py"))
-ENV = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
 
 
-def _run(tmp_path, name, nproc, *flags):
-    return launch_worker(WORKER, tmp_path / name, nproc, *flags)
+@pytest.fixture(scope="module")
+def runs(one_process_runs, two_process_runs):
+    """conftest's shared runs by name: single_<kind> and the continuous-batching refusal `cb` (one plain process),
+    fsdp_<kind> and `resumed` (2 FSDP2 processes: single_sft's checkpoint at step 2 resumed)."""
+    return {run.name: run for launch in (one_process_runs, two_process_runs) for run in launch.iterdir()}
 
 
 def _report(out, rank=0):
@@ -65,9 +60,8 @@ def _assert_whole_folder(folder, params, exact=True):
             assert ((p.detach() - params[name]).norm() / params[name].norm()).item() <= 1e-5, name
 
 
-def test_sft_under_fsdp2_trains_saves_and_resumes_like_one_process(tmp_path):
-    single = _run(tmp_path, "single", 1, "sft")
-    fsdp = _run(tmp_path, "fsdp", 2, "sft", "--fsdp")
+def test_sft_under_fsdp2_trains_saves_and_resumes_like_one_process(runs):
+    single, fsdp = runs["single_sft"], runs["fsdp_sft"]
     _assert_same_training(single, fsdp)
     # the checkpoint at step 2: whole weights (those of one process's checkpoint), each rank's optimizer part
     ckpt = fsdp / "run" / "checkpoint-2"
@@ -77,25 +71,24 @@ def test_sft_under_fsdp2_trains_saves_and_resumes_like_one_process(tmp_path):
     ]
     _assert_whole_folder(ckpt, load_file(single / "run" / "checkpoint-2" / "model.safetensors"), exact=False)
     # one process's checkpoint resumed by 2 FSDP2 processes: step 3 as in the uninterrupted run
-    resumed = _run(tmp_path, "resumed", 2, "sft", "--fsdp", "--resume", str(single / "run" / "checkpoint-2"))
+    resumed = runs["resumed"]
     assert len(_report(resumed)["losses"]) == 3  # the checkpoint's 2 logged steps, then this run's one
     _assert_same_training(single, resumed)
 
 
-def test_dpo_under_fsdp2_shards_the_reference_model_and_trains_like_one_process(tmp_path):
+def test_dpo_under_fsdp2_shards_the_reference_model_and_trains_like_one_process(runs):
     """The reference model, passed whole, is sharded as the policy is (the mixin's shard_like)."""
-    single, fsdp = _run(tmp_path, "single", 1, "dpo"), _run(tmp_path, "fsdp", 2, "dpo", "--fsdp")
+    single, fsdp = runs["single_dpo"], runs["fsdp_dpo"]
     _assert_same_training(single, fsdp)
     assert _report(fsdp)["ref_sharded"] and _report(fsdp, 1)["ref_sharded"]
 
 
-def test_grpo_under_fsdp2_generates_and_trains_like_one_process(tmp_path):
+def test_grpo_under_fsdp2_generates_and_trains_like_one_process(runs):
     """Generation from sharded parameters: completions of different lengths (some ranks stop before others, and
     generate keeps them stepping: transformers' synced_gpus), the same rewards as one process, the KL term of the
     reference model TRL builds (beta 0.1), sharded by the mixin and synced with the policy every step
     (sync_ref_model: a whole reference would fail there, mixing tensors with DTensors)."""
-    single = _run(tmp_path, "single", 1, "grpo")
-    fsdp = _run(tmp_path, "fsdp", 2, "grpo", "--fsdp")
+    single, fsdp = runs["single_grpo"], runs["fsdp_grpo"]
     _assert_same_training(single, fsdp)
     logs, one = _report(fsdp)["logs"], _report(single)["logs"]
     assert [h["reward"] for h in logs] == pytest.approx([h["reward"] for h in one], rel=1e-6)
@@ -104,14 +97,10 @@ def test_grpo_under_fsdp2_generates_and_trains_like_one_process(tmp_path):
     assert _report(fsdp)["ref_sharded"] and _report(fsdp, 1)["ref_sharded"]
 
 
-def test_grpo_continuous_batching_under_fsdp2_refused_when_the_trainer_is_built(tmp_path):
+def test_grpo_continuous_batching_under_fsdp2_refused_when_the_trainer_is_built(runs):
     """transformers' continuous batching ignores synced_gpus: a rank done generating would stop calling forward
     while the others wait in FSDP2's all-gathers. One line, before anything is written (fails without the check)."""
-    out = tmp_path / "cb"
-    out.mkdir()
-    cmd = [sys.executable, WORKER, str(out), "grpo", "--fsdp", "--cb", str(_free_port())]
-    proc = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    out = runs["cb"]
     said = (out / "refused.txt").read_text()
     assert said.startswith("use_transformers_continuous_batching=True is not supported with FSDP2: transformers'")
     assert "\n" not in said and not any((out / "run").rglob("*")), said

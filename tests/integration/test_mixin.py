@@ -121,18 +121,35 @@ def _sft(tokenizer, tmp_path, recipe, **kw):
     )
 
 
-@pytest.mark.parametrize("recipe", ["2025-12", "2026-07"])
+@pytest.fixture(scope="module")
+def sft_epoch(tokenizer, tmp_path_factory):
+    """sft_epoch(recipe): (trainer, its folder) of one SFT epoch in that recipe (6 steps, checkpoints at 3 and 6),
+    trained once for the tests that read it."""
+    runs = {}
+
+    def run(recipe):
+        if recipe not in runs:
+            folder = tmp_path_factory.mktemp(f"sft{recipe}")
+            trainer = _sft(tokenizer, folder, recipe)
+            trainer.train()
+            runs[recipe] = trainer, folder
+        return runs[recipe]
+
+    return run
+
+
 @pytest.mark.slow
-def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, tmp_path, recipe):
-    """Slow: an SFT epoch through a Trainer, its resume and its reload: what is tested is the whole run."""
-    trainer = _sft(tokenizer, tmp_path, recipe)
-    trainer.train()
+@pytest.mark.parametrize("recipe", ["2025-12", "2026-07"])
+def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, sft_epoch, recipe):
+    """slow: a whole SFT epoch, then half of it again from the checkpoint (seconds); the other Trainer tests here
+    take a few steps."""
+    trainer, tmp_path = sft_epoch(recipe)
     assert type(trainer.optimizer.optimizer) is (MuonAdamW if recipe == "2025-12" else NorMuonAdamW)
     losses = _losses(trainer)
     assert len(losses) == 6 and sum(losses[-2:]) < sum(losses[:2]), losses
     ckpt = tmp_path / "checkpoint-3"
     assert (ckpt / "optimizer.rank0.safetensors").is_file() and not (ckpt / "optimizer.pt").exists()
-    resumed = _sft(tokenizer, tmp_path, recipe)
+    resumed = _sft(tokenizer, tmp_path / "resumed", recipe)
     resumed.train(resume_from_checkpoint=str(ckpt))
     assert len(_losses(resumed)) == 6  # the checkpoint's 3 logged losses, then the 3 of this run
     assert _losses(resumed) == pytest.approx(losses, rel=1e-6, abs=1e-7)
@@ -143,12 +160,10 @@ def test_sft_epoch_lowers_loss_resumes_identically_and_reloads(tokenizer, tmp_pa
 
 
 @pytest.mark.slow
-def test_resume_with_another_recipe_or_grouping_is_refused(tokenizer, tmp_path):
-    """Slow: a Trainer's SFT run is trained and saved, then resumed under another recipe: only a real checkpoint shows
-    the refusal."""
-    trainer = _sft(tokenizer, tmp_path, "2025-12", max_steps=3)
-    trainer.train()
-    ckpt = tmp_path / "checkpoint-3"
+def test_resume_with_another_recipe_or_grouping_is_refused(tokenizer, sft_epoch, tmp_path):
+    """The 2025-12 epoch's checkpoint at step 3, resumed in recipe 2026-07 and with lm_head routed to Muon (slow:
+    the epoch, shared with the test above)."""
+    ckpt = sft_epoch("2025-12")[1] / "checkpoint-3"
     other = _sft(tokenizer, tmp_path, "2026-07", max_steps=4)
     with pytest.raises(UserError, match="optimizer state of recipe 2025-12, this run's is 2026-07"):
         other.train(resume_from_checkpoint=str(ckpt))

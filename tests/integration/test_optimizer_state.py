@@ -6,11 +6,10 @@ A partial set, or files of another model, grouping or recipe: one line, nothing 
 from __future__ import annotations
 
 import shutil
-import socket
+from pathlib import Path
 
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from nanochat_hf.errors import UserError
 from nanochat_hf.integration.optimizer_state import (
@@ -24,16 +23,6 @@ from nanochat_hf.optim import build_optimizer
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _spawn(state_worker, world, mode, source, target):
-    mp.spawn(state_worker.worker, args=(world, _free_port(), mode, str(source), str(target)), nprocs=world, join=True)
-
-
 def _assert_same(a, b):
     assert a.keys() == b.keys()
     for name, st in a.items():
@@ -45,17 +34,21 @@ def _assert_same(a, b):
 
 @pytest.fixture(scope="module")
 def two_process_checkpoint(state_worker, tmp_path_factory):
-    root = tmp_path_factory.mktemp("state")
-    _spawn(state_worker, 2, "train", "", root / "w2")
-    return root
+    """w2: written by 2 processes; w4 and w3: w2 read and written again by 4 and by 3 (3 does not divide the rows:
+    uneven shards). One spawn of 4 processes, the three process groups one after another."""
+    root = str(tmp_path_factory.mktemp("state"))
+    w2, w4, w3 = (f"{root}/w{world}" for world in (2, 4, 3))
+    state_worker.helpers.spawn_jobs(
+        (state_worker.worker, 2, "train", "", w2), (state_worker.worker, 4, "reload", w2, w4),
+        (state_worker.worker, 3, "reload", w2, w3),
+    )  # fmt: skip
+    return Path(root)
 
 
 def test_a_checkpoint_of_two_processes_is_the_gathered_state_and_reads_the_same_anywhere(
     state_worker, two_process_checkpoint
 ):
     root = two_process_checkpoint
-    _spawn(state_worker, 4, "reload", root / "w2", root / "w4")
-    _spawn(state_worker, 3, "reload", root / "w2", root / "w3")  # 3 does not divide the rows: uneven shards
     for arch, recipe in state_worker.CASES:
         case = f"{arch}-{recipe}"
         saved = read_optimizer_checkpoint(root / "w2" / case)

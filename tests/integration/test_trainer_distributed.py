@@ -14,22 +14,17 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "training"))
-from mp_launch import _free_port, launch_command  # noqa: E402
+from mp_launch import _free_port  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
-WORKER = str(Path(__file__).with_name("trainer_worker.py"))
+WORKER = str(Path(__file__).with_name("runs_worker.py"))
 
 
-def _run(tmp_path, name, nproc, *flags):
-    out = tmp_path / name
-    out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
-    proc = subprocess.run(
-        [*launch_command(nproc, WORKER), str(out), *flags], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(nproc)]
-    return reports, load_file(out / "params.safetensors"), proc.stdout
+def _load(run, nproc):
+    """A run of conftest's shared runs: each rank's report, rank 0's parameters, what each rank printed."""
+    reports = [json.loads((run / f"rank{r}.json").read_text()) for r in range(nproc)]
+    said = [(run / f"stdout.rank{r}.txt").read_text() for r in range(nproc)]
+    return reports, load_file(run / "params.safetensors"), said
 
 
 def _two_nodes(tmp_path):
@@ -61,6 +56,7 @@ def _two_nodes(tmp_path):
                 "no",
                 WORKER,
                 str(out),
+                '["nodes", "trainer"]',
             ],
             env=env,
             stdout=subprocess.PIPE,
@@ -71,15 +67,16 @@ def _two_nodes(tmp_path):
     ]
     results = [node.communicate(timeout=600) for node in nodes]
     assert all(node.returncode == 0 for node in nodes), [err[-3000:] for _, err in results]
-    return load_file(out / "params.safetensors")
+    return load_file(out / "nodes" / "params.safetensors")
 
 
-def test_two_processes_average_once_and_equal_one(tmp_path):
-    (single,), expected, _ = _run(tmp_path, "one", 1)
-    reports, params, stdout = _run(tmp_path, "two", 2)
+def test_two_processes_average_once_and_equal_one(one_process_runs, two_process_runs, tmp_path):
+    """conftest's runs `one` and `two` (clip 1.0), then `hooked`; two machines here."""
+    (single,), expected, _ = _load(one_process_runs / "one", 1)
+    reports, params, said = _load(two_process_runs / "two", 2)
     assert all(r["world_size"] == 2 and not r["grads_averaged"] for r in reports)
     assert all(r["holders"] == [1, 1, 1, 1] for r in reports)  # ZeRO-2: only the owner keeps a matrix's gradient
-    assert stdout.count("optimizer recipe 2025-12 (roles routing)") == 1  # the table, once (main process)
+    assert [s.count("optimizer recipe 2025-12 (roles routing)") for s in said] == [1, 0]  # the table, once (main)
     worst = max(((p - expected[n]).norm() / expected[n].norm()).item() for n, p in params.items())
     print("worst relative parameter difference, 2 processes vs 1:", worst)
     assert worst < 1e-5
@@ -90,9 +87,9 @@ def test_two_processes_average_once_and_equal_one(tmp_path):
     assert all(torch.equal(nodes[n], p) for n, p in params.items())
 
     # a DDP that keeps its own communication hook averages the gradients; the optimizer knows they arrive averaged
-    reports, params, stdout = _run(tmp_path, "hooked", 2, "--ddp_hook")
+    reports, params, said = _load(two_process_runs / "hooked", 2)
     assert all(r["grads_averaged"] and r["holders"] == [2] * 4 and all(r["same"]) for r in reports)
-    assert "DDP averages the gradients" in stdout
+    assert "DDP averages the gradients" in "".join(said)
     worst = max(((p - expected[n]).norm() / expected[n].norm()).item() for n, p in params.items())
     print("worst relative parameter difference, 2 processes (DDP averaging) vs 1:", worst)
     assert worst < 1e-5

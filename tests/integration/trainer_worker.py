@@ -1,9 +1,10 @@
 """A transformers Trainer with NanoChatOptimizerMixin on a tiny random Llama, for test_trainer_distributed.py and
-test_trainer_checkpoints.py (run by `accelerate launch` in 2 or 4 processes, or plainly in 1). Global batch 4 in
-every layout. Writes rank 0's final parameters and, per rank, how many ranks held a Muon matrix's gradient before
-each optimizer step (ZeRO-2: its owner only), the optimizer's grads_averaged flag and the logged losses.
+test_trainer_checkpoints.py (runs_worker.py's "trainer" runs, under `accelerate launch` in 2 or 4 processes, or
+plainly in 1). Global batch 4 in every layout. run(out, flags) writes rank 0's final parameters and, per rank, how
+many ranks held a Muon matrix's gradient before each optimizer step (ZeRO-2: its owner only), the optimizer's
+grads_averaged flag and the logged losses (rank<r>.json).
 
-    python trainer_worker.py OUT_DIR [--ddp_hook] [--save_steps N] [--resume CHECKPOINT] [--clip NORM] [--stock_clip]
+    flags: --ddp_hook, --save_steps N, --resume CHECKPOINT, --clip NORM, --stock_clip
 
 --ddp_hook: DDP keeps a communication hook, so it averages; --save_steps: checkpoints in OUT_DIR/run; --clip: the
 max_grad_norm (default 1.0); --stock_clip: the stock Trainer's clipping of each rank's local gradients instead of
@@ -11,7 +12,7 @@ the mixin's (what the mixin must not do: the tests show that it gives other numb
 """
 
 import json
-import sys
+import os
 from pathlib import Path
 
 import torch
@@ -67,8 +68,8 @@ class GradCheck(TrainerCallback):
             self.same.append(torch.equal(everyone[0], everyone[1]))
 
 
-def _option(name: str, default: str | None = None) -> str | None:
-    return sys.argv[sys.argv.index(name) + 1] if name in sys.argv else default
+def _option(flags: list[str], name: str, default: str | None = None) -> str | None:
+    return flags[flags.index(name) + 1] if name in flags else default
 
 
 def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0, accumulation: int = 1):
@@ -81,7 +82,7 @@ def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0, accumul
     g = torch.Generator().manual_seed(1)
     rows = [torch.randint(0, 64, (8,), generator=g).tolist() for _ in range(16)]
     data = Dataset.from_list([{"input_ids": r, "labels": r} for r in rows])
-    world = int(__import__("os").environ.get("WORLD_SIZE", "1"))
+    world = int(os.environ.get("WORLD_SIZE", "1"))
     args = TrainingArguments(output_dir=str(out / "run"), max_steps=4, gradient_accumulation_steps=accumulation,
                              per_device_train_batch_size=4 // world // accumulation, logging_steps=1,
                              save_strategy="steps" if save_steps else "no", save_steps=save_steps,
@@ -90,13 +91,13 @@ def tiny_run(out: Path, max_grad_norm: float = 1.0, save_steps: int = 0, accumul
     return model, data, args
 
 
-def main():
-    out, ddp_hook = Path(sys.argv[1]), "--ddp_hook" in sys.argv
-    save_steps, resume = int(_option("--save_steps", "0")), _option("--resume")
-    model, data, args = tiny_run(out, float(_option("--clip", "1.0")), save_steps)
+def run(out: Path, flags: list[str]) -> None:
+    ddp_hook = "--ddp_hook" in flags
+    save_steps, resume = int(_option(flags, "--save_steps", "0")), _option(flags, "--resume")
+    model, data, args = tiny_run(out, float(_option(flags, "--clip", "1.0")), save_steps)
     check, hook = GradCheck(), DDPHook()
     callbacks = [hook, check] if ddp_hook else [check]
-    trainer = (StockClipTrainer if "--stock_clip" in sys.argv else NanoTrainer)(
+    trainer = (StockClipTrainer if "--stock_clip" in flags else NanoTrainer)(
         model=model, args=args, train_dataset=data, callbacks=callbacks, nanochat_optimizer={"polar_dtype": "float32"}
     )
     hook.trainer = trainer
@@ -115,7 +116,3 @@ def main():
     (out / f"rank{rank}.json").write_text(json.dumps(report))
     if rank == 0:
         save_file({n: p.detach().contiguous() for n, p in model.named_parameters()}, str(out / "params.safetensors"))
-
-
-if __name__ == "__main__":
-    main()

@@ -70,13 +70,14 @@ def shard_after_building(model, settings):
     return opt
 
 
-def same_numbers_worker(rank, world, port, out_dir, max_grad_norm):
+def same_numbers_worker(rank, world, port, out_dir, max_grad_norm, orders=True):
     """Each model in each recipe (G0 also sharded after building the optimizer): STEPS FSDP2 steps on this rank's
     slice of the global batches. Rank 0 also trains copies in one process on the ranks' slices as micro-batches,
-    their gradients averaged (as FSDP2 averages them): in rank order, the reference, then reversed and rotated, whose
-    distance to it is what summation order alone moves. Rank 0 writes, per (model, recipe), the relative difference
-    per tensor of FSDP2 and of the other orders to the reference, the last gradient norms, the consolidated FSDP2
-    optimizer state next to the reference's, and every rank's parameter and gradient bytes (out_dir/result.pt)."""
+    their gradients averaged (as FSDP2 averages them): in rank order, the reference, then (``orders``) reversed and
+    rotated, whose distance to it is what summation order alone moves. Rank 0 writes, per (model, recipe), the
+    relative difference per tensor of FSDP2 and (``orders``, else False) of the other orders to the reference, the
+    last gradient norms, the consolidated FSDP2 optimizer state next to the reference's, and every rank's parameter
+    and gradient bytes (out_dir/result.pt)."""
     from optim_helpers import consolidated_state_dict, step_on_average
 
     from nanochat_hf.optim import build_optimizer
@@ -115,7 +116,7 @@ def same_numbers_worker(rank, world, port, out_dir, max_grad_norm):
                 if rank != 0:
                     continue
                 runs = []  # the ranks' micro-batches in rank order, reversed, rotated by one
-                for order in (slice(None), slice(None, None, -1), "rotated"):
+                for order in (slice(None), slice(None, None, -1), "rotated") if orders else (slice(None),):
                     single = copy.deepcopy(model)
                     single_opt = build_optimizer(single, sharded=False, **settings)
                     single_opt.max_grad_norm = max_grad_norm
@@ -129,7 +130,9 @@ def same_numbers_worker(rank, world, port, out_dir, max_grad_norm):
 
                 results[name, recipe] = {
                     "fsdp": {n: rel(fsdp[n], q) for n, q in ref.items()},
-                    "order": {n: max(rel(other[n], q) for other, _ in others) for n, q in ref.items()},
+                    "order": {n: max(rel(other[n], q) for other, _ in others) for n, q in ref.items()}
+                    if orders
+                    else None,
                     "exact": all(torch.equal(fsdp[n], q) for n, q in ref.items()),
                     "grad_norm": (opt.last_grad_norm, ref_opt.last_grad_norm),
                     "state": (state, ref_opt.state_dict()["state"]),

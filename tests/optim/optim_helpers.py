@@ -168,6 +168,35 @@ def consolidated_state_dict(opt):
     return {"state": state, "param_groups": sd["param_groups"], "sharding": {"world_size": 1, "rank": 0}}
 
 
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def spawn_jobs(*jobs, log: str | None = None) -> None:
+    """Runs gloo jobs ``(worker, world, *args)``, each called as ``worker(rank, world, port, *args)`` on its own
+    free port (opening and closing its process group), one after another in ONE spawn of the largest world's
+    processes: a process costs seconds of imports, a job's group little. A rank beyond a job's world goes on to the
+    next job and waits there for the others. Any job failing fails the spawn (its traceback names the worker);
+    ``log``: rank 0 appends each finished job's worker name there, a line each."""
+    import torch.multiprocessing as mp
+
+    jobs = [(worker, world, free_port(), args) for worker, world, *args in jobs]
+    mp.spawn(_run_jobs, args=(jobs, log), nprocs=max(world for _, world, _, _ in jobs), join=True)
+
+
+def _run_jobs(rank, jobs, log):
+    for worker, world, port, args in jobs:
+        if rank < world:
+            worker(rank, world, port, *args)
+            if log and rank == 0:
+                with open(log, "a") as f:
+                    f.write(worker.__name__ + "\n")
+
+
 def _muon_names(model):
     return [n for n, _ in model.named_parameters() if n.startswith("transformer.h.")]
 

@@ -30,7 +30,7 @@ def _loss(model, ids, scale=1.0):
         (model(input_ids=ids, labels=ids).loss * scale).backward()
 
 
-def _worker(rank, world, port, out):  # run as a script: python test_bf16_embedding.py RANK WORLD PORT OUT
+def sharded_worker(rank, world, port, out):  # run in conftest's shared spawn (gloo_runs)
     from nanochat_hf.optim import build_optimizer
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -64,12 +64,10 @@ def _worker(rank, world, port, out):  # run as a script: python test_bf16_embedd
         dist.destroy_process_group()
 
 
-def test_bf16_embedding_in_the_sharded_step(tmp_path, two_ranks):
+def test_bf16_embedding_in_the_sharded_step(gloo_runs):
     from nanochat_hf.optim import build_optimizer
 
-    out = tmp_path / "rank0.pt"
-    two_ranks(__file__, out)
-    got = torch.load(out, weights_only=True)
+    got = torch.load(gloo_runs / "bf16" / "rank0.pt", weights_only=True)
 
     model = _model()
     opt = build_optimizer(model, sharded=False)
@@ -88,7 +86,3 @@ def test_bf16_embedding_in_the_sharded_step(tmp_path, two_ranks):
         # float32 weights as in tests/training/test_grad_clip.py; the bf16 embedding within one bf16 rounding
         tol = dict(rtol=1e-2, atol=1e-2) if p.dtype == torch.bfloat16 else dict(rtol=1e-4, atol=1e-5)
         torch.testing.assert_close(got["params"][name], p.detach(), **tol, msg=name)
-
-
-if __name__ == "__main__":
-    _worker(int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4])

@@ -9,29 +9,31 @@ o_proj). The bound is therefore 1e-6 relative per tensor, or 4 times what summin
 another order (reversed, rotated) moves that tensor in one process, whichever is larger.
 """
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _same_numbers(helpers, tmp_path, world, max_grad_norm):
+@pytest.fixture(scope="module")
+def same_numbers(helpers, tmp_path_factory):
+    """same_numbers(world): fsdp_helpers.same_numbers_worker's results on 2 ranks without clipping (the one-process
+    reference alone) and on 4 ranks clipping at 0.3 (with the other summation orders): one spawn of 4 processes."""
     import fsdp_helpers
 
-    mp.spawn(fsdp_helpers.same_numbers_worker, args=(world, _free_port(), str(tmp_path), max_grad_norm), nprocs=world)
-    results = torch.load(tmp_path / "result.pt")
-    assert {key for key in results} == {
-        (m, r) for m in ("G0", "G0 late", "G5", "llama", "mixtral", "phi3 split") for r in ("2025-12", "2026-07")
-    }
+    out = {world: tmp_path_factory.mktemp(f"fsdp{world}") for world in (2, 4)}
+    helpers.spawn_jobs(
+        (fsdp_helpers.same_numbers_worker, 2, str(out[2]), 0.0, False),
+        (fsdp_helpers.same_numbers_worker, 4, str(out[4]), 0.3, True),
+    )
+
+    def results(world):
+        results = torch.load(out[world] / "result.pt")
+        assert {key for key in results} == {
+            (m, r) for m in ("G0", "G0 late", "G5", "llama", "mixtral", "phi3 split") for r in ("2025-12", "2026-07")
+        }
+        return results
+
     return results
 
 
@@ -54,21 +56,21 @@ def _held_by_the_rule(helpers, r, world):
     assert r["held"] == [[b, b] for b in rule]
 
 
-def test_two_ranks_bit_identical_to_one_process(helpers, tmp_path):
+def test_two_ranks_bit_identical_to_one_process(helpers, same_numbers):
     """W = 2, no clipping: every parameter of G0, G5, the Llama, the Mixtral (experts updated where they are) and the
     split Phi3, in both recipes, equals one process's bits (also where the optimizer was built before the model was
     sharded, as under Accelerate's FSDP2); each rank holds the parameter and gradient bytes of the layout rule."""
-    for key, r in _same_numbers(helpers, tmp_path, 2, 0.0).items():
+    for key, r in same_numbers(2).items():
         _held_by_the_rule(helpers, r, 2)
         worst = max(r["fsdp"], key=r["fsdp"].get)
         assert r["exact"], f"{key}: {worst} differs by {r['fsdp'][worst]:.3g} relative"
         _state_matches(*r["state"], key)
 
 
-def test_four_ranks_with_clipping_within_summation_order(helpers, tmp_path):
+def test_four_ranks_with_clipping_within_summation_order(helpers, same_numbers):
     """W = 4, clipping at 0.3: every tensor within 1e-6 relative of one process, or within 4 times what another
     summation order of the micro-batches moves it in one process; the clipped norms agree to float32 rounding."""
-    for key, r in _same_numbers(helpers, tmp_path, 4, 0.3).items():
+    for key, r in same_numbers(4).items():
         _held_by_the_rule(helpers, r, 4)
         for name, diff in r["fsdp"].items():
             bound = max(1e-6, 4 * r["order"][name])

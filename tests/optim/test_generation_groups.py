@@ -118,45 +118,46 @@ def test_head_recipe_groups_of_a_g5_model():
     assert sorted(n for ns in members.values() for n in ns) == sorted(names.values())  # each parameter once
 
 
-WORKER = """
-import sys, torch, torch.distributed as dist
-sys.path.insert(0, {here!r})
-from test_generation_groups import g5_like
-from nanochat_hf.optim.routing import build_optimizer
-rank, world, port, out = int(sys.argv[1]), int(sys.argv[2]), sys.argv[3], sys.argv[4]
-dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{{port}}", rank=rank, world_size=world)
+def sharded_worker(rank, world, port, out):
+    """Run in conftest's shared spawn (gloo_runs): 3 sharded steps on per-rank gradients equal, bit for bit, one
+    process stepping on their average; rank 0 writes "equal" to ``out``."""
+    import os
 
-def grads(model, r, step):
-    g = torch.Generator().manual_seed(100 * step + r)
-    for p in model.parameters():
-        p.grad = torch.randn(p.shape, generator=g)
+    import torch.distributed as dist
 
-sharded, single = g5_like(), g5_like()
-opt = build_optimizer(sharded)
-ref = build_optimizer(single, sharded=False)
-assert opt.reduces_gradients and not ref.reduces_gradients
-for step in range(3):
-    grads(sharded, rank, step)
-    opt.step()
-    per_rank = []
-    for r in range(world):
-        grads(single, r, step)
-        per_rank.append([p.grad.clone() for p in single.parameters()])
-    for p, *gs in zip(single.parameters(), *per_rank):
-        p.grad = sum(gs) / world
-    ref.step()
-for (name, a), b in zip(sharded.named_parameters(), single.parameters()):
-    assert torch.equal(a, b), name
-if rank == 0:
-    open(out, "w").write("equal")
-dist.destroy_process_group()
-"""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+
+    def grads(model, r, step):
+        g = torch.Generator().manual_seed(100 * step + r)
+        for p in model.parameters():
+            p.grad = torch.randn(p.shape, generator=g)
+
+    try:
+        sharded, single = g5_like(), g5_like()
+        opt = build_optimizer(sharded)
+        ref = build_optimizer(single, sharded=False)
+        assert opt.reduces_gradients and not ref.reduces_gradients
+        for step in range(3):
+            grads(sharded, rank, step)
+            opt.step()
+            per_rank = []
+            for r in range(world):
+                grads(single, r, step)
+                per_rank.append([p.grad.clone() for p in single.parameters()])
+            for p, *gs in zip(single.parameters(), *per_rank):
+                p.grad = sum(gs) / world
+            ref.step()
+        for (name, a), b in zip(sharded.named_parameters(), single.parameters()):
+            assert torch.equal(a, b), name
+        if rank == 0:
+            Path(out).write_text("equal")
+    finally:
+        dist.destroy_process_group()
 
 
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_sharded_step_equals_one_process(two_ranks, tmp_path):
-    script = tmp_path / "worker.py"
-    script.write_text(WORKER.format(here=str(Path(__file__).parent)))
-    two_ranks(str(script), tmp_path / "out")
-    assert (tmp_path / "out").read_text() == "equal"
+def test_sharded_step_equals_one_process(gloo_runs):
+    assert (gloo_runs / "g5" / "out").read_text() == "equal"

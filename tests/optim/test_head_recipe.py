@@ -1,19 +1,10 @@
 """Optimizer recipe 2026-07 (nanochat HEAD's MuonAdamW): equal to nanochat's own step, 2 processes equal 1."""
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 
 from nanochat_hf.errors import UserError
 from nanochat_hf.optim import MuonAdamW, NorMuonAdamW, build_optimizer
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _assert_close_to(params, expected, initial, what):
@@ -114,10 +105,10 @@ def test_clipping_in_the_step(helpers):
 @pytest.mark.slow
 @pytest.mark.multiprocess
 @pytest.mark.parametrize("max_grad_norm", [0.0, 5.0])
-def test_two_gloo_processes_equal_one(helpers, tmp_path, max_grad_norm):
+def test_two_gloo_processes_equal_one(helpers, gloo_runs, max_grad_norm):
     """2 processes: parameters the same on both ranks and equal to one process (so to nanochat's, without
     clipping), the consolidated state equal to one process's, each rank holding the state the layout rule says."""
-    mp.spawn(helpers.head_dist_worker, args=(2, _free_port(), str(tmp_path), max_grad_norm), nprocs=2, join=True)
+    tmp_path = gloo_runs / f"head{max_grad_norm}"  # head_dist_worker's, in conftest's shared spawn
     result = torch.load(tmp_path / "result.pt", weights_only=True)
     assert result["same_on_every_rank"]
     initial, grads, final, _ = helpers.head_reference()

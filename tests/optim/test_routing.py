@@ -2,11 +2,8 @@
 Gemma, GPT-2, Qwen2-MoE, a PEFT LoRA model), the routing visible as data and as a table, bad input refused in one line,
 and 2 gloo processes equal to 1."""
 
-import socket
-
 import pytest
 import torch
-import torch.multiprocessing as mp
 from torch import nn
 
 from nanochat_hf.errors import UserError
@@ -176,20 +173,13 @@ def test_nanochat_model_keeps_its_layout(helpers):
     assert [r.group for r in opt.routing.routes] == ["adamw/lm_head", "adamw/wte", "muon/matrix"]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 @pytest.mark.multiprocess
-def test_two_gloo_processes_equal_one_on_every_architecture(helpers, tmp_path):
+def test_two_gloo_processes_equal_one_on_every_architecture(helpers, gloo_runs):
     """5 steps on fixed per-rank gradients, each architecture in both recipes, DDP-wrapped: the sharded step on 2
     processes equals 1 process stepping on the averaged gradient within 1e-6 (relative, per parameter); the MoE
     models' expert stacks are spread across the ranks, each rank holding its experts' state only; split_fused on
     Phi3, GPT-2 and Mixtral."""
-    mp.spawn(helpers.archs_dist_worker, args=(2, _free_port(), 5, str(tmp_path)), nprocs=2, join=True)
-    worst = torch.load(tmp_path / "worst.pt", weights_only=True)
+    worst = torch.load(gloo_runs / "routing" / "worst.pt", weights_only=True)  # in conftest's shared spawn
     assert len(worst) == 2 * len(helpers.DIST_CASES)
     assert max(worst.values()) <= 1e-6, worst
