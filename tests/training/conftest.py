@@ -278,3 +278,14 @@ def tiny_args():
 @pytest.fixture
 def run_mid_train():
     return run_script
+
+
+def answer(parse, argv: list[str], capsys) -> tuple[object, str, str]:
+    """(exit code or None if parsing went on, stdout, stderr) of `parse(argv)`."""
+    try:
+        parse(list(argv))
+        code = None
+    except SystemExit as e:
+        code = e.code
+    out = capsys.readouterr()
+    return code, out.out, out.err

@@ -13,6 +13,8 @@ from nanochat_hf.errors import UserError
 from nanochat_hf.training import base_cli, cli, run
 from nanochat_hf.training.base_arguments import _parser, parse_base_args
 
+from .conftest import answer
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -32,17 +34,6 @@ def real_parse(argv: list[str]) -> None:
         run._fail(e)
     finally:
         run.PROG = mid_train
-
-
-def answer(parse, argv: list[str], capsys) -> tuple[object, str, str]:
-    """(exit code or None if parsing went on, stdout, stderr) of `parse(argv)`."""
-    try:
-        parse(list(argv))
-        code = None
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize(

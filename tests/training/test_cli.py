@@ -14,6 +14,8 @@ from nanochat_hf.training import cli
 from nanochat_hf.training.arguments import _parser, parse_args
 from nanochat_hf.training.run import _fail
 
+from .conftest import answer
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -30,17 +32,6 @@ def real_parse(argv: list[str]) -> None:
         parse_args(argv)
     except (UserError, OSError) as e:
         _fail(e)
-
-
-def answer(parse, argv: list[str], capsys) -> tuple[object, str, str]:
-    """(exit code or None if parsing went on, stdout, stderr) of `parse(argv)`."""
-    try:
-        parse(list(argv))
-        code = None
-    except SystemExit as e:
-        code = e.code
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 @pytest.mark.parametrize(
