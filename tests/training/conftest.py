@@ -289,3 +289,29 @@ def answer(parse, argv: list[str], capsys) -> tuple[object, str, str]:
         code = e.code
     out = capsys.readouterr()
     return code, out.out, out.err
+
+
+def checkpoint_requested_at(monkeypatch, run_module, step: int) -> None:
+    """The Trainer `run_module.build_trainer` builds is asked for its JIT checkpoint at the start of `step` (what
+    transformers' SIGTERM handler sets once its grace period is over), without a signal or its 3 s wait."""
+    from transformers import TrainerCallback
+
+    from nanochat_hf.training.callbacks import StepEndJITCheckpoint
+
+    class Sigterm(TrainerCallback):
+        def __init__(self, manager):
+            self.manager = manager
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == step:
+                self.manager.is_checkpoint_requested = True
+
+    original = run_module.build_trainer
+
+    def build_trainer(*a, **k):
+        trainer = original(*a, **k)
+        (jit,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepEndJITCheckpoint)]
+        trainer.add_callback(Sigterm(jit.jit_manager))
+        return trainer
+
+    monkeypatch.setattr(run_module, "build_trainer", build_trainer)

@@ -17,6 +17,7 @@ from nanochat_hf.data.pretraining import write_synthetic_shards
 from nanochat_hf.training.base_run import main
 
 from .base_replay import DATA
+from .conftest import checkpoint_requested_at
 
 pytestmark = pytest.mark.slow  # a few short runs of the script (about 30 s together)
 
@@ -108,29 +109,10 @@ def test_full_disk_while_saving_is_one_line(run, capsys):
 
 
 def test_sigterm_saves_says_where_and_exits_143(run, monkeypatch, capsys):
-    from transformers import TrainerCallback
-
     from nanochat_hf.training import base_run
-    from nanochat_hf.training.callbacks import StepEndJITCheckpoint
 
     tmp, out, args, _ = run
-
-    class Sigterm(TrainerCallback):
-        def __init__(self, manager):
-            self.manager = manager
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if state.global_step == 2:  # what the SIGTERM handler sets
-                self.manager.is_checkpoint_requested = True
-
-    def build_trainer(*a, **k):
-        trainer = original(*a, **k)
-        (jit,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepEndJITCheckpoint)]
-        trainer.add_callback(Sigterm(jit.jit_manager))
-        return trainer
-
-    original = base_run.build_trainer
-    monkeypatch.setattr(base_run, "build_trainer", build_trainer)
+    checkpoint_requested_at(monkeypatch, base_run, 2)
     stopped = tmp / "sigterm"
     line = _fail([*args, "--output_dir", str(stopped)], capsys, code=143)
     assert line.startswith(f"base_train: preempted (SIGTERM) at step 3 of 4: {stopped / 'checkpoint-3'} is saved")

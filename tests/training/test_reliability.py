@@ -18,6 +18,8 @@ from safetensors.torch import load_file
 
 from nanochat_hf.training.run import main
 
+from .conftest import checkpoint_requested_at
+
 BASE = ["--num_iterations", "4", "--save_steps", "2", "--eval_every", "2"]
 
 
@@ -325,31 +327,12 @@ def test_full_disk_during_the_final_save(run, capsys):
 def test_jit_checkpoint_on_sigterm_resumes_with_the_same_logged_losses(run, monkeypatch):
     """Slow: it trains (or resumes) a tiny mid_train run in this process: a run's files, resumes and refusals are what
     is tested."""
-    from transformers import TrainerCallback
-
     from nanochat_hf.training import run as run_module
-    from nanochat_hf.training.callbacks import StepEndJITCheckpoint
 
     tmp, out, args, _ = run
     args = [*args, "--chat_eval_tasks", ""]
     jit = tmp / "jit"
-
-    class SigtermDuringStep2(TrainerCallback):
-        def __init__(self, manager):
-            self.manager = manager
-
-        def on_step_begin(self, args, state, control, **kwargs):
-            if state.global_step == 1:  # what the SIGTERM handler sets once its grace period is over
-                self.manager.is_checkpoint_requested = True
-
-    def build_trainer(*a, **k):
-        trainer = original(*a, **k)
-        (jit_callback,) = [c for c in trainer.callback_handler.callbacks if isinstance(c, StepEndJITCheckpoint)]
-        trainer.add_callback(SigtermDuringStep2(jit_callback.jit_manager))
-        return trainer
-
-    original = run_module.build_trainer
-    monkeypatch.setattr(run_module, "build_trainer", build_trainer)
+    checkpoint_requested_at(monkeypatch, run_module, 1)  # during step 2
     with pytest.raises(SystemExit) as e:  # preempted: exit 143, no final model
         _run([*args, "--enable_jit_checkpoint", "true", "--save_steps", "100", "--output_dir", str(jit)])
     monkeypatch.undo()
