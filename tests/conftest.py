@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -25,6 +26,49 @@ class _Block:
             raise ModuleNotFoundError(f"{name} is blocked in this test")
 sys.meta_path.insert(0, _Block())
 """
+
+
+# Started in the background (`pytest &` in a script, `nohup`), this process ignores SIGINT, and so would every
+# process a test starts: the Ctrl-C tests' SIGINT would do nothing. A handler here is reset to the default in each
+# child, so the children's Python takes Ctrl-C as a terminal's does.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+# pytest-xdist (`-n 2` in pyproject's addopts): each worker computes with one thread, and so does every process a
+# test starts (two workers on two cores; a second torch thread would only spin-wait for a busy core).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+# The folders whose session fixtures (trained runs, a served model, gloo launches, converted checkpoints) several
+# test files share run whole on one worker, so each fixture is built once; elsewhere each file is its own group.
+_SHARED_FOLDERS = {"conversion", "integration", "optim", "serving"}
+_SHARED_FILES = {"test_run.py": "pushed_run", "test_hub.py": "pushed_run"}  # tests/training's session fixture
+
+
+def _xdist_group(path: Path) -> str:
+    rel = path.relative_to(Path(__file__).parent)
+    if rel.parts[0] in _SHARED_FOLDERS:
+        return rel.parts[0]
+    if rel.parts[0] == "training" and rel.name in _SHARED_FILES:
+        return _SHARED_FILES[rel.name]
+    return rel.as_posix()
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_collection_modifyitems(config, items):
+    """In an xdist worker: every test in its group (above), the groups with the most slow tests first, so that the
+    longest work starts first and the two workers finish together."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    groups: dict[str, list] = {}
+    for item in items:
+        groups.setdefault(_xdist_group(item.path), []).append(item)
+    for name, members in groups.items():
+        for item in members:
+            item.add_marker(pytest.mark.xdist_group(name))
+    ordered = sorted(groups.values(), key=lambda m: -sum(1 for i in m if i.get_closest_marker("slow")))
+    items[:] = [item for members in ordered for item in members]
 
 
 @pytest.fixture
