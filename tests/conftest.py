@@ -46,27 +46,38 @@ _SHARED_FOLDERS = {"conversion", "integration", "optim", "serving"}
 _SHARED_FILES = {"test_run.py": "pushed_run", "test_hub.py": "pushed_run"}  # tests/training's session fixture
 
 
-def _xdist_group(path: Path) -> str:
-    rel = path.relative_to(Path(__file__).parent)
-    if rel.parts[0] in _SHARED_FOLDERS:
-        return rel.parts[0]
-    if rel.parts[0] == "training" and rel.name in _SHARED_FILES:
-        return _SHARED_FILES[rel.name]
-    return rel.as_posix()
+def xdist_group(nodeid: str) -> str:
+    """The group of the test `nodeid` ("tests/<folder>/.../test_x.py::name"): every test of a group runs on one
+    xdist worker, one after another."""
+    path = nodeid.split("::")[0]
+    parts = path.split("/")
+    if len(parts) > 2 and parts[1] in _SHARED_FOLDERS:
+        return parts[1]
+    if len(parts) > 2 and parts[1] == "training" and parts[-1] in _SHARED_FILES:
+        return _SHARED_FILES[parts[-1]]
+    return path
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
+def pytest_xdist_make_scheduler(config, log):
+    """xdist's scheduling by scope (a module's tests on one worker), with `xdist_group` as the scope. (Its own
+    `--dist loadgroup` marks tests by rewriting their node ids, which pytest 9 no longer reads.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class GroupScheduling(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return xdist_group(nodeid)
+
+    return GroupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config, items):
-    """In an xdist worker: every test in its group (above), the groups with the most slow tests first, so that the
-    longest work starts first and the two workers finish together."""
+    """In an xdist worker: the groups with the most slow tests first (the scheduler hands out groups in collection
+    order), so that the longest work starts first and the two workers finish together."""
     if not os.environ.get("PYTEST_XDIST_WORKER"):
         return
     groups: dict[str, list] = {}
     for item in items:
-        groups.setdefault(_xdist_group(item.path), []).append(item)
-    for name, members in groups.items():
-        for item in members:
-            item.add_marker(pytest.mark.xdist_group(name))
+        groups.setdefault(xdist_group(item.nodeid), []).append(item)
     ordered = sorted(groups.values(), key=lambda m: -sum(1 for i in m if i.get_closest_marker("slow")))
     items[:] = [item for members in ordered for item in members]
 
