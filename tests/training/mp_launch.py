@@ -74,12 +74,19 @@ def launch_worker(worker: str, out: Path, nproc: int, *flags: str) -> Path:
     return out
 
 
+# A run to preempt: PREEMPT_STEPS steps of at least PACE_SECONDS each (mp_worker.py's STEP_SECONDS), SIGTERM after
+# step 5: transformers requests the checkpoint 3 s after the signal, so it stops by step 5 + 3 / 0.1 = 35 on any
+# machine, and before step 5 + 1 on none.
+PREEMPT_STEPS = "60"
+PACED = {"STEP_SECONDS": "0.1"}
+
+
 def assert_preempted(command: list[str], cwd: Path, out: Path, timeout: int) -> None:
-    """Run a 2-process mid_train `command` writing to `out`, SIGTERM the launcher once step 5 is logged (it passes
-    the signal to both processes, as a cluster preempting a job does), and check what a preempted run leaves: one
-    line saying at which step it stopped, a non-zero exit, that step's checkpoint with both ranks' optimizer files,
-    no final model."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    """Run a 2-process mid_train `command` (mp_worker.py, PACED) writing to `out`, SIGTERM the launcher once step 5 is
+    logged (it passes the signal to both processes, as a cluster preempting a job does), and check what a preempted
+    run leaves: one line saying at which step it stopped, a non-zero exit, that step's checkpoint with both ranks'
+    optimizer files, no final model."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **PACED}
     proc = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     for line in proc.stdout:
         if line.startswith("step 00005/"):

@@ -20,7 +20,6 @@ from nanochat_hf.training.arguments import parse_args
 sys.path.insert(0, str(Path(__file__).parent))
 from mp_launch import MP_ARGS, launch_mid_train  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
 # a spelling evaluation and the sample chat after training: generation, which FSDP2 needs a whole copy for; 2
 # micro-batches per process and step (4 on one process): FSDP2 defers the first one's reduce-scatter
 RUN = ["--model_source", "demo", "--demo_depth", "2", *MP_ARGS, "--total_batch_size", "512", "--num_iterations", "6",
@@ -141,15 +140,15 @@ def test_fully_shard_refused_where_it_makes_no_sense(monkeypatch, env, flags, wo
 def test_sigterm_preempts_a_fsdp2_run_and_it_resumes(tmp_path):
     """SIGTERM to `accelerate launch` of 2 FSDP2 processes: a complete checkpoint at the step both stop after, the
     one line, exit non-zero and no final model; resumed on 2 FSDP2 processes it finishes the run."""
-    from mp_launch import assert_preempted, launch_command
+    from mp_launch import PREEMPT_STEPS, assert_preempted, launch_command
 
     out = tmp_path / "run"
-    # 100 steps: the signal takes effect 3 s after it arrives (transformers' wait), and the run must still be going;
     # one micro-batch per step (accumulation is the other tests')
-    short = ["--num_iterations", "100", "--save_steps", "0", "--eval_every", "1000", "--spelling_eval_rows", "0",
-             "--total_batch_size", "256"]  # fmt: skip
+    short = ["--num_iterations", PREEMPT_STEPS, "--save_steps", "0", "--eval_every", "1000", "--spelling_eval_rows",
+             "0", "--total_batch_size", "256"]  # fmt: skip
     args = [*RUN, *FSDP2, *short, "--output_dir", str(out)]
-    assert_preempted([*launch_command(2, str(REPO / "scripts" / "mid_train.py")), *args], tmp_path, out, timeout=300)
+    assert_preempted([*launch_command(2), *args], tmp_path, out, timeout=300)
     _launch(tmp_path, out, 2, [*FSDP2, *short, "--resume_from_checkpoint", "true"])
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
-    assert [h["step"] for h in history if "lrm" in h] == list(range(1, 101)) and (out / "model.safetensors").is_file()
+    steps = [h["step"] for h in history if "lrm" in h]
+    assert steps == list(range(1, int(PREEMPT_STEPS) + 1)) and (out / "model.safetensors").is_file()

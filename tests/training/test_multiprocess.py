@@ -10,7 +10,7 @@ import torch
 from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).parent))
-from mp_launch import MP_ARGS, assert_preempted, launch_command, launch_mid_train  # noqa: E402
+from mp_launch import MP_ARGS, PREEMPT_STEPS, assert_preempted, launch_command, launch_mid_train  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
@@ -175,8 +175,7 @@ def test_sigterm_to_the_launcher_preempts_both_processes(tmp_path):
     ranks stop after the same step, its checkpoint is complete (both ranks' files), one line says how to resume, no
     final model; resumed on 1 process it finishes the run."""
     out = tmp_path / "run"
-    args = [*RUN, "--num_iterations", "300", "--save_steps", "0", "--eval_every", "1000", "--output_dir", str(out)]
-    assert_preempted([*launch_command(2, str(SCRIPT)), *args], tmp_path, out, timeout=600)
-    _launch(tmp_path, out, 1, ["--num_iterations", "300", "--save_steps", "0", "--eval_every", "1000",
-                               "--resume_from_checkpoint", "true"])  # fmt: skip
+    steps = ["--num_iterations", PREEMPT_STEPS, "--save_steps", "0", "--eval_every", "1000"]
+    assert_preempted([*launch_command(2), *RUN, *steps, "--output_dir", str(out)], tmp_path, out, timeout=600)
+    _launch(tmp_path, out, 1, [*steps, "--resume_from_checkpoint", "true"])
     assert (out / "model.safetensors").is_file()

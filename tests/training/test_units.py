@@ -9,9 +9,10 @@ import pytest
 import torch
 import yaml
 
+from nanochat_hf.evaluation import ExactMatch
 from nanochat_hf.integration.momentum import muon_momentum
 from nanochat_hf.training.arguments import DEMO_CONFIG, MidTrainingArguments, parse_args
-from nanochat_hf.training.evaluation import ExactMatch, evaluate_bpb
+from nanochat_hf.training.evaluation import evaluate_bpb
 from nanochat_hf.training.schedule import lr_multiplier, nanochat_scheduler, steps_progress
 
 

@@ -1,8 +1,8 @@
 """nanochat's chat evaluation (ARC, MMLU, GSM8K, HumanEval, SpellingBee; ChatCORE) of `nanochat_hf.tasks`, and
 DCLM CORE of a base model (`core.py`, as nanochat's base_eval)."""
 
+from ..lazy import lazy_exports
 from .chat_eval import (
-    ChatCORE,
     TaskScore,
     categorical_outcomes,
     chatcore,
@@ -20,8 +20,12 @@ from .chat_eval import (
 from .core import evaluate_core
 from .sandbox import RunResult, run_program
 
+# ChatCORE and ExactMatch on first use: their module imports `evaluate` (metrics.py)
+__getattr__, __dir__ = lazy_exports(__name__, {"ChatCORE": "metrics", "ExactMatch": "metrics"})
+
 __all__ = [
     "ChatCORE",
+    "ExactMatch",
     "RunResult",
     "TaskScore",
     "categorical_outcomes",

@@ -15,8 +15,6 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import datasets
-import evaluate
 import torch
 from accelerate import PartialState
 from accelerate.utils import gather_object
@@ -309,37 +307,6 @@ def model_index_results(scores: list[TaskScore]) -> list[EvalResult]:
             )
         )
     return results
-
-
-# ---------------------------------------------------------------- an `evaluate` metric
-
-
-class ChatCORE(evaluate.Metric):
-    """ChatCORE as an `evaluate` metric: add per-problem outcomes (``correct`` 0/1 and ``task`` name), compute
-    per-task accuracy and ChatCORE (baselines from the task registry).
-
-    >>> metric = ChatCORE()
-    >>> metric.compute(correct=[1, 0, 1], task=["MMLU", "MMLU", "GSM8K"])["chatcore"]
-    0.6666...
-    """
-
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description="Mean over tasks of (accuracy - baseline) / (1 - baseline), nanochat's ChatCORE.",
-            citation="",
-            inputs_description="correct: 0/1 per problem; task: its chat-eval task name",
-            features=datasets.Features({"correct": datasets.Value("int8"), "task": datasets.Value("string")}),
-        )
-
-    def _compute(self, correct: list[int], task: list[str]) -> dict:
-        totals: dict[str, list[int]] = {}
-        for ok, name in zip(correct, task):
-            totals.setdefault(task_by_name(name).name, []).append(int(ok))
-        scores = [
-            TaskScore(name, EVAL_TASKS[name].mode, sum(v) / len(v), EVAL_TASKS[name].baseline, len(v))
-            for name, v in totals.items()
-        ]
-        return {"chatcore": chatcore(scores), **{f"{s.task}/accuracy": s.accuracy for s in scores}}
 
 
 def scores_as_dicts(scores: list[TaskScore]) -> list[dict]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable
 
-import datasets
-import evaluate
 import torch
 import torch.distributed as dist
 
@@ -50,29 +48,10 @@ def evaluate_bpb(
     return nats.item() / (math.log(2) * nbytes.item())
 
 
-class ExactMatch(evaluate.Metric):
-    """Fraction of predictions equal to their reference after stripping whitespace.
-
-    Defined locally because `evaluate.load("exact_match")` fetches its script from the hub (not offline).
-    """
-
-    def _info(self) -> evaluate.MetricInfo:
-        return evaluate.MetricInfo(
-            description="exact match after stripping surrounding whitespace",
-            citation="",
-            inputs_description="predictions: list of str; references: list of str",
-            features=datasets.Features(
-                {"predictions": datasets.Value("string"), "references": datasets.Value("string")}
-            ),
-        )
-
-    def _compute(self, predictions: list[str], references: list[str]) -> dict[str, float]:
-        hits = [p.strip() == r.strip() for p, r in zip(predictions, references)]
-        return {"exact_match": sum(hits) / max(len(hits), 1)}
-
-
 def exact_match_accuracy(model, tokenizer, conversations: Iterable[dict], max_new_tokens: int = 64) -> float:
     """Exact-match accuracy of greedy answers (text parts) against each conversation's final assistant message."""
+    from ..evaluation.metrics import ExactMatch  # here: `evaluate` is only imported where a metric is computed
+
     metric = ExactMatch()
     for conv in conversations:
         reference = conv["messages"][-1]["content"]
