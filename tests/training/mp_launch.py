@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import psutil  # accelerate's dependency
 
 MP_WORKER = str(Path(__file__).with_name("mp_worker.py"))  # mid_train, writing each rank's final parameters
 
@@ -74,24 +78,47 @@ def launch_worker(worker: str, out: Path, nproc: int, *flags: str) -> Path:
     return out
 
 
-# A run to preempt: PREEMPT_STEPS steps of at least PACE_SECONDS each (mp_worker.py's STEP_SECONDS), SIGTERM after
-# step 5: transformers requests the checkpoint 3 s after the signal, so it stops by step 5 + 3 / 0.1 = 35 on any
-# machine, and before step 5 + 1 on none.
+# The length of a run to preempt (`preempt`): it stops some steps after step 5, and long before step 60, on any
+# machine.
 PREEMPT_STEPS = "60"
-PACED = {"STEP_SECONDS": "0.1"}
+
+
+def preempt(proc: subprocess.Popen) -> None:
+    """Once `proc` (a mid_train run, its stdout a pipe) logs step 5: SIGTERM it (a launcher passes the signal on to
+    its processes, as a cluster preempting a job does), then for 5 s let it and every process it started run a tenth
+    of the time (SIGSTOP 0.45 s, SIGCONT 0.05 s). transformers acts on the signal 3 s after it arrives, during which
+    the run gets 0.3 s of CPU: a few steps on any machine, where at full speed a fast one ran hundreds."""
+    for line in proc.stdout:
+        if line.startswith("step 00005/"):
+            break
+    proc.send_signal(signal.SIGTERM)
+    end = time.monotonic() + 5
+    while time.monotonic() < end and proc.poll() is None:
+        try:
+            root = psutil.Process(proc.pid)
+            group = [root, *root.children(recursive=True)]
+        except psutil.NoSuchProcess:  # it has ended meanwhile
+            break
+        try:
+            for p in group:
+                p.suspend()
+            time.sleep(0.45)
+        except psutil.NoSuchProcess:
+            pass
+        finally:
+            for p in group:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    p.resume()
+        time.sleep(0.05)
 
 
 def assert_preempted(command: list[str], cwd: Path, out: Path, timeout: int) -> None:
-    """Run a 2-process mid_train `command` (mp_worker.py, PACED) writing to `out`, SIGTERM the launcher once step 5 is
-    logged (it passes the signal to both processes, as a cluster preempting a job does), and check what a preempted
-    run leaves: one line saying at which step it stopped, a non-zero exit, that step's checkpoint with both ranks'
-    optimizer files, no final model."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **PACED}
+    """Run a 2-process mid_train `command` writing to `out`, `preempt` it, and check what a preempted run leaves:
+    one line saying at which step it stopped, a non-zero exit, that step's checkpoint with both ranks' optimizer
+    files, no final model."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     proc = subprocess.Popen(command, cwd=cwd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    for line in proc.stdout:
-        if line.startswith("step 00005/"):
-            proc.send_signal(signal.SIGTERM)
-            break
+    preempt(proc)
     _, stderr = proc.communicate(timeout=timeout)
     ours = [line for line in stderr.splitlines() if line.startswith("mid_train: preempted (SIGTERM) at step ")]
     assert proc.returncode != 0 and len(ours) == 1, stderr[-3000:]

@@ -4,13 +4,10 @@ Writes, per rank, into --output_dir: params.rank{r}.safetensors (final parameter
 (one Muon and one AdamW parameter's gradient just before each optimizer step, i.e. after the backward passes, where
 this rank still holds it; keys "<step>/<name>"). With INTERLEAVE=1 and one process, the train stream
 alternates the micro-batches of ranks 0 and 1 of a 2-process run, so grad accumulation 2 on one process sees the
-same global batch as 2 processes with accumulation 1. With STEP_SECONDS=s, every optimizer step lasts at least s
-seconds (a sleep at its end): the SIGTERM tests' runs then outlast transformers' 3 s wait for the signal on any
-machine in a few dozen steps, where unpaced runs needed hundreds to be sure of it on a fast one.
+same global batch as 2 processes with accumulation 1.
 """
 
 import os
-import time
 from pathlib import Path
 
 import torch
@@ -94,18 +91,7 @@ class Probe(TrainerCallback):
         )
 
 
-class Paced(TrainerCallback):
-    def __init__(self, seconds: float):
-        self.seconds = seconds
-
-    def on_step_end(self, args, state, control, **kwargs):
-        time.sleep(self.seconds)
-
-
 if __name__ == "__main__":
     torch.use_deterministic_algorithms(False)
-    callbacks = [Probe()]
-    if os.environ.get("STEP_SECONDS"):
-        callbacks.append(Paced(float(os.environ["STEP_SECONDS"])))
-    trainer = build_trainer(*setup(), trainer_cls=WorkerTrainer, callbacks=callbacks)
+    trainer = build_trainer(*setup(), trainer_cls=WorkerTrainer, callbacks=[Probe()])
     finish(trainer, train(trainer))

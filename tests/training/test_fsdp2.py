@@ -20,6 +20,7 @@ from nanochat_hf.training.arguments import parse_args
 sys.path.insert(0, str(Path(__file__).parent))
 from mp_launch import MP_ARGS, launch_mid_train  # noqa: E402
 
+REPO = Path(__file__).resolve().parents[2]
 # a spelling evaluation and the sample chat after training: generation, which FSDP2 needs a whole copy for; 2
 # micro-batches per process and step (4 on one process): FSDP2 defers the first one's reduce-scatter
 RUN = ["--model_source", "demo", "--demo_depth", "2", *MP_ARGS, "--total_batch_size", "512", "--num_iterations", "6",
@@ -147,7 +148,7 @@ def test_sigterm_preempts_a_fsdp2_run_and_it_resumes(tmp_path):
     short = ["--num_iterations", PREEMPT_STEPS, "--save_steps", "0", "--eval_every", "1000", "--spelling_eval_rows",
              "0", "--total_batch_size", "256"]  # fmt: skip
     args = [*RUN, *FSDP2, *short, "--output_dir", str(out)]
-    assert_preempted([*launch_command(2), *args], tmp_path, out, timeout=300)
+    assert_preempted([*launch_command(2, str(REPO / "scripts" / "mid_train.py")), *args], tmp_path, out, timeout=300)
     _launch(tmp_path, out, 2, [*FSDP2, *short, "--resume_from_checkpoint", "true"])
     history = json.loads((out / "trainer_state.json").read_text())["log_history"]
     steps = [h["step"] for h in history if "lrm" in h]

@@ -176,6 +176,6 @@ def test_sigterm_to_the_launcher_preempts_both_processes(tmp_path):
     final model; resumed on 1 process it finishes the run."""
     out = tmp_path / "run"
     steps = ["--num_iterations", PREEMPT_STEPS, "--save_steps", "0", "--eval_every", "1000"]
-    assert_preempted([*launch_command(2), *RUN, *steps, "--output_dir", str(out)], tmp_path, out, timeout=600)
+    assert_preempted([*launch_command(2, str(SCRIPT)), *RUN, *steps, "--output_dir", str(out)], tmp_path, out, 600)
     _launch(tmp_path, out, 1, [*steps, "--resume_from_checkpoint", "true"])
     assert (out / "model.safetensors").is_file()

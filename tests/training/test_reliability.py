@@ -360,29 +360,26 @@ def test_unknown_chat_eval_task_is_one_line(tmp_path, capsys):
 
 @pytest.mark.slow
 def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tmp_path):
-    """A real mid_train process (mp_worker.py: mid_train's training, each step paced to 0.1 s) sent SIGTERM after its
-    5th step (as a cluster preempts): it finishes the running step, saves that step's checkpoint, says in one line
-    where it stopped and the command to resume, exits 143, and writes no final model. That command continues the
-    run to the uninterrupted run's logged losses. Slow: a fresh process (what the signal needs) of a 3 s wait; the
+    """A real `python scripts/mid_train.py` process sent SIGTERM after its 5th step (as a cluster preempts): it
+    finishes the running step, saves that step's checkpoint, says in one line where it stopped and the command to
+    resume, exits 143, and writes no final model. That command continues the run to the uninterrupted run's
+    logged losses. Slow: a fresh process (what the signal needs) through transformers' 3 s wait (`preempt`); the
     uninterrupted run and the resume run in-process, 1 thread each."""
     import shlex
-    import signal
     import subprocess
 
     from .conftest import TINY_ARGS
-    from .mp_launch import MP_WORKER, PACED, PREEMPT_STEPS
+    from .mp_launch import PREEMPT_STEPS, preempt
 
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", **PACED}
+    script = str(Path(__file__).resolve().parents[2] / "scripts" / "mid_train.py")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
     args = [*TINY_ARGS, "--num_iterations", PREEMPT_STEPS, "--eval_every", "1000", "--spelling_eval_rows", "0"]
     args += ["--num_threads", "1"]  # the same thread count in-process and in the child
     full, out = tmp_path / "full", tmp_path / "run"
     _run([*args, "--output_dir", str(full)])
-    proc = subprocess.Popen([sys.executable, MP_WORKER, *args, "--output_dir", str(out)], env=env, text=True,
+    proc = subprocess.Popen([sys.executable, script, *args, "--output_dir", str(out)], env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)  # fmt: skip
-    for line in proc.stdout:
-        if line.startswith("step 00005/"):
-            proc.send_signal(signal.SIGTERM)
-            break
+    preempt(proc)
     stdout, stderr = proc.communicate(timeout=600)
     ours = [line for line in stderr.splitlines() if line.startswith("mid_train: ")]
     assert proc.returncode == 143 and len(ours) == 1, stderr[-3000:]
@@ -395,7 +392,7 @@ def test_sigterm_mid_run_leaves_a_checkpoint_says_how_to_resume_and_exits_143(tm
     assert "model written to" not in stdout
     command = shlex.split(ours[0].split("with any number of processes: ")[1])
     assert command[0] == "python" and command[-2:] == ["--resume_from_checkpoint", "true"]
-    assert Path(command[1]).resolve() == Path(MP_WORKER).resolve()
+    assert Path(command[1]).resolve() == Path(script).resolve()
     _run(command[2:])  # the printed command's arguments, run by mid_train's main
     history = [json.loads((run / "trainer_state.json").read_text())["log_history"] for run in (out, full)]
     losses = [[(h["step"], h["loss"]) for h in run if "lrm" in h] for run in history]
