@@ -28,6 +28,7 @@ for the same task lengths.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import os
 import random
@@ -314,11 +315,19 @@ def _load_file(spec: TaskSpec) -> TaskResult:
 
 
 def _load_synthetic(spec: TaskSpec) -> TaskResult:
-    generate = tasks.MIXTURE_TASKS[spec.task].conversation
-    kwargs = {"words": spec.words} if spec.words else {}
-    convs = [dumps(generate(i, spec.split, **kwargs)) for i in _slice(spec.size, spec)]
-    ds = Dataset.from_dict({"conversation": convs, "task": [spec.task] * len(convs)})
-    return TaskResult(ds, f"synthetic {spec.split} seeds", [])
+    rows = _synthetic_rows(spec.task, spec.split, spec.size, spec.start, spec.stop, spec.words)
+    return TaskResult(rows, f"synthetic {spec.split} seeds", [])
+
+
+@functools.lru_cache(maxsize=32)
+def _synthetic_rows(task: str, split: str, size: int, start: int, stop: int | None, words: str | None) -> Dataset:
+    """A synthetic task's rows: a pure function of its entry, generated once per process (the demo mixture's train
+    split is 0.7 s of Python; a run asks for it twice, for its data and the demo tokenizer's texts, and so does each
+    run a test session makes in-process). A Dataset is not changed in place by anything that reads it."""
+    generate = tasks.MIXTURE_TASKS[task].conversation
+    kwargs = {"words": words} if words else {}
+    convs = [dumps(generate(i, split, **kwargs)) for i in range(size)[start:stop]]
+    return Dataset.from_dict({"conversation": convs, "task": [task] * len(convs)})
 
 
 def load_task(spec: TaskSpec, cache_dir: str | None = None, num_proc: int | None = None) -> TaskResult:
