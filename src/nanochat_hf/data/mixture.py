@@ -315,18 +315,18 @@ def _load_file(spec: TaskSpec) -> TaskResult:
 
 
 def _load_synthetic(spec: TaskSpec) -> TaskResult:
-    rows = _synthetic_rows(spec.task, spec.split, spec.size, spec.start, spec.stop, spec.words)
+    rows = _synthetic_rows(spec.task, spec.split, _slice(spec.size, spec), spec.words)
     return TaskResult(rows, f"synthetic {spec.split} seeds", [])
 
 
 @functools.lru_cache(maxsize=32)
-def _synthetic_rows(task: str, split: str, size: int, start: int, stop: int | None, words: str | None) -> Dataset:
+def _synthetic_rows(task: str, split: str, seeds: range, words: str | None) -> Dataset:
     """A synthetic task's rows: a pure function of its entry, generated once per process (the demo mixture's train
     split is 0.7 s of Python; a run asks for it twice, for its data and the demo tokenizer's texts, and so does each
     run a test session makes in-process). A Dataset is not changed in place by anything that reads it."""
     generate = tasks.MIXTURE_TASKS[task].conversation
     kwargs = {"words": words} if words else {}
-    convs = [dumps(generate(i, split, **kwargs)) for i in range(size)[start:stop]]
+    convs = [dumps(generate(i, split, **kwargs)) for i in seeds]
     return Dataset.from_dict({"conversation": convs, "task": [task] * len(convs)})
 
 
